@@ -1,0 +1,69 @@
+"""`kernelsight` command line: thin verbs over the public API.
+
+Exit codes: 0 success, 1 run failure, 2 invalid input (`ConfigError`). Results go to stdout,
+logs and errors to stderr. Verbs that need Ray, Optuna or MLflow import them lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from sim.errors import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from orchestrator import commands_sim as sim_cmds
+
+    parser = argparse.ArgumentParser(prog="kernelsight", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    step = sub.add_parser("step", help="per-kernel table for one serving step")
+    step.add_argument("scenario")
+    step.add_argument("--prefill", action="append", metavar="[COUNTx]TOKENS[:CACHED]",
+                      help="prompt chunk(s); repeatable, e.g. 2048 or 4x512:1024")
+    step.add_argument("--decode", action="append", metavar="COUNTxCONTEXT",
+                      help="decoding requests and their cached context, e.g. 64x1024")
+    step.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
+    step.add_argument("--json", action="store_true", help="JSON on stdout")
+    step.set_defaults(func=sim_cmds.cmd_step)
+
+    check = sub.add_parser("check", help="validate scenario, hardware or sweep TOML files")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(func=sim_cmds.cmd_check)
+
+    lst = sub.add_parser("list", help="list shipped hardware or models")
+    lst.add_argument("what", choices=("hardware", "models"))
+    lst.set_defaults(func=sim_cmds.cmd_list)
+
+    pk = sub.add_parser("predict-kernels", help="predict kernel latencies for rows of a CSV")
+    pk.add_argument("--hardware", required=True)
+    pk.add_argument("--tier", default="roofline", choices=("roofline", "cross-generation", "target-measured"))
+    pk.add_argument("--calibration", help="calibration artifact JSON (target-measured tier)")
+    pk.add_argument("--in", dest="input", required=True, metavar="ROWS.csv")
+    pk.add_argument("--out", required=True, metavar="PRED.csv")
+    pk.set_defaults(func=sim_cmds.cmd_predict_kernels)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except OSError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""CLI verbs that need only the simulator: step, check, list, predict-kernels."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.render import si, table
+from sim.api import load_scenario, predict_step, scenario_memory
+from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
+from sim.errors import ConfigError
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.perf.efficiency import RooflineEfficiency
+from sim.perf.step import StepCostModel
+from sim.serde import build, parse_override
+from sim.specs.catalog import list_hardware, list_models, load_hardware, model_aliases, read_toml
+from sim.specs.hardware import HardwareSpec
+
+
+def overrides_from(args: Namespace) -> dict[str, Any]:
+    return dict(parse_override(text) for text in (args.set or []))
+
+
+def parse_batch(prefill: list[str], decode: list[str]) -> BatchShape:
+    """`--prefill [COUNTx]TOKENS[:CACHED]` and `--decode COUNTxCONTEXT`, each repeatable."""
+    chunks: list[PrefillChunk] = []
+    for text in prefill:
+        count, tokens, cached = _count_and_value(text, "--prefill")
+        chunks += [PrefillChunk(new_tokens=tokens, context_tokens=cached)] * count
+    contexts: list[int] = []
+    for text in decode:
+        count, context, cached = _count_and_value(text, "--decode")
+        if cached:
+            raise ConfigError(source="--decode", key="--decode", value=text, rule="must be COUNTxCONTEXT")
+        contexts += [context] * count
+    if not chunks and not contexts:
+        raise ConfigError(source="step", key="--prefill/--decode", value=None, rule="give at least one")
+    return BatchShape(prefills=tuple(chunks), decode_context_tokens=tuple(contexts))
+
+
+def _count_and_value(text: str, flag: str) -> tuple[int, int, int]:
+    try:
+        head, _, cached = text.partition(":")
+        count, sep, value = head.partition("x")
+        if not sep:
+            count, value = "1", head
+        result = int(count), int(value), int(cached or 0)
+    except ValueError:
+        raise ConfigError(source=flag, key=flag, value=text,
+                          rule="must be [COUNTx]TOKENS[:CACHED], e.g. 64x1024") from None
+    if result[0] < 1 or result[1] < 1 or result[2] < 0:
+        raise ConfigError(source=flag, key=flag, value=text, rule="counts and tokens must be >= 1")
+    return result
+
+
+def cmd_step(args: Namespace) -> int:
+    scenario = load_scenario(args.scenario, overrides_from(args))
+    batch = parse_batch(args.prefill or [], args.decode or [])
+    timing = predict_step(scenario, batch)
+    total = timing.device_s()
+    if args.json:
+        payload = {
+            "scenario": scenario.source,
+            "hardware": scenario.hardware.name,
+            "model": scenario.model.name,
+            "batch": {"num_tokens": batch.num_tokens(), "num_sampled": batch.num_sampled()},
+            "step_time_s": total,
+            "gpu_s": timing.gpu_s,
+            "comm_s": timing.comm_s,
+            "worst_provenance": timing.worst_provenance.label(),
+            "seconds_by_kind": {k.value: v for k, v in timing.seconds_by_kind().items()},
+            "kernels": [
+                {
+                    "name": k.estimate.work.name, "kind": k.estimate.work.kind.value,
+                    "shape": list(k.estimate.work.shape), "repeat": k.repeat,
+                    "flops": k.estimate.work.flops, "bytes": k.estimate.work.bytes_moved(),
+                    "comm_bytes": k.estimate.work.comm_bytes,
+                    "bound": k.estimate.roofline.bound().value, "time_s": k.estimate.time_s,
+                    "total_s": k.total_s(), "provenance": k.estimate.provenance.label(),
+                }
+                for k in timing.kernels
+            ],
+        }
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return 0
+    rows = [
+        (k.estimate.work.name, k.estimate.work.kind.value, "x".join(map(str, k.estimate.work.shape)),
+         k.repeat, si(k.estimate.work.flops), si(k.estimate.work.bytes_moved() or k.estimate.work.comm_bytes, "B"),
+         k.estimate.roofline.bound().value, f"{k.estimate.time_s * 1e6:.2f}", f"{k.total_s() * 1e6:.1f}",
+         k.estimate.provenance.label())
+        for k in timing.kernels
+    ]
+    out = [f"{scenario.model.name} on {scenario.hardware.name}, TP{scenario.engine.tensor_parallel_size} "
+           f"PP{scenario.engine.pipeline_parallel_size}: {batch.num_tokens()} tokens, {batch.num_sampled()} sampled\n",
+           table(("kernel", "kind", "shape", "x", "flops", "bytes", "bound", "us/launch", "us total",
+                  "provenance"), rows),
+           "\n",
+           table(("kind", "ms", "share"), [
+               (kind.value, f"{sec * 1e3:.3f}", f"{sec / total:.1%}")
+               for kind, sec in sorted(timing.seconds_by_kind().items(), key=lambda kv: -kv[1])]),
+           f"\nstep {total * 1e3:.3f} ms (kernels {timing.gpu_s * 1e3:.3f} ms, collectives "
+           f"{timing.comm_s * 1e3:.3f} ms), worst provenance {timing.worst_provenance.label()}\n"]
+    sys.stdout.write("".join(out))
+    return 0
+
+
+def check_file(path: Path) -> str:
+    """Validate one TOML file by what it holds; return a one-line description."""
+    data = read_toml(path)
+    if "peak_flops_per_s" in data:
+        spec = build(HardwareSpec, data, source=str(path))
+        return f"hardware {spec.name}"
+    if "model" in data and isinstance(data["model"], list):
+        return f"model index with {len(data['model'])} entries"
+    if "hardware" in data or "model" in data:
+        scenario = load_scenario(path)
+        mem = scenario_memory(scenario)
+        return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
+                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU")
+    raise ConfigError(source=str(path), key="<root>", value=sorted(data),
+                      rule="not a scenario ([hardware], [model]) or hardware spec ([peak_flops_per_s])")
+
+
+def cmd_check(args: Namespace) -> int:
+    failed = 0
+    for name in args.files:
+        try:
+            sys.stdout.write(f"ok    {name}: {check_file(Path(name))}\n")
+        except ConfigError as exc:
+            failed += 1
+            sys.stderr.write(f"error {exc}\n")
+    return 2 if failed else 0
+
+
+def cmd_list(args: Namespace) -> int:
+    if args.what == "hardware":
+        rows = []
+        for name in list_hardware():
+            hw = load_hardware(name)
+            rows.append((name, hw.description, si(hw.peak_flops_per_s.get("bf16", 0.0), "FLOP/s"),
+                         si(hw.hbm_bandwidth_bytes_per_s, "B/s"), f"{hw.hbm_capacity_bytes / 2**30:.0f} GiB"))
+        sys.stdout.write(table(("name", "description", "bf16 dense", "HBM bw", "HBM"), rows))
+    else:
+        aliases = model_aliases()
+        sys.stdout.write(table(("id", "aliases"), [(m, ", ".join(aliases[m])) for m in list_models()]))
+    return 0
+
+
+def cmd_predict_kernels(args: Namespace) -> int:
+    if args.tier != "roofline":
+        raise ConfigError(source="predict-kernels", key="--tier", value=args.tier,
+                          rule="only the roofline tier is available until calibrated models are shipped")
+    hw = load_hardware(args.hardware)
+    cost = StepCostModel(hw, RooflineEfficiency())
+    src = Path(args.input)
+    with src.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ("kernel",) if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(source=str(src), key=missing[0], value=None, rule="column is required")
+        rows = list(reader)
+    predictions = []
+    for i, row in enumerate(rows, start=1):
+        est = cost.estimate(row_to_work(row, number=i, source=str(src)))
+        predictions.append((est.time_s * 1e3, est.provenance.label()))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(PREDICTION_COLUMNS)
+        for row, (ms, prov) in zip(rows, predictions, strict=True):
+            writer.writerow([row.get(c, "") or "" for c in ROW_COLUMNS] + [f"{ms:.6g}", prov])
+    tmp.replace(out)
+    sys.stderr.write(f"wrote {len(rows)} predictions to {out}\n")
+    return 0
+
+
+

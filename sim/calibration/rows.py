@@ -1,0 +1,102 @@
+"""The kernel-row schema of `kernelsight predict-kernels`, and rows as `KernelWork`.
+
+One row is one measured (or to-be-predicted) kernel call, with the meanings of
+shared/data/README.md: `kernel` is gemm | context_attention | generation_attention |
+nccl_all_reduce | nccl_all_gather | nccl_reduce_scatter | nccl_alltoall | custom_allreduce;
+blank cells are "not applicable". Malformed rows raise `ConfigError` naming row and column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from sim.dtypes import DType
+from sim.errors import ConfigError
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.transformer import collective_work, decode_attention_work, gemm_work, prefill_attention_work
+
+ROW_COLUMNS: Final[tuple[str, ...]] = (
+    "kernel", "backend", "backend_version", "kernel_source", "dtype", "m", "n", "k", "batch_size",
+    "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "attn_dtype", "kv_cache_dtype",
+    "window_size", "num_gpus", "message_bytes", "variant",
+)
+PREDICTION_COLUMNS: Final[tuple[str, ...]] = (*ROW_COLUMNS, "predicted_latency_ms", "provenance")
+
+_DTYPES: Final[dict[str, DType]] = {
+    "bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16,
+    "fp8": DType.FP8, "fp8_block": DType.FP8_BLOCK, "nvfp4": DType.NVFP4, "mxfp4": DType.MXFP4,
+    "int8_wo": DType.INT8_WO, "int4_wo": DType.INT4_WO, "sq": DType.INT8, "int8": DType.INT8,
+}
+_COLLECTIVES: Final[dict[str, KernelKind]] = {
+    "nccl_all_reduce": KernelKind.ALL_REDUCE, "custom_allreduce": KernelKind.ALL_REDUCE,
+    "nccl_all_gather": KernelKind.ALL_GATHER, "nccl_reduce_scatter": KernelKind.REDUCE_SCATTER,
+    "nccl_alltoall": KernelKind.ALL_TO_ALL,
+}
+KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_attention", *_COLLECTIVES)
+
+
+class _Row:
+    def __init__(self, row: Mapping[str, str | None], number: int, source: str) -> None:
+        self._row, self._number, self._source = row, number, source
+
+    def fail(self, column: str, rule: str) -> ConfigError:
+        return ConfigError(source=f"{self._source} row {self._number}", key=column,
+                           value=self._row.get(column), rule=rule)
+
+    def text(self, column: str) -> str:
+        return (self._row.get(column) or "").strip()
+
+    def integer(self, column: str, *, minimum: int = 1, default: int | None = None) -> int:
+        raw = self.text(column)
+        if not raw:
+            if default is not None:
+                return default
+            raise self.fail(column, f"is required for kernel={self.text('kernel')!r}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, "must be an integer") from None
+        if value != int(value) or value < minimum:
+            raise self.fail(column, f"must be an integer >= {minimum}")
+        return int(value)
+
+    def dtype(self, column: str, default: str | None = None) -> DType:
+        raw = self.text(column) or default
+        if raw is None:
+            raise self.fail(column, f"is required for kernel={self.text('kernel')!r}")
+        try:
+            return _DTYPES[raw]
+        except KeyError:
+            raise self.fail(column, f"must be one of {', '.join(sorted(_DTYPES))}") from None
+
+
+def row_to_work(row: Mapping[str, str | None], *, number: int, source: str) -> KernelWork:
+    """The kernel a row describes, as the graph builder would emit it."""
+    r = _Row(row, number, source)
+    kernel = r.text("kernel")
+    if kernel == "gemm":
+        dtype = r.dtype("dtype")
+        compute = DType.BFLOAT16 if dtype in (DType.INT8_WO, DType.INT4_WO) else dtype
+        return gemm_work("gemm", r.integer("m"), r.integer("n"), r.integer("k"), weight_dtype=dtype,
+                         act_dtype=DType.BFLOAT16, compute_dtype=compute)
+    if kernel in ("context_attention", "generation_attention"):
+        act = r.dtype("attn_dtype", "bfloat16")
+        kv = r.dtype("kv_cache_dtype", act.value)
+        heads = r.integer("num_heads")
+        kv_heads = r.integer("num_kv_heads", default=heads)
+        if heads % kv_heads:
+            raise r.fail("num_kv_heads", f"must divide num_heads={heads}")
+        head_dim = r.integer("head_dim")
+        window = r.integer("window_size", minimum=0, default=0)
+        batch = r.integer("batch_size")
+        if kernel == "context_attention":
+            return prefill_attention_work(batch=batch, new_tokens=r.integer("seq_len"), context_tokens=0,
+                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                          window=window, act=act, kv=kv)
+        return decode_attention_work(contexts=(r.integer("kv_len"),) * batch, heads=heads,
+                                     kv_heads=kv_heads, head_dim=head_dim, window=window, act=act, kv=kv)
+    if kernel in _COLLECTIVES:
+        return collective_work(_COLLECTIVES[kernel], kernel, float(r.integer("message_bytes")),
+                               r.integer("num_gpus"))
+    raise r.fail("kernel", f"must be one of {', '.join(KERNELS)}")

@@ -1,0 +1,101 @@
+"""The work of one kernel launch, and a step's kernels with repeat counts.
+
+`KernelWork` is what every cost model prices: FLOPs, bytes moved by category, dtype, a kind and
+shape features. Behaviour keys on `kind`; `name` is a label for reports. Collectives carry
+`comm_bytes` (the per-GPU message) and `group_size` instead of FLOPs.
+
+Shape conventions (`shape`):
+- GEMM: (m, n, k) for Y[m, n] = X[m, k] W[n, k]^T
+- MOE_GEMM: (routed_tokens, n, k, local_experts, active_experts)
+- ATTN_PREFILL: (batch, new_tokens, context_tokens, heads, kv_heads, head_dim, window)
+- ATTN_DECODE: (batch, mean_kv_tokens, max_kv_tokens, heads, kv_heads, head_dim, window)
+- NORM, ELEMENTWISE, EMBEDDING, SAMPLING: (tokens, width)
+- collectives: (message_bytes, group_size)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sim.dtypes import DType
+
+
+class KernelKind(StrEnum):
+    GEMM = "gemm"
+    MOE_GEMM = "moe_gemm"
+    ATTN_PREFILL = "attn_prefill"
+    ATTN_DECODE = "attn_decode"
+    NORM = "norm"
+    ELEMENTWISE = "elementwise"
+    EMBEDDING = "embedding"
+    SAMPLING = "sampling"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+    def is_collective(self) -> bool:
+        return self in _COLLECTIVES
+
+
+_COLLECTIVES = frozenset({KernelKind.ALL_REDUCE, KernelKind.ALL_GATHER, KernelKind.REDUCE_SCATTER,
+                          KernelKind.ALL_TO_ALL, KernelKind.SEND_RECV})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelWork:
+    """Work of one kernel launch on one GPU."""
+
+    kind: KernelKind
+    name: str
+    dtype: DType
+    flops: float = 0.0
+    weight_bytes: float = 0.0
+    activation_bytes: float = 0.0
+    """Activations read plus written."""
+    kv_read_bytes: float = 0.0
+    kv_write_bytes: float = 0.0
+    comm_bytes: float = 0.0
+    """Per-GPU message size of a collective (the buffer each rank contributes or receives)."""
+    group_size: int = 1
+    shape: tuple[int, ...] = ()
+
+    def bytes_moved(self) -> float:
+        """HBM traffic of a compute kernel (collectives move `comm_bytes` over links instead)."""
+        return self.weight_bytes + self.activation_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelNode:
+    """A kernel launched `repeat` times in the step (e.g. once per layer)."""
+
+    work: KernelWork
+    repeat: int
+
+    def __post_init__(self) -> None:
+        assert self.repeat >= 1, self.repeat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelGraph:
+    """The kernels one step launches on the critical-path GPU, in launch order."""
+
+    nodes: tuple[KernelNode, ...]
+
+    def num_launches(self) -> int:
+        return sum(n.repeat for n in self.nodes)
+
+    def total_flops(self) -> float:
+        return sum(n.work.flops * n.repeat for n in self.nodes)
+
+    def total_bytes(self) -> float:
+        return sum(n.work.bytes_moved() * n.repeat for n in self.nodes)
+
+    def flops_by_kind(self) -> dict[KernelKind, float]:
+        out: dict[KernelKind, float] = defaultdict(float)
+        for n in self.nodes:
+            out[n.work.kind] += n.work.flops * n.repeat
+        return dict(out)

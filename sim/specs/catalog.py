@@ -1,0 +1,111 @@
+"""The shipped hardware and model catalogs under `sim/data/`, plus user files by path.
+
+`load_hardware("h100_sxm")` reads `sim/data/hardware/h100_sxm.toml`; a name ending in `.toml`
+is read as a path. `load_model("meta-llama/Llama-3.1-70B")` resolves an id or alias through
+`sim/data/models/index.toml`; a name ending in `.json` is read as a `config.json` path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sim.errors import ConfigError
+from sim.serde import build
+from sim.specs.hardware import HardwareSpec
+from sim.specs.model import ModelSpec, WeightQuantization, model_from_hf_config
+
+
+def _data_dir() -> Path:
+    return Path(str(resources.files("sim") / "data"))
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; syntax errors become `ConfigError` naming the file."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(source=str(path), key="<file>", value=str(path), rule="file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"invalid TOML: {exc}") from None
+
+
+def list_hardware() -> list[str]:
+    return sorted(p.stem for p in (_data_dir() / "hardware").glob("*.toml"))
+
+
+def load_hardware(name: str) -> HardwareSpec:
+    if name.endswith(".toml"):
+        path = Path(name)
+    else:
+        path = _data_dir() / "hardware" / f"{name}.toml"
+        if not path.exists():
+            raise ConfigError(source="", key="hardware.name", value=name,
+                              rule=f"unknown hardware; known: {', '.join(list_hardware())}")
+    spec = build(HardwareSpec, read_toml(path), source=str(path))
+    if not name.endswith(".toml") and spec.name != name:
+        raise ConfigError(source=str(path), key="name", value=spec.name, rule=f"must equal the file stem {name!r}")
+    return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelEntry:
+    id: str
+    aliases: tuple[str, ...] = ()
+    config: str
+    quantization: WeightQuantization | None = None
+
+
+def _model_index() -> dict[str, ModelEntry]:
+    path = _data_dir() / "models" / "index.toml"
+    table = read_toml(path)
+    index: dict[str, ModelEntry] = {}
+    for i, raw in enumerate(table.get("model", [])):
+        entry = build(ModelEntry, raw, source=str(path), prefix=f"model[{i}]")
+        for key in (entry.id, *entry.aliases):
+            index[key] = entry
+    return index
+
+
+def list_models() -> list[str]:
+    """Canonical ids of the shipped model configs."""
+    return sorted({e.id for e in _model_index().values()})
+
+
+def model_aliases() -> dict[str, list[str]]:
+    return {e.id: list(e.aliases) for e in _model_index().values()}
+
+
+def load_model(name: str) -> ModelSpec:
+    if name.endswith(".json"):
+        path = Path(name)
+        return model_from_hf_config(_read_json(path), name=name, source=str(path))
+    index = _model_index()
+    entry = index.get(name)
+    if entry is None:
+        raise ConfigError(source="", key="model.name", value=name,
+                          rule="unknown model id; give a config.json path or one of "
+                          f"{', '.join(sorted(index))}")
+    path = _data_dir() / "models" / entry.config
+    spec = model_from_hf_config(_read_json(path), name=entry.id, source=str(path))
+    if entry.quantization is not None:
+        spec = dataclasses.replace(spec, weight_quantization=entry.quantization)
+    return spec
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(source=str(path), key="<file>", value=str(path), rule="file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(source=str(path), key="<root>", value=type(data).__name__, rule="must be a JSON object")
+    return data

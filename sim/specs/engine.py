@@ -1,0 +1,117 @@
+"""Serving-engine settings: TOML section `[engine]`, keys named after vLLM's engine arguments.
+
+Defaults are vLLM's (v1 engine, OpenAI server usage context). `max_num_seqs` and
+`max_num_batched_tokens` default per device as vLLM does (larger on >= 70 GiB GPUs other than
+A100); `EngineParams.resolve(hw, model)` returns a copy with every `None` default filled in.
+Keys that vLLM lacks (`launch_mode`, `scheduler`, `router`, `backend`) are kernelsight's own and
+are documented as such in docs/scenario.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from sim.serde import require
+
+KvCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
+ModelDType = Literal["auto", "bfloat16", "float16"]
+LaunchMode = Literal["auto", "eager", "cuda_graph", "megakernel"]
+SchedulerName = Literal["vllm_v1", "static"]
+RouterName = Literal["round_robin", "least_outstanding", "prefix_aware"]
+BackendName = Literal["vllm", "sglang", "trtllm"]
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineParams:
+    """One engine replica's configuration (vLLM `EngineArgs` names and meanings)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    """Independent replicas behind the router."""
+    enable_expert_parallel: bool = False
+    """Shard MoE experts over TP x DP ranks instead of tensor-slicing every expert."""
+    max_num_seqs: int | None = None
+    """Running-request cap; None = vLLM's device default (1024 on >= 70 GiB non-A100, else 256)."""
+    max_num_batched_tokens: int | None = None
+    """Token budget per step; None = vLLM's device default (8192 on >= 70 GiB non-A100, else 2048)."""
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    """Cap on one request's prefill tokens per step; 0 disables the cap."""
+    max_num_partial_prefills: int = 1
+    """Concurrent partially-prefilled requests (vLLM's concurrent partial prefill)."""
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_model_len: int | None = None
+    """None = the model's max_position_embeddings."""
+    dtype: ModelDType = "auto"
+    quantization: Quantization | None = None
+    """Weight quantization; None = what the checkpoint declares."""
+    kv_cache_dtype: KvCacheDType = "auto"
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
+    """Largest decode batch captured in a CUDA graph; None = min(2 x max_num_seqs, 512)."""
+    async_scheduling: bool = False
+    launch_mode: LaunchMode = "auto"
+    """kernelsight: `auto` = `eager` if enforce_eager else `cuda_graph`; `megakernel` is a what-if."""
+    scheduler: SchedulerName = "vllm_v1"
+    """kernelsight: replica scheduling policy."""
+    router: RouterName = "round_robin"
+    """kernelsight: how requests are spread over data-parallel replicas."""
+    backend: BackendName = "vllm"
+    """kernelsight: engine profile (host overheads, scheduling quirks) to simulate."""
+
+    def __post_init__(self) -> None:
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                    "block_size", "max_num_partial_prefills"):
+            value = getattr(self, key)
+            require(value >= 1, key, value, "must be >= 1")
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_cudagraph_capture_size"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, key, value, "must be >= 1")
+        require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+                self.long_prefill_token_threshold, "must be >= 0")
+        require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                self.gpu_memory_utilization, "must be in (0, 1]")
+        require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,
+                "must be one of 1, 8, 16, 32, 64, 128, 256 (vLLM's choices)")
+
+    def effective_launch_mode(self) -> Literal["eager", "cuda_graph", "megakernel"]:
+        if self.launch_mode == "auto":
+            return "eager" if self.enforce_eager else "cuda_graph"
+        return self.launch_mode
+
+    def world_size(self) -> int:
+        """GPUs per replica."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def num_gpus(self) -> int:
+        return self.world_size() * self.data_parallel_size
+
+    def expert_parallel_size(self) -> int:
+        """vLLM shards experts over TP x DP ranks when expert parallelism is on."""
+        return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
+
+    def resolve(self, *, hbm_capacity_bytes: int, hardware_name: str, max_position_embeddings: int) -> EngineParams:
+        """A copy with vLLM's device- and model-dependent defaults filled in."""
+        big_gpu = hbm_capacity_bytes >= 70 * _GIB and not hardware_name.startswith("a100")
+        max_num_seqs = self.max_num_seqs or (1024 if big_gpu else 256)
+        max_model_len = self.max_model_len or max_position_embeddings
+        batched = self.max_num_batched_tokens or (8192 if big_gpu else 2048)
+        if not self.enable_chunked_prefill:
+            # Without chunking every prompt must fit in one step, as vLLM enforces.
+            batched = max(batched, max_model_len)
+        capture = self.max_cudagraph_capture_size or min(2 * max_num_seqs, 512)
+        return dataclasses.replace(
+            self,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=batched,
+            max_model_len=max_model_len,
+            max_cudagraph_capture_size=capture,
+        )

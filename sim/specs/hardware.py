@@ -1,0 +1,92 @@
+"""Datasheet description of one accelerator system: compute peaks, memory, links.
+
+Only vendor-published facts live here (see each TOML's `[source]` table); fitted efficiencies,
+measured link latencies and host overheads live in calibration artifacts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from sim.dtypes import PEAK_KEYS, DType
+from sim.serde import require
+
+LinkKind = Literal["nvlink", "pcie", "xelink", "infiniband", "ethernet"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """One class of interconnect hop, priced by the alpha-beta collective model."""
+
+    kind: LinkKind
+    bandwidth_bytes_per_s: float
+    """Unidirectional bandwidth per GPU."""
+    latency_s: float
+    """Per-message fixed cost (alpha) as published with the spec."""
+
+    def __post_init__(self) -> None:
+        require(self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, "must be > 0")
+        require(self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareSpec:
+    """One GPU of a system and the node it sits in."""
+
+    name: str
+    """Catalog name, e.g. `h100_sxm`; equals the TOML file stem."""
+    description: str
+    vendor: Literal["nvidia", "intel", "toy"]
+    num_sms: int
+    """Streaming multiprocessors (Intel: Xe-cores); sets wave quantisation."""
+    l2_cache_bytes: int
+    boost_clock_hz: float
+    hbm_bandwidth_bytes_per_s: float
+    hbm_capacity_bytes: int
+    power_w: float
+    num_gpus_per_node: int
+    pcie_bandwidth_bytes_per_s: float
+    peak_flops_per_s: Mapping[str, float]
+    """Dense tensor-core peak per rate class (`bf16`, `fp16`, `fp8`, `fp4`, `int8`); absent = unsupported."""
+    intra_node_link: LinkSpec
+    inter_node_link: LinkSpec
+    sm_version: int | None = None
+    """Compute capability x10 (90 for Hopper); None for non-NVIDIA parts."""
+    source: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Where each group of numbers comes from."""
+
+    def __post_init__(self) -> None:
+        for key in ("num_sms", "l2_cache_bytes", "hbm_capacity_bytes", "num_gpus_per_node"):
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
+        rates = ("boost_clock_hz", "hbm_bandwidth_bytes_per_s", "power_w", "pcie_bandwidth_bytes_per_s")
+        for key in rates:
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
+        for key, rate in self.peak_flops_per_s.items():
+            require(key in PEAK_KEYS, f"peak_flops_per_s.{key}", rate,
+                    f"unknown rate class; known: {', '.join(PEAK_KEYS)}")
+            require(rate > 0, f"peak_flops_per_s.{key}", rate, "must be > 0")
+        require("bf16" in self.peak_flops_per_s or "fp16" in self.peak_flops_per_s,
+                "peak_flops_per_s", dict(self.peak_flops_per_s), "must give bf16 or fp16")
+
+    def supports(self, dtype: DType) -> bool:
+        return dtype.peak_key() in self.peak_flops_per_s
+
+    def peak_flops_for(self, dtype: DType) -> float:
+        """Dense peak for `dtype`; 16-bit rate for formats the tensor cores lack (upcast)."""
+        rates = self.peak_flops_per_s
+        key = dtype.peak_key()
+        if key in rates:
+            return rates[key]
+        return rates.get("bf16", rates.get("fp16", 0.0))
+
+    def ridge_point_flops_per_byte(self, dtype: DType) -> float:
+        return self.peak_flops_for(dtype) / self.hbm_bandwidth_bytes_per_s
+
+    def link_for_group(self, group_size: int) -> LinkSpec:
+        """The slowest hop a collective over `group_size` consecutive GPUs crosses."""
+        return self.intra_node_link if group_size <= self.num_gpus_per_node else self.inter_node_link

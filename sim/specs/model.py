@@ -1,0 +1,342 @@
+"""Architecture numbers of a decoder-only LLM, read from a Hugging Face `config.json`.
+
+Supported: dense GQA/MHA decoders (Llama, Mistral, Qwen2/3), per-layer sliding windows
+(`layer_types`, Mistral `sliding_window`, Qwen `use_sliding_window`), and MoE decoders (Mixtral,
+Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers).
+Features the kernel graph cannot represent (multi-head latent attention, linear attention,
+vision towers) raise `ConfigError` naming the config key; nothing is silently approximated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from sim.dtypes import DType
+from sim.errors import ConfigError
+from sim.serde import require
+
+WeightQuantization = Literal["fp8", "fp8_block", "mxfp4"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Routed experts of the MoE layers (per whole model, before any parallel split)."""
+
+    num_experts: int
+    num_experts_per_token: int
+    expert_intermediate_size: int
+    moe_layer_indices: tuple[int, ...]
+    """Layers whose MLP is the routed MoE block; the rest use the dense MLP."""
+    shared_expert_intermediate_size: int = 0
+    """Total intermediate width of the always-on shared expert(s); 0 when there are none."""
+    expert_bias: bool = False
+    """Experts carry biases (gpt-oss)."""
+
+    def __post_init__(self) -> None:
+        require(self.num_experts > 0, "num_experts", self.num_experts, "must be > 0")
+        require(0 < self.num_experts_per_token <= self.num_experts, "num_experts_per_token",
+                self.num_experts_per_token, f"must be in 1..num_experts={self.num_experts}")
+        require(self.expert_intermediate_size > 0, "expert_intermediate_size",
+                self.expert_intermediate_size, "must be > 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """Shapes of one decoder-only transformer. Parameter counts are methods."""
+
+    name: str
+    """Hugging Face id or config path the spec was loaded from."""
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    """Dense MLP width (layers that are not MoE)."""
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    """Bias on the QKV (and, for gpt-oss, O) projections."""
+    qk_norm: bool = False
+    """RMSNorm on q and k per head (Qwen3, MiniMax-M2)."""
+    layer_window_tokens: tuple[int, ...]
+    """Attention window per layer; 0 is full causal attention."""
+    moe: MoESpec | None = None
+    torch_dtype: DType = DType.BFLOAT16
+    weight_quantization: WeightQuantization | None = None
+    """Checkpoint quantization from `quantization_config`."""
+    quantize_experts_only: bool = False
+    """The checkpoint quantizes only the expert weights (gpt-oss mxfp4)."""
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
+                    "intermediate_size", "vocab_size", "max_position_embeddings"):
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
+        require(self.num_attention_heads % self.num_kv_heads == 0, "num_key_value_heads",
+                self.num_kv_heads, f"must divide num_attention_heads={self.num_attention_heads}")
+        require(len(self.layer_window_tokens) == self.num_layers, "layer_types",
+                len(self.layer_window_tokens), f"must list num_hidden_layers={self.num_layers} layers")
+
+    def q_width(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    def kv_width(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.moe_layer_indices
+
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else len(self.moe.moe_layer_indices)
+
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        params = h * self.q_width() + 2 * h * self.kv_width() + self.q_width() * h
+        if self.attention_bias:
+            params += self.q_width() + 2 * self.kv_width()
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        return params
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        assert self.moe is not None
+        params = 3 * self.hidden_size * self.moe.expert_intermediate_size
+        if self.moe.expert_bias:
+            params += 2 * self.moe.expert_intermediate_size + self.hidden_size
+        return params
+
+    def moe_block_params(self) -> tuple[int, int]:
+        """(routed expert parameters, router plus shared-expert parameters) of one MoE layer."""
+        assert self.moe is not None
+        routed = self.moe.num_experts * self.expert_params()
+        shared = 3 * self.hidden_size * self.moe.shared_expert_intermediate_size
+        other = self.hidden_size * self.moe.num_experts + shared
+        return routed, other
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        """All parameters, counted from shapes (norm weights included)."""
+        total = self.embedding_params() + self.lm_head_params() + self.hidden_size
+        for layer in range(self.num_layers):
+            total += self.attention_params() + 2 * self.hidden_size
+            if self.is_moe_layer(layer):
+                routed, other = self.moe_block_params()
+                total += routed + other
+            else:
+                total += self.dense_mlp_params()
+        return total
+
+    def num_active_params(self) -> int:
+        """Parameters touched by one token (top-k experts only)."""
+        if self.moe is None:
+            return self.num_params()
+        routed, _ = self.moe_block_params()
+        inactive = routed - self.moe.num_experts_per_token * self.expert_params()
+        return self.num_params() - inactive * self.num_moe_layers()
+
+
+_SUPPORTED_MODEL_TYPES: Final = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss",
+    "minimax_m2", "deepseek",
+)
+_DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32": DType.FLOAT32}
+
+
+def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
+    """Build a `ModelSpec` from a parsed `config.json`; `source` names the file in errors."""
+    reader = _ConfigReader(config, source=source, prefix="")
+    if "text_config" in config:
+        reader = _ConfigReader(reader.table("text_config"), source=source, prefix="text_config.")
+    for key, what in (("kv_lora_rank", "multi-head latent attention (MLA)"),
+                      ("q_lora_rank", "multi-head latent attention (MLA)"),
+                      ("linear_num_value_heads", "linear (gated delta-net) attention"),
+                      ("index_topk", "DeepSeek sparse attention")):
+        if reader.get(key) is not None:
+            reader.fail(key, reader.get(key), f"{what} is not modelled by the kernel graph yet")
+    model_type = reader.string("model_type")
+    if model_type not in _SUPPORTED_MODEL_TYPES:
+        reader.fail("model_type", model_type,
+                    f"architecture not supported; supported: {', '.join(_SUPPORTED_MODEL_TYPES)}")
+    if "vision_config" in config:
+        raise ConfigError(source=source, key="vision_config", value="{...}",
+                          rule="vision encoders are not modelled; use the text-only model's config")
+
+    hidden = reader.integer("hidden_size")
+    num_layers = reader.integer("num_hidden_layers")
+    num_heads = reader.integer("num_attention_heads")
+    num_kv_heads = reader.integer("num_key_value_heads", default=num_heads)
+    head_dim = reader.integer("head_dim", default=hidden // num_heads)
+    mlp_bias = reader.boolean("mlp_bias", default=False)
+    if mlp_bias:
+        reader.fail("mlp_bias", True, "biased dense MLPs are not modelled")
+    act = reader.get("hidden_act", "silu")
+    if act not in ("silu", "swiglu"):
+        reader.fail("hidden_act", act, "only gated SiLU MLPs are modelled")
+    dtype_name = reader.get("torch_dtype", reader.get("dtype", "bfloat16"))
+    if dtype_name not in _DTYPES:
+        reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
+    quant, experts_only = _quantization(reader)
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=reader.integer("intermediate_size"),
+        vocab_size=reader.integer("vocab_size"),
+        max_position_embeddings=reader.integer("max_position_embeddings"),
+        tie_word_embeddings=reader.boolean("tie_word_embeddings", default=False),
+        attention_bias=reader.boolean("attention_bias", default=model_type == "qwen2"),
+        qk_norm=model_type in ("qwen3", "qwen3_moe") or reader.boolean("use_qk_norm", default=False),
+        layer_window_tokens=_layer_windows(reader, model_type, num_layers),
+        moe=_moe(reader, model_type, num_layers),
+        torch_dtype=_DTYPES[dtype_name],
+        weight_quantization=quant,
+        quantize_experts_only=experts_only,
+    )
+
+
+def _quantization(reader: _ConfigReader) -> tuple[WeightQuantization | None, bool]:
+    qc = reader.get("quantization_config")
+    if qc is None:
+        return None, False
+    if not isinstance(qc, Mapping):
+        reader.fail("quantization_config", qc, "must be a table")
+    method = qc.get("quant_method")
+    if method == "fp8":
+        return ("fp8_block" if qc.get("weight_block_size") else "fp8"), False
+    if method == "mxfp4":
+        skipped = " ".join(str(m) for m in qc.get("modules_to_not_convert", ()))
+        # gpt-oss keeps attention, router, embedding and LM head in bf16.
+        return "mxfp4", "self_attn" in skipped
+    reader.fail("quantization_config.quant_method", method, "only fp8 and mxfp4 checkpoints are modelled")
+    raise AssertionError("unreachable")
+
+
+def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> tuple[int, ...]:
+    window = reader.get("sliding_window")
+    layer_types = reader.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            reader.fail("layer_types", layer_types, f"must list num_hidden_layers={num_layers} entries")
+        windows = []
+        for i, kind in enumerate(layer_types):
+            if kind == "full_attention":
+                windows.append(0)
+            elif kind == "sliding_attention" and isinstance(window, int) and window > 0:
+                windows.append(window)
+            else:
+                reader.fail(f"layer_types[{i}]", kind,
+                            "must be full_attention or sliding_attention (with an integer sliding_window)")
+        return tuple(windows)
+    if window is None or window == 0:
+        return (0,) * num_layers
+    if not isinstance(window, int) or window < 0:
+        reader.fail("sliding_window", window, "must be a non-negative integer or null")
+    if model_type.startswith("qwen"):
+        if not reader.boolean("use_sliding_window", default=False):
+            return (0,) * num_layers
+        first = reader.integer("max_window_layers", default=num_layers)
+        return tuple(window if i >= first else 0 for i in range(num_layers))
+    return (window,) * num_layers
+
+
+def _moe(reader: _ConfigReader, model_type: str, num_layers: int) -> MoESpec | None:
+    num_experts = None
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if reader.get(key) is not None:
+            num_experts = reader.integer(key)
+            break
+    if not num_experts:
+        return None
+    top_k = reader.integer("num_experts_per_tok")
+    if model_type in ("mixtral", "gpt_oss", "minimax_m2"):
+        expert_width = reader.integer("intermediate_size")
+    else:
+        expert_width = reader.integer("moe_intermediate_size")
+    shared = 0
+    if reader.get("n_shared_experts"):
+        shared = reader.integer("n_shared_experts") * expert_width
+    elif reader.get("shared_expert_intermediate_size"):
+        shared = reader.integer("shared_expert_intermediate_size")
+    elif reader.get("shared_intermediate_size"):
+        shared = reader.integer("shared_intermediate_size")
+    dense_layers: set[int] = set()
+    first_dense = reader.get("first_k_dense_replace")
+    if first_dense:
+        dense_layers |= set(range(reader.integer("first_k_dense_replace")))
+    step = reader.get("decoder_sparse_step")
+    if step:
+        step_n = reader.integer("decoder_sparse_step")
+        dense_layers |= {i for i in range(num_layers) if (i + 1) % step_n != 0}
+    freq = reader.get("moe_layer_freq")
+    if freq and freq != 1:
+        reader.fail("moe_layer_freq", freq, "only moe_layer_freq=1 is modelled")
+    mlp_only = reader.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
+        reader.fail("mlp_only_layers", mlp_only, "must be a list of layer indices")
+    dense_layers |= set(mlp_only)
+    return MoESpec(
+        num_experts=num_experts,
+        num_experts_per_token=top_k,
+        expert_intermediate_size=expert_width,
+        moe_layer_indices=tuple(i for i in range(num_layers) if i not in dense_layers),
+        shared_expert_intermediate_size=shared,
+        expert_bias=model_type == "gpt_oss",
+    )
+
+
+class _ConfigReader:
+    """Typed access to a config.json table, with errors that name the key."""
+
+    def __init__(self, data: Mapping[str, Any], *, source: str, prefix: str) -> None:
+        self._data, self._source, self._prefix = data, source, prefix
+
+    def fail(self, key: str, value: object, rule: str) -> Any:
+        raise ConfigError(source=self._source, key=self._prefix + key, value=value, rule=rule)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._data.get(key, default)
+        return default if value is None else value
+
+    def table(self, key: str) -> Mapping[str, Any]:
+        value = self._data.get(key)
+        if not isinstance(value, Mapping):
+            self.fail(key, value, "must be a table")
+        return value  # type: ignore[return-value]
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            self.fail(key, None, "is required")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.fail(key, value, "must be a non-negative integer")
+        return int(value)
+
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(key, value, "must be true or false")
+        return bool(value)
+
+    def string(self, key: str) -> str:
+        value = self.get(key)
+        if not isinstance(value, str):
+            self.fail(key, value, "must be a string")
+        return str(value)

@@ -1,0 +1,58 @@
+"""Which number format each part of the model runs in, from checkpoint, engine flags and GPU.
+
+vLLM semantics: `dtype=auto` takes the checkpoint's `torch_dtype` (fp32 checkpoints run in bf16);
+`quantization` (or the checkpoint's `quantization_config`) sets the linear-layer weights, with
+the LM head and embedding kept in the activation dtype; `kv_cache_dtype=auto` follows the
+activations. FP8 GEMMs run on FP8 tensor cores only where the GPU has them (weight-only FP8,
+Marlin-style, on older parts: weights move as FP8, math runs at the 16-bit rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.dtypes import DType
+from sim.specs.engine import EngineParams
+from sim.specs.hardware import HardwareSpec
+from sim.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionSpec:
+    activation_dtype: DType
+    linear_weight_dtype: DType
+    """Attention and dense-MLP projection weights."""
+    expert_weight_dtype: DType
+    lm_head_dtype: DType
+    kv_cache_dtype: DType
+
+    def gemm_compute_dtype(self, weight_dtype: DType, hw: HardwareSpec) -> DType:
+        """Tensor-core format a GEMM with these weights runs at on `hw`."""
+        if weight_dtype in (DType.FP8, DType.FP8_BLOCK, DType.NVFP4, DType.MXFP4) and hw.supports(weight_dtype):
+            return weight_dtype
+        return self.activation_dtype
+
+
+_QUANT = {"fp8": DType.FP8, "fp8_block": DType.FP8_BLOCK, "mxfp4": DType.MXFP4, "nvfp4": DType.NVFP4}
+
+
+def resolve_precision(model: ModelSpec, engine: EngineParams) -> PrecisionSpec:
+    if engine.dtype == "auto":
+        act: DType = DType.BFLOAT16 if model.torch_dtype is DType.FLOAT32 else model.torch_dtype
+    else:
+        act = DType(engine.dtype)
+    quant = engine.quantization or model.weight_quantization
+    linear: DType = act
+    expert: DType = act
+    if quant is not None:
+        expert = _QUANT[quant]
+        experts_only = engine.quantization is None and model.quantize_experts_only
+        linear = act if experts_only else expert
+    kv: DType = act if engine.kv_cache_dtype == "auto" else DType.FP8
+    return PrecisionSpec(
+        activation_dtype=act,
+        linear_weight_dtype=linear,
+        expert_weight_dtype=expert,
+        lm_head_dtype=act,
+        kv_cache_dtype=kv,
+    )

@@ -1,0 +1,196 @@
+"""A scenario: hardware x model x engine settings x workload x SLOs x seed, from one TOML file.
+
+```toml
+seed = 0
+[hardware]
+name = "h100_sxm"
+[model]
+name = "meta-llama/Llama-3.1-70B"
+[engine]
+tensor_parallel_size = 4
+[workload]
+request_rate = 8.0
+[slo]
+ttft_s = 0.5
+```
+
+Names resolve through the catalog; `[engine]` defaults that vLLM picks per device are filled in;
+cross-section rules (heads divisible by TP, lengths within `max_model_len`, ...) are checked here
+and broken ones raise `ConfigError` with the file, dotted key, value and rule. The user's sections
+(after `--set` overrides) are kept as canonical JSON so a scenario can be re-derived with more
+overrides (`with_overrides`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.errors import ConfigError
+from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
+from sim.specs.catalog import load_hardware, load_model, read_toml
+from sim.specs.engine import EngineParams
+from sim.specs.hardware import HardwareSpec
+from sim.specs.model import ModelSpec
+from sim.specs.precision import PrecisionSpec, resolve_precision
+from sim.specs.slo import SloSpec
+from sim.specs.workload import WorkloadSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareSection:
+    name: str
+    """Catalog name (`kernelsight list hardware`) or a path to a hardware TOML."""
+    price_per_gpu_hour_usd: float | None = None
+    """Overrides the shipped price table for cost metrics."""
+
+    def __post_init__(self) -> None:
+        price = self.price_per_gpu_hour_usd
+        require(price is None or price >= 0, "price_per_gpu_hour_usd", price, "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSection:
+    name: str
+    """Hugging Face id from `kernelsight list models`, or a path to a `config.json`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScenarioSections:
+    """The file's sections as written (after overrides), validated key by key."""
+
+    seed: int = 0
+    hardware: HardwareSection
+    model: ModelSection
+    engine: EngineParams = field(default_factory=EngineParams)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    slo: SloSpec = field(default_factory=SloSpec)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """Everything one simulation needs, resolved and validated."""
+
+    source: str
+    """File the scenario came from (for messages)."""
+    seed: int
+    hardware: HardwareSpec
+    model: ModelSpec
+    engine: EngineParams
+    """With vLLM's device defaults filled in (no `None` caps)."""
+    workload: WorkloadSpec
+    slo: SloSpec
+    precision: PrecisionSpec
+    price_per_gpu_hour_usd: float | None
+    sections_json: str
+    """Canonical JSON of the user's sections, for re-deriving with overrides."""
+
+    def sections(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.sections_json)
+        return result
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
+        return scenario_from_dict(apply_overrides(self.sections(), overrides), source=self.source)
+
+    def scenario_hash(self, *extra: str) -> str:
+        return config_hash(
+            {"seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
+             "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd},
+            *extra,
+        )
+
+
+def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    path = Path(path)
+    data = apply_overrides(read_toml(path), overrides or {})
+    base = path.parent
+    # Relative file paths inside a scenario are relative to the scenario file.
+    for section, key in (("model", "name"), ("hardware", "name"), ("workload", "dataset_path")):
+        value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        is_file = isinstance(value, str) and value.endswith((".json", ".toml", ".csv", ".jsonl"))
+        if is_file and isinstance(value, str) and not Path(value).is_absolute():
+            candidate = base / value
+            if candidate.exists():
+                data[section][key] = str(candidate.resolve())
+    return scenario_from_dict(data, source=str(path))
+
+
+def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
+    sections = build(ScenarioSections, data, source=source)
+    hardware = _resolve(load_hardware, sections.hardware.name, source, "hardware.name")
+    model = _resolve(load_model, sections.model.name, source, "model.name")
+    engine = sections.engine.resolve(
+        hbm_capacity_bytes=hardware.hbm_capacity_bytes,
+        hardware_name=hardware.name,
+        max_position_embeddings=model.max_position_embeddings,
+    )
+    _check_combination(source, model, sections.engine, engine, sections.workload)
+    return Scenario(
+        source=source,
+        seed=sections.seed,
+        hardware=hardware,
+        model=model,
+        engine=engine,
+        workload=sections.workload,
+        slo=sections.slo,
+        precision=resolve_precision(model, engine),
+        price_per_gpu_hour_usd=sections.hardware.price_per_gpu_hour_usd,
+        sections_json=json.dumps(to_jsonable(sections), sort_keys=True),
+    )
+
+
+def _resolve(loader: Any, name: str, source: str, key: str) -> Any:
+    try:
+        return loader(name)
+    except ConfigError as exc:
+        if exc.source:
+            raise
+        raise ConfigError(source=source, key=key, value=name, rule=exc.rule) from None
+
+
+def _check_combination(
+    source: str, model: ModelSpec, asked: EngineParams, engine: EngineParams, workload: WorkloadSpec
+) -> None:
+    def fail(key: str, value: object, rule: str) -> None:
+        raise ConfigError(source=source, key=key, value=value, rule=rule)
+
+    tp = engine.tensor_parallel_size
+    if model.num_attention_heads % tp:
+        fail("engine.tensor_parallel_size", tp,
+             f"must divide the model's num_attention_heads={model.num_attention_heads}")
+    kv = model.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        fail("engine.tensor_parallel_size", tp,
+             f"must divide num_key_value_heads={kv} or be a multiple of it (KV heads are replicated)")
+    if model.intermediate_size % tp:
+        fail("engine.tensor_parallel_size", tp, f"must divide intermediate_size={model.intermediate_size}")
+    if engine.pipeline_parallel_size > model.num_layers:
+        fail("engine.pipeline_parallel_size", engine.pipeline_parallel_size,
+             f"must be <= num_hidden_layers={model.num_layers}")
+    if model.moe is not None:
+        ep = engine.expert_parallel_size()
+        if model.moe.num_experts % ep:
+            fail("engine.enable_expert_parallel", True,
+                 f"expert-parallel size TPxDP={ep} must divide num_experts={model.moe.num_experts}")
+    elif engine.enable_expert_parallel:
+        fail("engine.enable_expert_parallel", True, f"{model.name} has no experts")
+    assert engine.max_model_len is not None and engine.max_num_batched_tokens is not None
+    assert engine.max_num_seqs is not None
+    if engine.max_model_len > model.max_position_embeddings:
+        fail("engine.max_model_len", engine.max_model_len,
+             f"must be <= the model's max_position_embeddings={model.max_position_embeddings}")
+    if not asked.enable_chunked_prefill and asked.max_num_batched_tokens is not None \
+            and asked.max_num_batched_tokens < engine.max_model_len:
+        fail("engine.max_num_batched_tokens", asked.max_num_batched_tokens,
+             f"must be >= max_model_len={engine.max_model_len} when enable_chunked_prefill=false")
+    if engine.max_num_batched_tokens < engine.max_num_seqs:
+        fail("engine.max_num_batched_tokens", engine.max_num_batched_tokens,
+             f"must be >= max_num_seqs={engine.max_num_seqs}")
+    if workload.dataset_name in ("random", "fixed"):
+        longest = workload.max_input_tokens() + workload.max_output_tokens()
+        if longest > engine.max_model_len:
+            fail("workload.random_input_len", workload.random_input_len,
+                 f"prompt plus output can reach {longest} tokens, over max_model_len={engine.max_model_len}")

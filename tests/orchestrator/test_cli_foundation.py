@@ -1,0 +1,102 @@
+"""The CLI contracts of the foundation: step, check, list, predict-kernels (roofline tier)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from orchestrator.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+
+
+def test_step_json_has_kernels_and_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["step", str(REPO / "scenarios/llama3_70b-h100-tp4.toml"), "--prefill", "2048",
+                 "--decode", "64x1024", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["worst_provenance"] == "roofline"
+    assert out["step_time_s"] == pytest.approx(out["gpu_s"] + out["comm_s"])
+    assert sum(out["seconds_by_kind"].values()) == pytest.approx(out["step_time_s"])
+    names = {k["name"] for k in out["kernels"]}
+    assert {"qkv_proj", "attn_prefill", "attn_decode", "attn_all_reduce", "lm_head", "sampler"} <= names
+
+
+def test_step_table_runs_as_a_module() -> None:
+    proc = run_cli("step", "scenarios/llama3_8b-h100.toml", "--decode", "8x512")
+    assert proc.returncode == 0, proc.stderr
+    assert "attn_decode" in proc.stdout and "worst provenance roofline" in proc.stdout
+
+
+def test_every_shipped_toml_passes_check() -> None:
+    files = sorted(str(p) for p in [*REPO.glob("scenarios/*.toml"), *REPO.glob("sim/data/hardware/*.toml")])
+    proc = run_cli("check", *files)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ok ") == len(files)
+
+
+def test_bad_scenario_exits_2_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[hardware]\nname = "h100_sxm"\n[model]\nname = "meta-llama/Llama-3.1-8B"\n[engine]\nmax_num_seq = 3\n')
+    proc = run_cli("check", str(bad))
+    assert proc.returncode == 2
+    assert "engine.max_num_seq" in proc.stderr and "unknown key" in proc.stderr
+
+
+def test_model_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "big.toml"
+    bad.write_text('[hardware]\nname = "l4"\n[model]\nname = "meta-llama/Llama-3.1-70B"\n')
+    assert main(["check", str(bad)]) == 2
+
+
+def test_list_hardware_and_models(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "hardware"]) == 0
+    assert "rtx_4090" in capsys.readouterr().out
+    assert main(["list", "models"]) == 0
+    assert "meta-llama/Llama-3.1-70B" in capsys.readouterr().out
+
+
+def _write_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    cols = ["kernel", "dtype", "m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads",
+            "head_dim", "num_gpus", "message_bytes"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def test_predict_kernels_roofline_contract(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.csv"
+    _write_rows(rows, [
+        {"kernel": "gemm", "dtype": "bfloat16", "m": "4096", "n": "4096", "k": "4096"},
+        {"kernel": "context_attention", "batch_size": "1", "seq_len": "1024", "num_heads": "32", "num_kv_heads": "8", "head_dim": "128"},
+        {"kernel": "generation_attention", "batch_size": "8", "kv_len": "1000", "num_heads": "32", "num_kv_heads": "8", "head_dim": "128"},
+        {"kernel": "nccl_all_reduce", "num_gpus": "8", "message_bytes": "1048576"},
+    ])
+    out = tmp_path / "pred.csv"
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(rows), "--out", str(out)]) == 0
+    with out.open() as f:
+        pred = list(csv.DictReader(f))
+    assert len(pred) == 4
+    assert float(pred[0]["predicted_latency_ms"]) == pytest.approx(2 * 4096**3 / 989e12 * 1e3, rel=1e-4)
+    assert {p["provenance"] for p in pred} == {"roofline"}
+    assert "variant" in pred[0]
+
+
+def test_predict_kernels_bad_row_names_row_and_column(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.csv"
+    _write_rows(rows, [{"kernel": "gemm", "dtype": "bfloat16", "m": "1", "n": "2", "k": "3"},
+                       {"kernel": "gemm", "dtype": "bfloat16", "m": "x", "n": "2", "k": "3"}])
+    proc = run_cli("predict-kernels", "--hardware", "l40s", "--tier", "roofline", "--in", str(rows), "--out", str(tmp_path / "o.csv"))
+    assert proc.returncode == 2
+    assert "row 2" in proc.stderr and "m=" in proc.stderr

@@ -1,0 +1,117 @@
+"""Step-graph FLOPs and bytes: hand-computed attention sums and Llama-3.1-8B totals."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import scenario_dict
+
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelKind
+from sim.graph.memory import kv_bytes_per_token, weight_bytes_per_gpu
+from sim.graph.transformer import attention_keys, expected_active_experts
+from sim.specs.scenario import scenario_from_dict
+
+
+def llama8b(**engine: object) -> object:
+    return scenario_from_dict(scenario_dict(engine=engine), source="test")
+
+
+def test_attention_keys_causal_sum() -> None:
+    assert attention_keys(4, 0, 0) == 1 + 2 + 3 + 4
+    assert attention_keys(2, 3, 0) == 4 + 5
+
+
+def test_attention_keys_with_window_caps_each_query() -> None:
+    # queries see 1, 2, 3, 3, 3 keys with a window of 3
+    assert attention_keys(5, 0, 3) == 1 + 2 + 3 + 3 + 3
+    assert attention_keys(2, 10, 3) == 6
+
+
+def test_expected_active_experts_limits() -> None:
+    assert expected_active_experts(8, 8, 2, 1) == pytest.approx(2.0)
+    assert expected_active_experts(8, 8, 2, 10_000) == pytest.approx(8.0)
+
+
+def test_llama8b_weights_match_parameter_count() -> None:
+    sc = llama8b()
+    params = sc.model.num_params()
+    assert params == pytest.approx(8.03e9, rel=1e-3)
+    weights = weight_bytes_per_gpu(sc.model, sc.engine, sc.precision)
+    assert weights == pytest.approx(2 * params, rel=0.005)
+
+
+def test_llama8b_prefill_flops_are_two_params_per_token_plus_attention() -> None:
+    from sim.api import step_graph
+
+    sc = llama8b()
+    n = 2048
+    graph = step_graph(sc, BatchShape(prefills=(PrefillChunk(new_tokens=n),)))
+    m = sc.model
+    # Every token goes through all non-embedding weights; one sampled token through the LM head.
+    body = m.num_params() - m.embedding_params() - m.lm_head_params()
+    attention = 4 * m.num_attention_heads * m.head_dim * (n * (n + 1) // 2) * m.num_layers
+    expected = 2 * body * n + 2 * m.lm_head_params() * 1 + attention
+    gemm_and_attn = sum(f for k, f in graph.flops_by_kind().items()
+                        if k in (KernelKind.GEMM, KernelKind.ATTN_PREFILL))
+    assert gemm_and_attn == pytest.approx(expected, rel=0.01)
+    assert graph.total_flops() == pytest.approx(expected, rel=0.01)
+
+
+def test_tp_shards_gemms_and_adds_all_reduces() -> None:
+    from sim.api import step_graph
+
+    one = step_graph(llama8b(), BatchShape(decode_context_tokens=(100,) * 8))
+    two = step_graph(llama8b(tensor_parallel_size=2), BatchShape(decode_context_tokens=(100,) * 8))
+    assert not any(n.work.kind is KernelKind.ALL_REDUCE for n in one.nodes)
+    ar = [n for n in two.nodes if n.work.kind is KernelKind.ALL_REDUCE]
+    assert sum(n.repeat for n in ar) == 1 + 2 * 32
+    g1 = one.flops_by_kind()[KernelKind.GEMM]
+    g2 = two.flops_by_kind()[KernelKind.GEMM]
+    assert g2 == pytest.approx(g1 / 2, rel=0.01)
+
+
+def test_decode_attention_reads_each_context_once() -> None:
+    from sim.api import step_graph
+
+    sc = llama8b()
+    graph = step_graph(sc, BatchShape(decode_context_tokens=(99, 199)))
+    node = next(n for n in graph.nodes if n.work.kind is KernelKind.ATTN_DECODE)
+    per_token = 2 * 8 * 128 * 2  # K and V, 8 KV heads, head_dim 128, bf16
+    assert node.work.kv_read_bytes == (100 + 200) * per_token
+    assert node.repeat == 32
+    assert kv_bytes_per_token(sc.model, sc.engine, sc.precision) == 32 * per_token
+
+
+def test_lm_head_only_for_sampled_tokens() -> None:
+    from sim.api import step_graph
+
+    graph = step_graph(llama8b(), BatchShape(prefills=(PrefillChunk(new_tokens=512, samples=False),),
+                                             decode_context_tokens=(10,) * 3))
+    head = next(n for n in graph.nodes if n.work.name == "lm_head")
+    assert head.work.shape[0] == 3
+
+
+def test_moe_graph_has_expert_gemms_and_all_to_all_with_ep() -> None:
+    from sim.api import step_graph
+
+    d = scenario_dict(model={"name": "mistralai/Mixtral-8x7B-v0.1"},
+                      engine={"tensor_parallel_size": 2, "enable_expert_parallel": True})
+    sc = scenario_from_dict(d, source="test")
+    graph = step_graph(sc, BatchShape(decode_context_tokens=(100,) * 16))
+    kinds = {n.work.kind for n in graph.nodes}
+    assert KernelKind.MOE_GEMM in kinds and KernelKind.ALL_TO_ALL in kinds
+    gate_up = next(n for n in graph.nodes if n.work.name == "moe_gate_up")
+    # 16 tokens x top-2 over 2 TP ranks = 16 routed pairs per GPU, 4 local experts of full width
+    assert gate_up.work.shape[:4] == (16, 2 * 14336, 4096, 4)
+
+
+def test_sliding_window_layers_get_their_own_attention_nodes() -> None:
+    from sim.api import step_graph
+
+    d = scenario_dict(model={"name": "openai/gpt-oss-120b"}, engine={"tensor_parallel_size": 4})
+    sc = scenario_from_dict(d, source="test")
+    graph = step_graph(sc, BatchShape(decode_context_tokens=(1000,)))
+    names = {n.work.name: n.repeat for n in graph.nodes if n.work.kind is KernelKind.ATTN_DECODE}
+    assert names == {"attn_decode": 18, "attn_decode_swa": 18}
+    swa = next(n for n in graph.nodes if n.work.name == "attn_decode_swa")
+    assert swa.work.shape[2] == 128

@@ -1,0 +1,44 @@
+"""KV-cache capacity computed the way vLLM does, checked against a real vLLM run."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from conftest import SHARED_DATA, scenario_dict
+
+from sim.graph.memory import memory_breakdown
+from sim.specs.scenario import scenario_from_dict
+
+
+def test_rtx4090_llama8b_kv_blocks_within_3pct_of_measured() -> None:
+    runs = SHARED_DATA / "e2e" / "llmservingsim_vllm_traces" / "runs.csv"
+    with runs.open() as f:
+        run = next(r for r in csv.DictReader(f) if r["run_id"] == "RTX4090__Llama-3.1-8B")
+    measured = float(run["num_gpu_blocks"])
+    d = scenario_dict(
+        hardware={"name": "rtx_4090"},
+        engine={"max_num_seqs": int(run["max_num_seqs"]), "max_num_batched_tokens": int(run["max_num_batched_tokens"]),
+                "max_model_len": int(float(run["max_model_len"])), "block_size": int(float(run["block_size"])),
+                "gpu_memory_utilization": float(run["gpu_memory_utilization"])},
+    )
+    sc = scenario_from_dict(d, source="test")
+    mem = memory_breakdown(sc.model, sc.engine, sc.precision, sc.hardware)
+    assert mem.num_kv_blocks == pytest.approx(measured, rel=0.03)
+
+
+def test_more_memory_utilization_means_more_blocks() -> None:
+    low = scenario_from_dict(scenario_dict(engine={"gpu_memory_utilization": 0.5}), source="t")
+    high = scenario_from_dict(scenario_dict(engine={"gpu_memory_utilization": 0.9}), source="t")
+    m_low = memory_breakdown(low.model, low.engine, low.precision, low.hardware)
+    m_high = memory_breakdown(high.model, high.engine, high.precision, high.hardware)
+    extra = (0.4 * m_high.total_bytes) // (m_high.kv_bytes_per_token * 16)
+    assert m_high.num_kv_blocks - m_low.num_kv_blocks == pytest.approx(extra, abs=1)
+
+
+def test_fp8_kv_cache_halves_bytes_per_token() -> None:
+    auto = scenario_from_dict(scenario_dict(), source="t")
+    fp8 = scenario_from_dict(scenario_dict(engine={"kv_cache_dtype": "fp8"}), source="t")
+    a = memory_breakdown(auto.model, auto.engine, auto.precision, auto.hardware)
+    b = memory_breakdown(fp8.model, fp8.engine, fp8.precision, fp8.hardware)
+    assert b.kv_bytes_per_token * 2 == a.kv_bytes_per_token

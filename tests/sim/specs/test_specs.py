@@ -1,0 +1,124 @@
+"""Hardware and model catalogs, scenario loading and its error messages."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from conftest import SHARED_DATA, scenario_dict
+
+from sim.errors import ConfigError
+from sim.serde import apply_overrides, config_hash, parse_override
+from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model
+from sim.specs.model import model_from_hf_config
+from sim.specs.scenario import scenario_from_dict
+
+
+def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
+    with (SHARED_DATA / "aiconfigurator" / "gpu_specs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 14
+    for row in rows:
+        hw = load_hardware(row["system"])
+        assert hw.hbm_bandwidth_bytes_per_s == float(row["mem_bw_bytes_per_s"])
+        assert hw.hbm_capacity_bytes == int(row["mem_capacity_bytes"])
+        assert hw.peak_flops_per_s["bf16"] == float(row["bf16_tc_flops"])
+        assert hw.intra_node_link.bandwidth_bytes_per_s == float(row["intra_node_bw_bytes_per_s"])
+        assert hw.num_sms > 0 and hw.l2_cache_bytes > 0 and hw.source
+    assert "rtx_4090" in list_hardware()
+    assert len(list_hardware()) == 15
+
+
+def test_shipped_models_load_by_hf_id_and_alias() -> None:
+    assert load_model("meta-llama/Llama-3.1-70B").num_layers == 80
+    assert load_model("meta-llama/Meta-Llama-3.1-70B").hidden_size == 8192
+    assert len(list_models()) == 16
+
+
+@pytest.mark.parametrize(
+    ("model", "key"),
+    [("deepseek-ai/DeepSeek-V3", "kv_lora_rank"), ("moonshotai/Kimi-K2.5", "text_config.kv_lora_rank"),
+     ("Qwen/Qwen3.5-397B-A17B", "text_config.linear_num_value_heads")],
+)
+def test_unmodelled_architectures_name_the_config_key(model: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_model(model)
+    assert err.value.key == key
+
+
+def test_moe_configs_parse() -> None:
+    mixtral = load_model("mistralai/Mixtral-8x7B-v0.1")
+    assert mixtral.moe is not None and mixtral.moe.num_experts == 8
+    assert mixtral.num_params() == pytest.approx(46.7e9, rel=0.005)
+    oss = load_model("openai/gpt-oss-120b")
+    assert oss.weight_quantization == "mxfp4" and oss.quantize_experts_only
+    assert set(oss.layer_window_tokens) == {0, 128}
+    qwen = load_model("Qwen/Qwen3-30B-A3B")
+    assert qwen.qk_norm and qwen.num_active_params() == pytest.approx(3.3e9, rel=0.05)
+
+
+def test_any_config_json_path_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    model = load_model(str(path))
+    assert model.head_dim == 16 and model.num_params() == 2 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 128) + 2 * 6400 + 64
+
+
+def test_deepseek_style_shared_experts_and_dense_first_layers() -> None:
+    cfg = {"model_type": "deepseek", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "intermediate_size": 256, "moe_intermediate_size": 32, "n_routed_experts": 8, "n_shared_experts": 2,
+           "num_experts_per_tok": 2, "first_k_dense_replace": 1, "vocab_size": 100, "max_position_embeddings": 256}
+    model = model_from_hf_config(cfg, name="x", source="x")
+    assert model.moe is not None
+    assert model.moe.moe_layer_indices == (1, 2, 3)
+    assert model.moe.shared_expert_intermediate_size == 64
+
+
+def test_scenario_resolves_vllm_device_defaults() -> None:
+    h100 = scenario_from_dict(scenario_dict(), source="t")
+    assert (h100.engine.max_num_seqs, h100.engine.max_num_batched_tokens) == (1024, 8192)
+    a100 = scenario_from_dict(scenario_dict(hardware={"name": "a100_sxm"}), source="t")
+    assert (a100.engine.max_num_seqs, a100.engine.max_num_batched_tokens) == (256, 2048)
+
+
+@pytest.mark.parametrize(
+    ("sections", "key"),
+    [
+        ({"engine": {"max_num_seq": 4}}, "engine.max_num_seq"),
+        ({"engine": {"max_num_seqs": "many"}}, "engine.max_num_seqs"),
+        ({"engine": {"tensor_parallel_size": 3}}, "engine.tensor_parallel_size"),
+        ({"engine": {"gpu_memory_utilization": 1.5}}, "engine.gpu_memory_utilization"),
+        ({"workload": {"random_input_len": 9000}}, "workload.random_input_len"),
+        ({"hardware": {"name": "tpu_v5"}}, "hardware.name"),
+        ({"engine": {"enable_chunked_prefill": False, "max_num_batched_tokens": 1024}}, "engine.max_num_batched_tokens"),
+    ],
+)
+def test_bad_scenarios_name_the_key(sections: dict[str, dict[str, object]], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(scenario_dict(**sections), source="bad.toml")
+    assert err.value.key == key
+    assert "bad.toml" in str(err.value)
+
+
+def test_overrides_rebuild_and_change_the_hash() -> None:
+    base = scenario_from_dict(scenario_dict(), source="t")
+    bigger = base.with_overrides({"engine.max_num_seqs": 64})
+    assert bigger.engine.max_num_seqs == 64
+    assert bigger.scenario_hash() != base.scenario_hash()
+    assert base.with_overrides({}).scenario_hash() == base.scenario_hash()
+
+
+def test_parse_override_reads_toml_literals() -> None:
+    assert parse_override("engine.max_num_seqs=256") == ("engine.max_num_seqs", 256)
+    assert parse_override("engine.enable_prefix_caching=false") == ("engine.enable_prefix_caching", False)
+    assert parse_override("hardware.name=h200_sxm") == ("hardware.name", "h200_sxm")
+    assert parse_override("workload.request_rate=inf")[1] == float("inf")
+    assert apply_overrides({"a": {"b": 1}}, {"a.c": 2}) == {"a": {"b": 1, "c": 2}}
+
+
+def test_config_hash_is_canonical() -> None:
+    assert config_hash({"a": 1.0, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1.0})
+    assert config_hash({"a": 0.1}) != config_hash({"a": 0.1000001})
