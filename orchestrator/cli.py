@@ -31,6 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--json", action="store_true", help="JSON on stdout")
     step.set_defaults(func=sim_cmds.cmd_step)
 
+    from orchestrator import commands_run
+
+    run = sub.add_parser("run", help="simulate a scenario and print its metrics")
+    run.add_argument("scenario")
+    run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
+    run.add_argument("--json", action="store_true", help="summary and kernel breakdown as JSON on stdout")
+    run.add_argument("--out", metavar="DIR", help="write requests, kernel breakdown and KV usage as Parquet")
+    run.add_argument("--trace", action="store_true", help="with --out, also write a Chrome trace")
+    run.set_defaults(func=commands_run.cmd_run)
+
     check = sub.add_parser("check", help="validate scenario, hardware or sweep TOML files")
     check.add_argument("files", nargs="+")
     check.set_defaults(func=sim_cmds.cmd_check)

@@ -6,18 +6,36 @@ happens here and in `sim.specs.catalog`, never inside the simulation loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from sim.engine.pricer import StepPricer
+from sim.engine.records import RequestRecord
+from sim.engine.simulation import SimLimits, Simulation
 from sim.errors import InfeasibleScenario
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
+from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel, RooflineEfficiency
+from sim.perf.host import HostOverheadParams
 from sim.perf.step import StepCostModel, StepTiming
+from sim.serde import build
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.catalog import read_toml
+from sim.specs.prices import load_prices, price_per_gpu_hour_usd
 from sim.specs.scenario import Scenario, load_scenario_file
+from sim.workload.generate import generate
+
+__version__ = "0.1.0"
 
 _GIB = float(1 << 30)
 
@@ -71,3 +89,82 @@ def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: Efficienc
     """Per-kernel prices of one step of `batch` on the scenario's hardware."""
     model = StepCostModel(scenario.hardware, efficiency or RooflineEfficiency())
     return model.cost(step_graph(scenario, batch))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimResult:
+    summary: SimSummary
+    breakdown: KernelBreakdown
+    records: tuple[RequestRecord, ...]
+    kv_usage: tuple[tuple[float, float], ...]
+    """(time_s, used fraction of replica 0..n KV blocks) after each step."""
+    memory: MemoryBreakdown
+    scenario_hash: str
+    sim_version: str
+
+
+def load_host_params(backend: str) -> HostOverheadParams:
+    """Shipped host-overhead parameters of an engine profile (`sim/data/host/<backend>.toml`)."""
+    path = Path(str(resources.files("sim") / "data" / "host" / f"{backend}.toml"))
+    if not path.exists():
+        path = Path(str(resources.files("sim") / "data" / "host" / "vllm.toml"))
+    return build(HostOverheadParams, read_toml(path), source=str(path))
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    efficiency: EfficiencyModel | None = None,
+    host: HostOverheadParams | None = None,
+    limits: SimLimits | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """Replay the scenario's workload through its replicas; same scenario + seed, same result."""
+    mem = check_feasible(scenario)
+    engine = scenario.engine
+    assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
+    (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
+    specs = generate(scenario.workload, np.random.default_rng(workload_seq))
+    replicas = [
+        VllmV1Scheduler(
+            kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
+                              enable_prefix_caching=engine.enable_prefix_caching),
+            max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+            enable_chunked_prefill=engine.enable_chunked_prefill,
+            long_prefill_token_threshold=engine.long_prefill_token_threshold,
+        )
+        for _ in range(engine.data_parallel_size)
+    ]
+    keyer = replicas[0].kv
+    states = [
+        RequestState(request_id=s.request_id, prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                     arrival_s=s.arrival_s,
+                     keys=keyer.prompt_block_keys(s.segments, s.request_id, s.prompt_tokens)
+                     if engine.enable_prefix_caching else ())
+        for s in specs
+    ]
+    pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or RooflineEfficiency()),
+                        host or load_host_params(engine.backend))
+    sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
+                     max_concurrency=scenario.workload.max_concurrency, limits=limits or SimLimits(),
+                     progress=progress)
+    records = sim.run(states)
+    by_kind, by_name, host_s, floor_s = pricer.breakdown()
+    price = scenario.price_per_gpu_hour_usd
+    if price is None:
+        price = price_per_gpu_hour_usd(scenario.hardware.name, load_prices())
+    summary = summarize(
+        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage,
+        num_preemptions=sim.num_preemptions(),
+        prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in replicas),
+        prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in replicas),
+        num_gpus=engine.num_gpus(), price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
+        truncated=sim.truncated, worst_provenance=pricer.worst_provenance.label(),
+    )
+    return SimResult(
+        summary=summary,
+        breakdown=KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s,
+                                  launch_floor_s=floor_s),
+        records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,
+        scenario_hash=scenario.scenario_hash(), sim_version=__version__,
+    )

@@ -19,7 +19,7 @@ KvCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
 ModelDType = Literal["auto", "bfloat16", "float16"]
 LaunchMode = Literal["auto", "eager", "cuda_graph", "megakernel"]
-SchedulerName = Literal["vllm_v1", "static"]
+SchedulerName = Literal["vllm_v1"]
 RouterName = Literal["round_robin", "least_outstanding", "prefix_aware"]
 BackendName = Literal["vllm", "sglang", "trtllm"]
 
@@ -61,7 +61,7 @@ class EngineParams:
     launch_mode: LaunchMode = "auto"
     """kernelsight: `auto` = `eager` if enforce_eager else `cuda_graph`; `megakernel` is a what-if."""
     scheduler: SchedulerName = "vllm_v1"
-    """kernelsight: replica scheduling policy."""
+    """kernelsight: replica scheduling policy (vLLM v1 continuous batching)."""
     router: RouterName = "round_robin"
     """kernelsight: how requests are spread over data-parallel replicas."""
     backend: BackendName = "vllm"

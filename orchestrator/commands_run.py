@@ -1,0 +1,98 @@
+"""`kernelsight run`: simulate a scenario, print the summary, optionally write records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.commands_sim import overrides_from
+from orchestrator.render import table
+from sim.api import SimResult, load_scenario, simulate
+from sim.serde import to_jsonable
+
+
+class _Progress:
+    """A stderr progress bar that appears only for runs longer than a couple of seconds."""
+
+    def __init__(self, total: int) -> None:
+        self._total = total
+        self._start = time.monotonic()
+        self._shown = False
+
+    def __call__(self, done: int) -> None:
+        if done % 256 and done != self._total:
+            return
+        elapsed = time.monotonic() - self._start
+        if elapsed < 2.0 and not self._shown:
+            return
+        self._shown = True
+        width = 30
+        filled = int(width * done / self._total)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self._total} requests {elapsed:.1f}s")
+        if done == self._total:
+            sys.stderr.write("\n")
+
+
+def result_payload(result: SimResult) -> dict[str, Any]:
+    bd = result.breakdown
+    return {
+        "scenario_hash": result.scenario_hash,
+        "sim_version": result.sim_version,
+        "summary": to_jsonable(result.summary),
+        "breakdown": {
+            "seconds_by_kind": dict(bd.seconds_by_kind),
+            "seconds_by_name": dict(bd.seconds_by_name),
+            "host_s": bd.host_s,
+            "launch_floor_s": bd.launch_floor_s,
+            "share_by_kind": bd.share_by_kind(),
+        },
+        "memory": to_jsonable(result.memory),
+    }
+
+
+def _write_out(result: SimResult, out: Path, trace: bool) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [dataclasses.asdict(r) for r in result.records]
+    for row, rec in zip(rows, result.records, strict=True):
+        row.update(ttft_s=rec.ttft_s(), tpot_s=rec.tpot_s(), e2el_s=rec.e2el_s())
+    pq.write_table(pa.Table.from_pylist(rows), out / "requests.parquet")
+    bd = result.breakdown
+    total = bd.total_s() or 1.0
+    kernels = [{"kernel": name, "seconds": sec, "share": sec / total} for name, sec in
+               sorted(bd.seconds_by_name.items(), key=lambda kv: -kv[1])]
+    kernels += [{"kernel": "host", "seconds": bd.host_s, "share": bd.host_s / total},
+                {"kernel": "launch_floor", "seconds": bd.launch_floor_s, "share": bd.launch_floor_s / total}]
+    pq.write_table(pa.Table.from_pylist(kernels), out / "kernel_breakdown.parquet")
+    pq.write_table(pa.Table.from_pylist([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage]),
+                   out / "kv_usage.parquet")
+    (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
+    if trace:
+        events = [{"name": f"req {r.request_id}", "ph": "X", "pid": r.replica, "tid": r.request_id,
+                   "ts": r.arrival_s * 1e6, "dur": (r.finish_s - r.arrival_s) * 1e6} for r in result.records]
+        (out / "trace.json").write_text(json.dumps({"traceEvents": events}))
+
+
+def cmd_run(args: Namespace) -> int:
+    scenario = load_scenario(args.scenario, overrides_from(args))
+    progress = _Progress(scenario.workload.num_prompts)
+    result = simulate(scenario, progress=progress)
+    if args.out:
+        _write_out(result, Path(args.out), args.trace)
+    if args.json:
+        sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
+        return 0
+    s = result.summary
+    rows = [(f.name, f"{getattr(s, f.name):.6g}" if isinstance(getattr(s, f.name), float) else getattr(s, f.name))
+            for f in dataclasses.fields(s)]
+    shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
+    sys.stdout.write(table(("metric", "value"), rows) + "\n"
+                     + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))
+    return 0

@@ -1,0 +1,90 @@
+"""Host (CPU) overhead of one serving step, by launch mode, as a pure function of the step.
+
+Per step the engine pays scheduling, input preparation, sampling and output processing, each
+linear in the number of sequences (`a + b x n`), fitted on measured per-step CPU times (see
+`HostOverheadParams.source`). Launch modes:
+- `eager`: every kernel launch costs `eager_launch_s` of CPU time; the GPU idles when launches are
+  slower than the kernels, so each kernel takes at least that long;
+- `cuda_graph`: decode-only steps of at most `max_cudagraph_capture_size` sequences replay a graph
+  (`graph_launch_s` per step); other steps launch piecewise graphs around attention (one launch
+  per layer per piece);
+- `megakernel`: one persistent kernel, no launch gaps (a what-if for persistent-kernel compilers).
+With async scheduling the CPU work of step n+1 overlaps the GPU work of step n, so a step costs
+max(GPU, CPU) instead of GPU + CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sim.serde import require
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinearCost:
+    base_s: float
+    per_item_s: float
+
+    def __post_init__(self) -> None:
+        require(self.base_s >= 0, "base_s", self.base_s, "must be >= 0")
+        require(self.per_item_s >= 0, "per_item_s", self.per_item_s, "must be >= 0")
+
+    def at(self, n: int) -> float:
+        return self.base_s + self.per_item_s * n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOverheadParams:
+    schedule: LinearCost
+    prepare_inputs: LinearCost
+    sampler: LinearCost
+    process_outputs: LinearCost
+    graph_launch_s: float
+    """CPU cost of replaying one captured CUDA graph."""
+    eager_launch_s: float
+    """CPU cost of one eager kernel launch."""
+    source: str
+    """Data and method the numbers come from."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostCost:
+    cpu_s: float
+    """Scheduling, input preparation, sampling and output processing."""
+    launch_s: float
+    """CPU time spent launching kernels or graphs."""
+    launch_floor_s: float
+    """Extra GPU idle time when eager launches are slower than kernels."""
+
+
+def host_cost(
+    *,
+    params: HostOverheadParams,
+    mode: Literal["eager", "cuda_graph", "megakernel"],
+    num_seqs: int,
+    num_sampled: int,
+    is_decode_only: bool,
+    max_cudagraph_capture_size: int,
+    num_launches: int,
+    num_layers: int,
+    short_kernel_gap_s: float,
+) -> HostCost:
+    """CPU cost of a step. `short_kernel_gap_s` = sum over launches of max(0, launch - kernel)."""
+    cpu = (params.schedule.at(num_seqs) + params.prepare_inputs.at(num_seqs)
+           + params.sampler.at(num_sampled) + params.process_outputs.at(num_seqs))
+    if mode == "megakernel":
+        return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
+    if mode == "cuda_graph" and is_decode_only and num_seqs <= max_cudagraph_capture_size:
+        return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
+    if mode == "cuda_graph":
+        # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
+        return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
+    return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
+
+
+def step_time_s(*, device_s: float, host: HostCost, async_scheduling: bool) -> float:
+    """Wall time of a step given GPU (kernels + collectives) and host costs."""
+    gpu = device_s + host.launch_floor_s
+    cpu = host.cpu_s + host.launch_s
+    return max(gpu, cpu) if async_scheduling else gpu + cpu

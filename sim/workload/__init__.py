@@ -1,0 +1,1 @@
+"""Request streams: the request types, synthetic generation and trace files."""

@@ -1,0 +1,98 @@
+"""What one simulated request asks for: when it arrives, its prompt content and its output length.
+
+A prompt is a sequence of segments. A segment is the first `num_tokens` tokens of a content
+stream named by an integer `content_id`: two segments with the same id hold the same tokens over
+their common length, which is what prefix caching matches on. Ids are plain ints, never string
+hashes, so they are equal in every process.
+
+Content ids are assigned by one rule: the shared prefix of prefix group `g` is stream `g + 1`
+(small ints), and the content unique to request `r` is stream `2**32 + r`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from sim.serde import require
+
+UNIQUE_CONTENT_BASE: Final = 1 << 32
+"""Request-unique content ids start here; shared-prefix ids stay below it."""
+
+_MAX_PREFIX_GROUP: Final = UNIQUE_CONTENT_BASE - 1
+
+
+def prefix_content_id(prefix_group: int) -> int:
+    """Content id of the shared prefix of `prefix_group`."""
+    return prefix_group + 1
+
+
+def unique_content_id(request_id: int) -> int:
+    """Content id of the prompt tokens that only `request_id` has."""
+    return UNIQUE_CONTENT_BASE + request_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """A run of prompt tokens taken from the start of one content stream."""
+
+    content_id: int
+    """Equal ids mean identical token content (prefix caching matches on it)."""
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.content_id >= 0 and self.num_tokens >= 1:
+            return
+        require(self.content_id >= 0, "content_id", self.content_id, "must be >= 0")
+        require(self.num_tokens >= 1, "num_tokens", self.num_tokens, "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSpec:
+    """One request of a workload, as the client sends it."""
+
+    request_id: int
+    """Position in the workload, 0-based; also the arrival order."""
+    arrival_s: float
+    """Seconds from the run start; 0.0 for all requests when `request_rate` is inf."""
+    prompt_tokens: int
+    output_tokens: int
+    """Tokens generated before the request finishes (outputs run to length, as `--ignore-eos`)."""
+    segments: tuple[Segment, ...]
+    """Prompt content in order; token counts sum to `prompt_tokens`; a shared prefix comes first."""
+    prefix_group: int = -1
+    """Shared-prefix group; -1 means the prompt shares no prefix."""
+
+    def __post_init__(self) -> None:
+        # One combined test on the common path: workloads build 10^5 of these.
+        segments = self.segments
+        total_tokens = 0
+        for segment in segments:
+            total_tokens += segment.num_tokens
+        group = self.prefix_group
+        if (
+            self.request_id >= 0
+            and 0.0 <= self.arrival_s < math.inf
+            and self.prompt_tokens >= 1
+            and self.output_tokens >= 1
+            and total_tokens == self.prompt_tokens
+            and (group == -1 or (0 <= group < _MAX_PREFIX_GROUP
+                                 and segments[0].content_id == group + 1))
+        ):
+            return
+        require(self.request_id >= 0, "request_id", self.request_id, "must be >= 0")
+        require(math.isfinite(self.arrival_s) and self.arrival_s >= 0.0, "arrival_s",
+                self.arrival_s, "must be a finite number >= 0")
+        require(self.prompt_tokens >= 1, "prompt_tokens", self.prompt_tokens, "must be >= 1")
+        require(self.output_tokens >= 1, "output_tokens", self.output_tokens, "must be >= 1")
+        require(total_tokens == self.prompt_tokens, "segments", segments,
+                f"token counts must sum to prompt_tokens={self.prompt_tokens}")
+        require(-1 <= group < _MAX_PREFIX_GROUP, "prefix_group", group,
+                f"must be -1 or in [0, {_MAX_PREFIX_GROUP})")
+        require(segments[0].content_id == prefix_content_id(group), "segments", segments,
+                f"must start with the prefix segment content_id={prefix_content_id(group)}")
+
+    def prefix_tokens(self) -> int:
+        """Length of the shared prefix; 0 when the request has none."""
+        return self.segments[0].num_tokens if self.prefix_group >= 0 else 0

@@ -1,0 +1,356 @@
+"""Paged KV cache with prefix caching: tiny hand-computed scenarios (block size 4, eight blocks)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from hashlib import blake2b
+from pathlib import Path
+
+import pytest
+
+from sim.serving.kv_cache import ROOT_KEY, KVCacheManager, segment_block_keys
+
+BS = 4
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seg:
+    content_id: int
+    num_tokens: int
+
+
+def seg(content_id: int, num_tokens: int) -> Seg:
+    return Seg(content_id=content_id, num_tokens=num_tokens)
+
+
+def make_cache(*, caching: bool = True, num_blocks: int = 8) -> KVCacheManager:
+    return KVCacheManager(num_blocks=num_blocks, block_size=BS, enable_prefix_caching=caching)
+
+
+def run_prefill(
+    kv: KVCacheManager, rid: int, segments: tuple[Seg, ...], *, record: bool = False
+) -> tuple[tuple[int, ...], int]:
+    """Look up, allocate the whole prompt and commit it, as a scheduler does for one prefill step."""
+    n = sum(s.num_tokens for s in segments)
+    keys = kv.prompt_block_keys(segments, rid, n)
+    hit = kv.get_computed_tokens(keys, n)
+    if record:
+        kv.record_prefix_query(n, hit)
+    assert kv.allocate(rid, num_tokens=n, keys=keys, num_computed_tokens=hit)
+    kv.commit(rid, n, keys)
+    return keys, hit
+
+
+def _key(parent: int, *pieces: int) -> int:
+    data = struct.pack(f"<Q{len(pieces)}q", parent, *pieces)
+    return int.from_bytes(blake2b(data).digest()[:8], "little")
+
+
+# Keys
+
+
+def test_keys_chain_blake2b_over_pieces_of_each_full_block() -> None:
+    keys = segment_block_keys([seg(1, 6), seg(2, 7)], block_size=BS, num_tokens=13, request_id=9)
+    k0 = _key(ROOT_KEY, 0, 1, 0, 4)
+    k1 = _key(k0, 0, 1, 4, 2, 0, 2, 0, 2)  # two tokens of content 1, then two of content 2
+    k2 = _key(k1, 0, 2, 2, 4)
+    assert keys == (k0, k1, k2)  # the 13th token is a partial block: no key
+
+
+def test_keys_depend_on_the_whole_prefix() -> None:
+    a = segment_block_keys([seg(1, 6), seg(2, 6)], block_size=BS, num_tokens=12, request_id=0)
+    b = segment_block_keys([seg(1, 6), seg(3, 6)], block_size=BS, num_tokens=12, request_id=0)
+    c = segment_block_keys([seg(1, 4), seg(1, 8)], block_size=BS, num_tokens=12, request_id=0)
+    assert a[0] == b[0] == c[0]
+    assert a[1] != b[1] and a[2] != b[2]
+    assert c[1] != segment_block_keys([seg(1, 12)], block_size=BS, num_tokens=12, request_id=0)[1]
+
+
+def test_tokens_past_the_segments_are_private_output_blocks() -> None:
+    segs = [seg(1, 8)]
+    prompt = segment_block_keys(segs, block_size=BS, num_tokens=8, request_id=5)
+    longer5 = segment_block_keys(segs, block_size=BS, num_tokens=12, request_id=5)
+    longer6 = segment_block_keys(segs, block_size=BS, num_tokens=12, request_id=6)
+    assert longer5[:2] == longer6[:2] == prompt
+    assert longer5[2] == _key(prompt[1], 1, 5, 0, 4)
+    assert longer5[2] != longer6[2]
+
+
+def test_num_tokens_below_the_segment_total_truncates() -> None:
+    full = segment_block_keys([seg(1, 8), seg(2, 8)], block_size=BS, num_tokens=16, request_id=0)
+    cut = segment_block_keys([seg(1, 8), seg(2, 8)], block_size=BS, num_tokens=11, request_id=0)
+    assert cut == full[:2]
+
+
+def test_keys_are_identical_in_another_process_with_another_hash_seed() -> None:
+    here = segment_block_keys([seg(3, 9), seg(-4, 9)], block_size=BS, num_tokens=18, request_id=1)
+    code = (
+        "from dataclasses import dataclass\n"
+        "from sim.serving.kv_cache import segment_block_keys\n"
+        "@dataclass(frozen=True)\n"
+        "class S:\n    content_id: int\n    num_tokens: int\n"
+        "print(segment_block_keys([S(3, 9), S(-4, 9)], block_size=4, num_tokens=18, request_id=1))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == repr(here)
+
+
+def test_content_id_outside_int64_is_rejected() -> None:
+    with pytest.raises(ValueError, match="content_id"):
+        segment_block_keys([seg(1 << 63, 4)], block_size=BS, num_tokens=4, request_id=0)
+
+
+# Hits and sharing
+
+
+def test_second_request_with_shared_system_prompt_reuses_two_blocks() -> None:
+    kv = make_cache()
+    keys1, hit1 = run_prefill(kv, 1, (seg(1, 8), seg(10, 3)))
+    assert hit1 == 0 and len(keys1) == 2
+    assert kv.blocks_of(1) == (0, 1, 2)
+
+    keys2, hit2 = run_prefill(kv, 2, (seg(1, 8), seg(20, 5)))
+    assert keys2[:2] == keys1
+    assert hit2 == 8
+    assert kv.blocks_of(2) == (0, 1, 3, 4)
+    assert [kv.ref_count(b) for b in range(8)] == [2, 2, 1, 1, 1, 0, 0, 0]
+    assert kv.free_block_ids() == (5, 6, 7)
+
+
+def test_full_prompt_hit_recomputes_the_last_block() -> None:
+    kv = make_cache()
+    keys, _ = run_prefill(kv, 1, (seg(1, 8),))
+    kv.free(1)
+    assert kv.free_block_ids() == (2, 3, 4, 5, 6, 7, 1, 0)
+
+    assert kv.get_computed_tokens(keys, 8) == 4  # not 8: one block is recomputed
+    assert kv.allocate(2, num_tokens=8, keys=keys, num_computed_tokens=4)
+    assert kv.blocks_of(2) == (0, 2)  # block 1 stays cached but free; block 2 is new
+
+
+def test_prompt_one_token_past_the_cached_blocks_hits_them_all() -> None:
+    kv = make_cache()
+    run_prefill(kv, 1, (seg(1, 8),))
+    _, hit = run_prefill(kv, 2, (seg(1, 8), seg(2, 1)))
+    assert hit == 8
+    assert kv.blocks_of(2) == (0, 1, 2)
+
+
+def test_hit_stops_at_the_first_missing_block() -> None:
+    kv = make_cache()
+    run_prefill(kv, 1, (seg(1, 4), seg(2, 4), seg(3, 4)))
+    keys = kv.prompt_block_keys((seg(1, 4), seg(9, 4), seg(3, 4)), 2, 12)
+    assert kv.get_computed_tokens(keys, 12) == 4
+
+
+def test_recomputed_identical_block_is_a_duplicate_and_the_first_writer_wins() -> None:
+    kv = make_cache()
+    keys, _ = run_prefill(kv, 1, (seg(1, 8),))
+    kv.free(1)
+    assert kv.allocate(2, num_tokens=8, keys=keys, num_computed_tokens=4)
+    kv.commit(2, 8, keys)
+    assert kv.cached_block_id(keys[1]) == 1  # block 2 holds the same content but is not returned
+
+    # Evicting block 1 (the first writer) makes lookups fall back to its duplicate, block 2.
+    assert kv.free_block_ids() == (3, 4, 5, 6, 7, 1)
+    assert kv.allocate(3, num_tokens=24, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(3) == (3, 4, 5, 6, 7, 1)
+    assert kv.num_evictions == 1
+    assert kv.cached_block_id(keys[1]) == 2
+
+
+def test_preempted_request_hits_its_own_output_blocks_when_rescheduled() -> None:
+    kv = make_cache()
+    segs = (seg(1, 6),)
+    keys = kv.prompt_block_keys(segs, 7, 6)
+    assert kv.allocate(7, num_tokens=6, keys=keys, num_computed_tokens=0)
+    kv.commit(7, 6, keys)
+    for n in (7, 8, 9):  # three decode steps; keys extended over the generated tokens
+        assert kv.allocate(7, num_tokens=n, keys=keys, num_computed_tokens=0)
+        kv.commit(7, n, kv.prompt_block_keys(segs, 7, n))
+    kv.free(7)  # preempted with 9 tokens of context: 6 prompt + 3 generated
+
+    resumed = kv.prompt_block_keys(segs, 7, 9)
+    assert kv.get_computed_tokens(resumed, 9) == 8
+    other = kv.prompt_block_keys(segs, 8, 9)  # same prompt, but its own output tokens
+    assert kv.get_computed_tokens(other, 9) == 4
+
+
+# Allocation
+
+
+def test_decode_growth_takes_a_block_only_at_a_block_boundary() -> None:
+    kv = make_cache()
+    assert kv.allocate(1, num_tokens=5, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(1) == (0, 1)
+    for n in (6, 7, 8):
+        assert kv.allocate(1, num_tokens=n, keys=(), num_computed_tokens=0)
+    assert kv.num_free_blocks() == 6
+    assert kv.allocate(1, num_tokens=9, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(1) == (0, 1, 2)
+    assert kv.num_blocks_held(1) == 3
+    assert kv.usage_frac() == pytest.approx(3 / 8)
+
+
+def test_allocation_failure_leaves_state_unchanged() -> None:
+    kv = make_cache()
+    keys1, _ = run_prefill(kv, 1, (seg(1, 8), seg(2, 4)))
+    kv.free(1)
+    run_prefill(kv, 3, (seg(9, 16),))
+    assert kv.free_block_ids() == (7, 2, 1, 0)
+
+    segs = (seg(1, 8), seg(3, 12))  # 20 tokens: 2 hit blocks (both free) + 3 new = 5 > 4 free
+    keys2 = kv.prompt_block_keys(segs, 2, 20)
+    assert kv.get_computed_tokens(keys2, 20) == 8
+    assert not kv.allocate(2, num_tokens=20, keys=keys2, num_computed_tokens=8)
+    assert kv.free_block_ids() == (7, 2, 1, 0)
+    assert kv.blocks_of(2) == ()
+    assert [kv.ref_count(b) for b in (0, 1, 2)] == [0, 0, 0]
+    assert [kv.cached_block_id(k) for k in keys1] == [0, 1, 2]
+    assert kv.num_evictions == 0
+
+
+def test_evictable_hit_blocks_count_against_free_blocks() -> None:
+    kv = make_cache()
+    keys1, _ = run_prefill(kv, 1, (seg(1, 8), seg(2, 4)))
+    kv.free(1)
+    run_prefill(kv, 3, (seg(9, 16),))
+
+    segs = (seg(1, 8), seg(3, 8))  # 16 tokens: 2 hit blocks + 2 new = 4 free blocks exactly
+    keys2 = kv.prompt_block_keys(segs, 2, 16)
+    assert kv.allocate(2, num_tokens=16, keys=keys2, num_computed_tokens=8)
+    assert kv.blocks_of(2) == (0, 1, 7, 2)
+    assert kv.num_free_blocks() == 0
+    assert kv.num_evictions == 1  # block 2 held request 1's third block
+    assert kv.cached_block_id(keys1[2]) is None
+
+
+def test_running_request_growth_fails_without_side_effects() -> None:
+    kv = make_cache()
+    assert kv.allocate(1, num_tokens=28, keys=(), num_computed_tokens=0)
+    assert not kv.allocate(1, num_tokens=40, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(1) == (0, 1, 2, 3, 4, 5, 6)
+    assert kv.free_block_ids() == (7,)
+
+
+def test_claiming_a_hit_that_is_not_cached_is_an_error() -> None:
+    kv = make_cache()
+    keys = kv.prompt_block_keys((seg(1, 8),), 1, 8)
+    with pytest.raises(ValueError, match="not cached"):
+        kv.allocate(1, num_tokens=8, keys=keys, num_computed_tokens=4)
+    assert kv.num_free_blocks() == 8
+
+
+# Freeing and eviction order
+
+
+def test_freed_cached_blocks_are_evicted_earliest_freed_first_and_tail_first() -> None:
+    kv = make_cache()
+    keys1, _ = run_prefill(kv, 1, (seg(1, 12),))
+    keys2, _ = run_prefill(kv, 2, (seg(2, 8),))
+    kv.free(1)
+    kv.free(2)
+    assert kv.free_block_ids() == (5, 6, 7, 2, 1, 0, 4, 3)
+
+    assert kv.allocate(3, num_tokens=24, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(3) == (5, 6, 7, 2, 1, 0)
+    assert kv.num_evictions == 3
+    assert [kv.cached_block_id(k) for k in keys1] == [None, None, None]
+    assert [kv.cached_block_id(k) for k in keys2] == [3, 4]
+
+    assert kv.allocate(3, num_tokens=25, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(3)[-1] == 4  # request 2's tail block goes before its first block
+    assert kv.get_computed_tokens(keys2, 9) == 4
+
+
+def test_shared_block_returns_to_the_free_queue_only_when_its_last_holder_frees_it() -> None:
+    kv = make_cache()
+    run_prefill(kv, 1, (seg(1, 8), seg(10, 3)))
+    run_prefill(kv, 2, (seg(1, 8), seg(20, 5)))
+    kv.free(1)
+    assert kv.free_block_ids() == (5, 6, 7, 2)
+    assert [kv.ref_count(b) for b in (0, 1)] == [1, 1]
+    kv.free(2)
+    assert kv.free_block_ids() == (5, 6, 7, 2, 4, 3, 1, 0)
+    assert kv.usage_frac() == 0.0
+
+
+def test_freeing_an_unknown_request_does_nothing() -> None:
+    kv = make_cache()
+    kv.free(42)
+    assert kv.num_free_blocks() == 8
+
+
+# Commit
+
+
+def test_commit_registers_only_full_blocks_with_keys() -> None:
+    kv = make_cache()
+    keys = kv.prompt_block_keys((seg(1, 10),), 1, 10)
+    assert len(keys) == 2
+    assert kv.allocate(1, num_tokens=6, keys=keys, num_computed_tokens=0)  # chunk of 6 tokens
+    kv.commit(1, 6, keys)
+    assert kv.cached_block_id(keys[0]) == 0
+    assert kv.cached_block_id(keys[1]) is None  # block 1 holds 2 of 4 tokens
+
+    assert kv.allocate(1, num_tokens=10, keys=keys, num_computed_tokens=0)
+    kv.commit(1, 10, keys)
+    assert kv.cached_block_id(keys[1]) == 1
+    for n in (11, 12):  # decode fills block 2 with generated tokens, which have no key here
+        assert kv.allocate(1, num_tokens=n, keys=keys, num_computed_tokens=0)
+        kv.commit(1, n, keys)
+    kv.free(1)
+    longer = kv.prompt_block_keys((seg(1, 10),), 1, 13)
+    assert kv.get_computed_tokens(longer, 13) == 8
+
+
+def test_commit_of_tokens_beyond_the_held_blocks_is_an_error() -> None:
+    kv = make_cache()
+    keys = kv.prompt_block_keys((seg(1, 12),), 1, 12)
+    assert kv.allocate(1, num_tokens=4, keys=keys, num_computed_tokens=0)
+    with pytest.raises(ValueError, match="exceeds"):
+        kv.commit(1, 8, keys)
+
+
+# Prefix caching off
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    kv = make_cache(caching=False)
+    segs = (seg(1, 8), seg(2, 3))
+    assert kv.prompt_block_keys(segs, 1, 11) == ()
+    run_prefill(kv, 1, segs)
+    kv.free(1)
+    other_keys = segment_block_keys(segs, block_size=BS, num_tokens=11, request_id=2)
+    assert kv.get_computed_tokens(other_keys, 11) == 0
+    _, hit = run_prefill(kv, 2, segs)
+    assert hit == 0
+    assert kv.blocks_of(2) == (3, 4, 5)
+    assert kv.cached_block_id(other_keys[0]) is None
+    assert kv.num_evictions == 0
+
+
+# Metrics counters
+
+
+def test_prefix_query_counters_accumulate_recorded_lookups() -> None:
+    kv = make_cache()
+    run_prefill(kv, 1, (seg(1, 8), seg(10, 3)), record=True)
+    run_prefill(kv, 2, (seg(1, 8), seg(20, 5)), record=True)
+    assert kv.num_prefix_queries_tokens == 11 + 13
+    assert kv.num_prefix_hit_tokens == 8
+
+
+def test_constructor_rejects_nonpositive_sizes() -> None:
+    with pytest.raises(ValueError, match="num_blocks"):
+        KVCacheManager(num_blocks=0, block_size=4, enable_prefix_caching=True)
+    with pytest.raises(ValueError, match="block_size"):
+        KVCacheManager(num_blocks=8, block_size=0, enable_prefix_caching=True)
