@@ -35,7 +35,7 @@ def make_cache(*, caching: bool = True, num_blocks: int = 8) -> KVCacheManager:
 def run_prefill(
     kv: KVCacheManager, rid: int, segments: tuple[Seg, ...], *, record: bool = False
 ) -> tuple[tuple[int, ...], int]:
-    """Look up, allocate the whole prompt and commit it, as a scheduler does for one prefill step."""
+    """Look up, allocate and commit the whole prompt, as a scheduler does in one prefill step."""
     n = sum(s.num_tokens for s in segments)
     keys = kv.prompt_block_keys(segments, rid, n)
     hit = kv.get_computed_tokens(keys, n)
@@ -46,20 +46,43 @@ def run_prefill(
     return keys, hit
 
 
-def _key(parent: int, *pieces: int) -> int:
+def _spanning_key(parent: int, *pieces: int) -> int:
+    """Key of a block made of several pieces: first 8 bytes of blake2b over the int64s."""
     data = struct.pack(f"<Q{len(pieces)}q", parent, *pieces)
     return int.from_bytes(blake2b(data).digest()[:8], "little")
+
+
+def _run_keys(parent: int, tag: int, ident: int, offset: int, chunk: int) -> tuple[int, ...]:
+    """Keys of eight consecutive whole blocks of one segment: one 64-byte digest."""
+    data = struct.pack("<Q4qQ", parent, tag, ident, offset, BS, chunk)
+    return struct.unpack("<8Q", blake2b(data).digest())
 
 
 # Keys
 
 
-def test_keys_chain_blake2b_over_pieces_of_each_full_block() -> None:
+def test_keys_chain_blake2b_over_runs_and_spanning_blocks() -> None:
     keys = segment_block_keys([seg(1, 6), seg(2, 7)], block_size=BS, num_tokens=13, request_id=9)
-    k0 = _key(ROOT_KEY, 0, 1, 0, 4)
-    k1 = _key(k0, 0, 1, 4, 2, 0, 2, 0, 2)  # two tokens of content 1, then two of content 2
-    k2 = _key(k1, 0, 2, 2, 4)
+    k0 = _run_keys(ROOT_KEY, 0, 1, 0, 0)[0]
+    k1 = _spanning_key(k0, 0, 1, 4, 2, 0, 2, 0, 2)  # two tokens of content 1, then two of content 2
+    k2 = _run_keys(k1, 0, 2, 2, 0)[0]
     assert keys == (k0, k1, k2)  # the 13th token is a partial block: no key
+
+
+def test_a_long_run_takes_eight_keys_per_digest_and_chains_from_its_parent() -> None:
+    keys = segment_block_keys([seg(3, 2), seg(4, 46)], block_size=BS, num_tokens=48, request_id=0)
+    k0 = _spanning_key(ROOT_KEY, 0, 3, 0, 2, 0, 4, 0, 2)
+    assert keys == (k0, *_run_keys(k0, 0, 4, 2, 0), *_run_keys(k0, 0, 4, 2, 1)[:3])
+
+
+def test_a_prefix_has_the_same_keys_whatever_follows_it() -> None:
+    long = segment_block_keys([seg(1, 40), seg(2, 9)], block_size=BS, num_tokens=49, request_id=0)
+    for n in range(0, 49):
+        segs = [seg(1, 40), seg(2, 9)]
+        short = segment_block_keys(segs, block_size=BS, num_tokens=n, request_id=0)
+        assert short == long[: n // BS]
+    other = segment_block_keys([seg(1, 37), seg(5, 3)], block_size=BS, num_tokens=40, request_id=0)
+    assert other[:9] == long[:9] and other[9] != long[9]
 
 
 def test_keys_depend_on_the_whole_prefix() -> None:
@@ -77,7 +100,7 @@ def test_tokens_past_the_segments_are_private_output_blocks() -> None:
     longer5 = segment_block_keys(segs, block_size=BS, num_tokens=12, request_id=5)
     longer6 = segment_block_keys(segs, block_size=BS, num_tokens=12, request_id=6)
     assert longer5[:2] == longer6[:2] == prompt
-    assert longer5[2] == _key(prompt[1], 1, 5, 0, 4)
+    assert longer5[2] == _run_keys(prompt[1], 1, 5, 0, 0)[0]
     assert longer5[2] != longer6[2]
 
 
@@ -94,7 +117,8 @@ def test_keys_are_identical_in_another_process_with_another_hash_seed() -> None:
         "from sim.serving.kv_cache import segment_block_keys\n"
         "@dataclass(frozen=True)\n"
         "class S:\n    content_id: int\n    num_tokens: int\n"
-        "print(segment_block_keys([S(3, 9), S(-4, 9)], block_size=4, num_tokens=18, request_id=1))\n"
+        "segs = [S(3, 9), S(-4, 9)]\n"
+        "print(segment_block_keys(segs, block_size=4, num_tokens=18, request_id=1))\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run(
