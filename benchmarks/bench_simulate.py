@@ -3,7 +3,7 @@
 Run: `python benchmarks/bench_simulate.py [--requests N]`. Prints wall time, requests/s,
 steps/s and peak RSS; numbers go in docs/benchmarks.md with the machine noted.
 
-ShareGPT-like lengths: input ~ uniform[64, 1984] (mean 1024), output ~ uniform[26, 486]
+ShareGPT-like lengths: input ~ uniform[102, 1946] (mean 1024), output ~ uniform[25, 487]
 (mean 256), i.e. `random_range_ratio = 0.9` around 1024/256 — wide, like ShareGPT's spread.
 The rate (~80% of the saturated throughput) is found first by a closed `inf`-rate run.
 """
