@@ -49,13 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("what", choices=("hardware", "models"))
     lst.set_defaults(func=sim_cmds.cmd_list)
 
-    pk = sub.add_parser("predict-kernels", help="predict kernel latencies for rows of a CSV")
-    pk.add_argument("--hardware", required=True)
-    pk.add_argument("--tier", default="roofline", choices=("roofline", "cross-generation", "target-measured"))
-    pk.add_argument("--calibration", help="calibration artifact JSON (target-measured tier)")
-    pk.add_argument("--in", dest="input", required=True, metavar="ROWS.csv")
-    pk.add_argument("--out", required=True, metavar="PRED.csv")
-    pk.set_defaults(func=sim_cmds.cmd_predict_kernels)
+    from orchestrator import commands_kernels
+
+    commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, accuracy, fit-cross-generation
     return parser
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from argparse import Namespace
@@ -11,11 +10,8 @@ from typing import Any
 
 from orchestrator.render import si, table
 from sim.api import load_scenario, predict_step, scenario_memory
-from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
 from sim.errors import ConfigError
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.perf.efficiency import RooflineEfficiency
-from sim.perf.step import StepCostModel
 from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
@@ -148,36 +144,3 @@ def cmd_list(args: Namespace) -> int:
         aliases = model_aliases()
         sys.stdout.write(table(("id", "aliases"), [(m, ", ".join(aliases[m])) for m in list_models()]))
     return 0
-
-
-def cmd_predict_kernels(args: Namespace) -> int:
-    if args.tier != "roofline":
-        raise ConfigError(source="predict-kernels", key="--tier", value=args.tier,
-                          rule="only the roofline tier is available until calibrated models are shipped")
-    hw = load_hardware(args.hardware)
-    cost = StepCostModel(hw, RooflineEfficiency())
-    src = Path(args.input)
-    with src.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in ("kernel",) if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(source=str(src), key=missing[0], value=None, rule="column is required")
-        rows = list(reader)
-    predictions = []
-    for i, row in enumerate(rows, start=1):
-        est = cost.estimate(row_to_work(row, number=i, source=str(src)))
-        predictions.append((est.time_s * 1e3, est.provenance.label()))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(PREDICTION_COLUMNS)
-        for row, (ms, prov) in zip(rows, predictions, strict=True):
-            writer.writerow([row.get(c, "") or "" for c in ROW_COLUMNS] + [f"{ms:.6g}", prov])
-    tmp.replace(out)
-    sys.stderr.write(f"wrote {len(rows)} predictions to {out}\n")
-    return 0
-
-
-

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.calibration.select import efficiency_model_for
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.simulation import SimLimits, Simulation
@@ -23,7 +24,7 @@ from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
-from sim.perf.efficiency import EfficiencyModel, RooflineEfficiency
+from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
@@ -85,9 +86,15 @@ def step_graph(scenario: Scenario, batch: BatchShape) -> KernelGraph:
     return build_step_graph(scenario.model, scenario.engine, scenario.precision, scenario.hardware, batch)
 
 
+def scenario_efficiency(scenario: Scenario) -> EfficiencyModel:
+    """The kernel model the scenario's `[perf]` section selects (default: best shipped tier)."""
+    return efficiency_model_for(scenario.hardware, tier=scenario.perf.tier,
+                                calibration_path=scenario.perf.calibration, backend=scenario.engine.backend)
+
+
 def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: EfficiencyModel | None = None) -> StepTiming:
     """Per-kernel prices of one step of `batch` on the scenario's hardware."""
-    model = StepCostModel(scenario.hardware, efficiency or RooflineEfficiency())
+    model = StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario))
     return model.cost(step_graph(scenario, batch))
 
 
@@ -143,7 +150,7 @@ def simulate(
                      if engine.enable_prefix_caching else ())
         for s in specs
     ]
-    pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or RooflineEfficiency()),
+    pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario)),
                         host or load_host_params(engine.backend))
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                      max_concurrency=scenario.workload.max_concurrency, limits=limits or SimLimits(),

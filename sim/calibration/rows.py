@@ -2,7 +2,8 @@
 
 One row is one measured (or to-be-predicted) kernel call, with the meanings of
 shared/data/README.md: `kernel` is gemm | context_attention | generation_attention |
-nccl_all_reduce | nccl_all_gather | nccl_reduce_scatter | nccl_alltoall | custom_allreduce;
+nccl_all_reduce | nccl_all_gather | nccl_reduce_scatter | nccl_alltoall | custom_allreduce |
+norm | elementwise | embedding | sampling (small memory-bound kernels: m = tokens, n = width);
 blank cells are "not applicable". Malformed rows raise `ConfigError` naming row and column.
 """
 
@@ -33,7 +34,26 @@ _COLLECTIVES: Final[dict[str, KernelKind]] = {
     "nccl_all_gather": KernelKind.ALL_GATHER, "nccl_reduce_scatter": KernelKind.REDUCE_SCATTER,
     "nccl_alltoall": KernelKind.ALL_TO_ALL,
 }
-KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_attention", *_COLLECTIVES)
+POINTWISE_KERNELS: Final[dict[str, KernelKind]] = {
+    "norm": KernelKind.NORM, "elementwise": KernelKind.ELEMENTWISE,
+    "embedding": KernelKind.EMBEDDING, "sampling": KernelKind.SAMPLING,
+}
+"""Small memory-bound kernels: `m` = tokens, `n` = width, `variant` names the operation."""
+KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_attention", *_COLLECTIVES,
+                                   *POINTWISE_KERNELS)
+
+
+def pointwise_passes(variant: str) -> float:
+    """Tensors of tokens x width a pointwise kernel reads plus writes (binary ops read two)."""
+    return 3.0 if variant in ("add", "silu_and_mul", "residual_add") else 2.0
+
+
+def pointwise_work(kernel: str, tokens: int, width: int, dtype: DType, variant: str = "") -> KernelWork:
+    """A small memory-bound kernel as a row describes it (one FLOP per element)."""
+    return KernelWork(kind=POINTWISE_KERNELS[kernel], name=kernel, dtype=dtype,
+                      flops=float(tokens * width),
+                      activation_bytes=pointwise_passes(variant) * tokens * width * dtype.bytes_per_element(),
+                      shape=(tokens, width))
 
 
 class _Row:
@@ -99,4 +119,7 @@ def row_to_work(row: Mapping[str, str | None], *, number: int, source: str) -> K
     if kernel in _COLLECTIVES:
         return collective_work(_COLLECTIVES[kernel], kernel, float(r.integer("message_bytes")),
                                r.integer("num_gpus"))
+    if kernel in POINTWISE_KERNELS:
+        return pointwise_work(kernel, r.integer("m"), r.integer("n"), r.dtype("dtype", "bfloat16"),
+                              r.text("variant"))
     raise r.fail("kernel", f"must be one of {', '.join(KERNELS)}")

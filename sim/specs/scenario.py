@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
@@ -58,6 +58,23 @@ class ModelSection:
     """Hugging Face id from `kernelsight list models`, or a path to a `config.json`."""
 
 
+PerfTier = Literal["auto", "roofline", "cross-generation", "target-measured"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PerfSection:
+    """Which kernel model prices the steps (docs/kernel-model.md)."""
+
+    tier: PerfTier = "auto"
+    """auto = target-measured where a calibration ships for the GPU, else cross-generation."""
+    calibration: str | None = None
+    """A `kernelsight calibrate` artifact (target-measured tier); relative to the scenario file."""
+
+    def __post_init__(self) -> None:
+        require(self.calibration is None or self.tier in ("auto", "target-measured"), "calibration",
+                self.calibration, "only the auto and target-measured tiers read a calibration")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScenarioSections:
     """The file's sections as written (after overrides), validated key by key."""
@@ -68,6 +85,7 @@ class ScenarioSections:
     engine: EngineParams = field(default_factory=EngineParams)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     slo: SloSpec = field(default_factory=SloSpec)
+    perf: PerfSection = field(default_factory=PerfSection)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +103,7 @@ class Scenario:
     slo: SloSpec
     precision: PrecisionSpec
     price_per_gpu_hour_usd: float | None
+    perf: PerfSection = field(default_factory=PerfSection)
     sections_json: str
     """Canonical JSON of the user's sections, for re-deriving with overrides."""
 
@@ -98,7 +117,8 @@ class Scenario:
     def scenario_hash(self, *extra: str) -> str:
         return config_hash(
             {"seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
-             "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd},
+             "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd,
+             "perf": self.perf},
             *extra,
         )
 
@@ -108,7 +128,8 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
     data = apply_overrides(read_toml(path), overrides or {})
     base = path.parent
     # Relative file paths inside a scenario are relative to the scenario file.
-    for section, key in (("model", "name"), ("hardware", "name"), ("workload", "dataset_path")):
+    for section, key in (("model", "name"), ("hardware", "name"), ("workload", "dataset_path"),
+                         ("perf", "calibration")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         is_file = isinstance(value, str) and value.endswith((".json", ".toml", ".csv", ".jsonl"))
         if is_file and isinstance(value, str) and not Path(value).is_absolute():
@@ -138,6 +159,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         slo=sections.slo,
         precision=resolve_precision(model, engine),
         price_per_gpu_hour_usd=sections.hardware.price_per_gpu_hour_usd,
+        perf=sections.perf,
         sections_json=json.dumps(to_jsonable(sections), sort_keys=True),
     )
 

@@ -11,9 +11,8 @@ from conftest import REPO, scenario_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.api import load_host_params, simulate
+from sim.api import load_host_params, scenario_efficiency, simulate
 from sim.engine.pricer import StepPricer
-from sim.perf.efficiency import RooflineEfficiency
 from sim.perf.step import StepCostModel
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -30,7 +29,7 @@ def one_request(prompt: int, output: int, **engine: object) -> object:
 def test_single_request_ttft_and_e2e_are_sums_of_priced_steps() -> None:
     sc = one_request(300, 5)
     result = simulate(sc)
-    pricer = StepPricer(sc, StepCostModel(sc.hardware, RooflineEfficiency()), load_host_params("vllm"))
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
     prefill = pricer._price_key((((300, 0, True),), 0, 0)).step_s
     decodes = [pricer._price_key(((), 1, max(16, round(ctx / 16) * 16))).step_s for ctx in range(300, 304)]
     rec = result.records[0]

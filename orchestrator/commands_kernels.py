@@ -1,0 +1,197 @@
+"""CLI verbs of the kernel model: predict-kernels (tiered), calibrate, microbench plan,
+accuracy kernels, fit-cross-generation."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.calibration.artifact import load_artifact
+from sim.calibration.batch import predict_latency_s
+from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microbench_plan
+from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
+from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
+from sim.errors import ConfigError
+from sim.perf.fitted import FittedEfficiency
+from sim.provenance import Provenance
+from sim.specs.catalog import load_hardware
+from sim.specs.hardware import HardwareSpec
+
+_DEFAULT_DATA = ("../shared/data", "/work/shared/data")
+_ACCURACY_MD = Path("docs/accuracy.md")
+
+
+def _columns(rows: list[list[str]], header: list[str]) -> dict[str, np.ndarray]:
+    cols = list(zip(*rows, strict=True)) if rows else [() for _ in header]
+    return {h: np.array(c, dtype=object) for h, c in zip(header, cols, strict=True)}
+
+
+def predict_columns(cols: dict[str, np.ndarray], hw: HardwareSpec, tier: str,
+                    calibration: str | None) -> tuple[np.ndarray, np.ndarray]:
+    if tier == "target-measured" and calibration is None and shipped_calibration(hw.name) is None:
+        sys.stderr.write(f"no calibration for {hw.name}: target-measured falls back to cross-generation\n")
+        tier = "cross-generation"
+    art = load_for_tier(hw, tier, calibration)  # type: ignore[arg-type]
+    model = None if art is None else FittedEfficiency(art.families)
+    return predict_latency_s(cols, hw, model)
+
+
+def _raise_first_bad_row(rows: list[list[str]], header: list[str], src: Path, exc: ValueError) -> None:
+    """Name the first malformed row and column: the vectorised path only knows that one is bad."""
+    for number, row in enumerate(rows, start=1):
+        row_to_work(dict(zip(header, row, strict=False)), number=number, source=str(src))
+    raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
+
+
+def cmd_predict_kernels(args: Namespace) -> int:
+    hw = load_hardware(args.hardware)
+    src = Path(args.input)
+    with src.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or "kernel" not in header:
+            raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
+        rows = list(reader)
+    cols = _columns(rows, header)
+    try:
+        latency_s, prov = predict_columns(cols, hw, args.tier, args.calibration)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        _raise_first_bad_row(rows, header, src, exc)
+    labels = {int(p): p.label() for p in Provenance}
+    pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(PREDICTION_COLUMNS)
+        for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
+            writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
+    tmp.replace(out)
+    sys.stderr.write(f"wrote {len(rows)} predictions ({args.tier}) to {out}\n")
+    return 0
+
+
+def cmd_calibrate(args: Namespace) -> int:
+    from sim.calibration.calibrate import calibrate_dir
+
+    hw = load_hardware(args.hardware)
+    directory = Path(args.microbench)
+    if not directory.is_dir():
+        raise ConfigError(source="calibrate", key="--microbench", value=str(directory), rule="must be a directory")
+    base = load_artifact(args.base or CALIBRATION_DIR / CROSS_GENERATION_FILE)
+    art = calibrate_dir(hw, directory, base)
+    art.save(Path(args.out))
+    sys.stderr.write(f"wrote target-measured calibration of {hw.name} to {args.out}: {art.notes}\n")
+    return 0
+
+
+def _plan_latency(hw: HardwareSpec) -> Any:
+    def latency(rows: list[dict[str, str]]) -> list[float]:
+        cols = {c: np.array([r[c] for r in rows], dtype=object) for c in ROW_COLUMNS}
+        t, _ = predict_columns(cols, hw, "cross-generation", None)
+        return [float(v) for v in t]
+    return latency
+
+
+def cmd_microbench_plan(args: Namespace) -> int:
+    hw = load_hardware(args.hardware)
+    rows = microbench_plan(hw)
+    gpu_s = estimate_gpu_s(rows, _plan_latency(hw))
+    if len(rows) > MAX_POINTS or gpu_s > MAX_GPU_S:
+        raise ConfigError(source="microbench plan", key="budget", value=(len(rows), gpu_s),
+                          rule=f"plan exceeds {MAX_POINTS} points or {MAX_GPU_S:.0f} GPU-s")
+    if args.out is None:
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(ROW_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        with Path(args.out).open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
+            writer.writeheader()
+            writer.writerows(rows)
+    sys.stderr.write(f"{len(rows)} points, estimated {gpu_s / 60:.1f} GPU-minutes on {hw.name}\n")
+    return 0
+
+
+def _data_root(arg: str | None) -> Path:
+    for cand in ([arg] if arg else list(_DEFAULT_DATA)):
+        if (Path(cand) / "aiconfigurator").is_dir():
+            return Path(cand)
+    raise ConfigError(source="accuracy", key="--data", value=arg, rule="must hold aiconfigurator/ and vidur/")
+
+
+def cmd_accuracy_kernels(args: Namespace) -> int:
+    from sim.calibration.accuracy import run_logo
+    from sim.calibration.report import render_kernels_section, replace_section
+
+    start = time.perf_counter()
+    result = run_logo(_data_root(args.data), workers=args.workers)
+    result["wall_s"] = time.perf_counter() - start
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    section = render_kernels_section(result)
+    path = Path(args.doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.is_file() else "# Accuracy\n"
+    path.write_text(replace_section(old, "## Kernels", section))
+    sys.stderr.write(f"wrote the kernel section of {path} in {result['wall_s']:.0f} s\n")
+    return 0
+
+
+def cmd_fit_cross_generation(args: Namespace) -> int:
+    from sim.calibration.calibrate import cross_generation_artifact
+
+    art = cross_generation_artifact(_data_root(args.data))
+    art.save(Path(args.out))
+    sys.stderr.write(f"wrote cross-generation model fitted on {', '.join(art.fitted_on)} to {args.out}\n")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add this module's verbs to the `kernelsight` sub-parser collection."""
+    pk = sub.add_parser("predict-kernels", help="predict kernel latencies for rows of a CSV")
+    pk.add_argument("--hardware", required=True)
+    pk.add_argument("--tier", default="roofline", choices=("roofline", "cross-generation", "target-measured"))
+    pk.add_argument("--calibration", help="calibration artifact JSON (default: the shipped one)")
+    pk.add_argument("--in", dest="input", required=True, metavar="ROWS.csv")
+    pk.add_argument("--out", required=True, metavar="PRED.csv")
+    pk.set_defaults(func=cmd_predict_kernels)
+
+    cal = sub.add_parser("calibrate", help="fit a target-measured calibration from microbenchmark tables")
+    cal.add_argument("--hardware", required=True)
+    cal.add_argument("--microbench", required=True, metavar="DIR")
+    cal.add_argument("--out", required=True, metavar="CAL.json")
+    cal.add_argument("--base", help="cross-generation artifact to correct (default: the shipped one)")
+    cal.set_defaults(func=cmd_calibrate)
+
+    mb = sub.add_parser("microbench", help="the model-agnostic microbenchmark sweep")
+    mb_sub = mb.add_subparsers(dest="microbench_verb", required=True)
+    plan = mb_sub.add_parser("plan", help="write the sweep's kernel points (predict-kernels rows)")
+    plan.add_argument("--hardware", required=True)
+    plan.add_argument("--out", metavar="PLAN.csv")
+    plan.set_defaults(func=cmd_microbench_plan)
+
+    acc = sub.add_parser("accuracy", help="accuracy reports against measured data")
+    acc_sub = acc.add_subparsers(dest="accuracy_verb", required=True)
+    ak = acc_sub.add_parser("kernels", help="leave-one-GPU-out kernel accuracy (docs/accuracy.md)")
+    ak.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    ak.add_argument("--data", help="shared data root (default ../shared/data)")
+    ak.add_argument("--workers", type=int, default=2)
+    ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
+    ak.set_defaults(func=cmd_accuracy_kernels)
+
+    fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")
+    fx.add_argument("--data", help="shared data root (default ../shared/data)")
+    fx.add_argument("--out", default=str(CALIBRATION_DIR / CROSS_GENERATION_FILE))
+    fx.set_defaults(func=cmd_fit_cross_generation)

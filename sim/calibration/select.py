@@ -1,0 +1,63 @@
+"""Which efficiency model prices a GPU: the one entry point the simulator calls.
+
+"auto" = target-measured where a calibration for `hw.name` ships in sim/data/calibration (or
+`calibration_path` is given), else cross-generation. The cross-generation tier reads only
+cross_generation.json and the target's datasheet, never the target's measurements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+from sim.calibration.artifact import CalibrationArtifact, load_artifact
+from sim.errors import ConfigError
+from sim.perf.efficiency import EfficiencyModel, RooflineEfficiency
+from sim.perf.fitted import FittedEfficiency
+from sim.specs.hardware import HardwareSpec
+
+Tier = Literal["auto", "roofline", "cross-generation", "target-measured"]
+CALIBRATION_DIR: Final = Path(__file__).resolve().parent.parent / "data" / "calibration"
+CROSS_GENERATION_FILE: Final = "cross_generation.json"
+DEFAULT_BACKEND: Final = "vllm"
+"""Backend whose kernels the simulator prices (it models vLLM's engine)."""
+
+
+def shipped_calibration(hw_name: str) -> Path | None:
+    path = CALIBRATION_DIR / f"{hw_name}.json"
+    return path if path.is_file() else None
+
+
+def load_for_tier(hw: HardwareSpec, tier: Tier, calibration_path: str | None
+                  ) -> CalibrationArtifact | None:
+    """The artifact a tier uses (None for roofline); validates tier against the artifact."""
+    if tier == "roofline":
+        return None
+    if tier == "cross-generation":
+        if calibration_path is not None:
+            art = load_artifact(calibration_path)
+            if art.tier != "cross-generation":
+                raise ConfigError(source=calibration_path, key="tier", value=art.tier,
+                                  rule="the cross-generation tier never reads target measurements")
+            return art
+        return load_artifact(CALIBRATION_DIR / CROSS_GENERATION_FILE)
+    path = calibration_path or shipped_calibration(hw.name)
+    if tier == "auto" and path is None:
+        return load_artifact(CALIBRATION_DIR / CROSS_GENERATION_FILE)
+    if path is None:
+        raise ConfigError(source="efficiency_model_for", key="calibration_path", value=None,
+                          rule=f"no shipped calibration for {hw.name!r}; run `kernelsight calibrate`")
+    art = load_artifact(path)
+    if art.tier != "target-measured" or art.hardware != hw.name:
+        raise ConfigError(source=str(path), key="hardware", value=art.hardware,
+                          rule=f"must be a target-measured calibration of {hw.name!r}")
+    return art
+
+
+def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
+                         calibration_path: str | None = None,
+                         backend: str | None = DEFAULT_BACKEND) -> EfficiencyModel:
+    art = load_for_tier(hw, tier, calibration_path)
+    if art is None:
+        return RooflineEfficiency()
+    return FittedEfficiency(art.families, backend=backend)

@@ -1,0 +1,170 @@
+"""Measured kernel tables -> rows of the `predict-kernels` schema plus the measured latency.
+
+Reads a directory in the layout of shared/data/aiconfigurator/<system>/ (any subset of
+gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz, nccl.csv,
+custom_allreduce.csv) and Vidur's compute_mlp_ops.csv.gz (small memory-bound kernels).
+Exclusions follow shared/data/README.md: broken context-attention series as a whole, rows
+flagged as exceeding peak FLOPs or DRAM bandwidth, and GEMM formats outside this model's scope.
+Fitting-time only (pandas).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+TABLE_FILES: Final[tuple[str, ...]] = (
+    "gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
+    "custom_allreduce.csv")
+BROKEN_CONTEXT_SERIES: Final[tuple[tuple[str, str, str, str], ...]] = (
+    ("b200_sxm", "sglang", "0.5.10", "trtllm_mha"),
+    ("rtx_pro_6000_server", "vllm", "0.19.0", "vllm_flashinfer"),
+    ("l40s", "vllm", "0.14.0", "vllm_flashinfer"),
+)
+"""(system, backend, version, kernel_source) of context-attention series unreliable as a whole."""
+GEMM_DTYPES: Final = ("bfloat16", "fp8", "fp8_block", "nvfp4")
+VIDUR_GPUS: Final[dict[str, str]] = {"a100": "a100_sxm", "h100": "h100_sxm"}
+FAMILY_OF_KERNEL: Final[dict[str, str]] = {
+    "gemm": "gemm", "context_attention": "attn_prefill", "generation_attention": "attn_decode",
+    "nccl_all_reduce": "nccl", "nccl_all_gather": "nccl", "nccl_reduce_scatter": "nccl",
+    "nccl_alltoall": "nccl", "custom_allreduce": "custom_allreduce", "norm": "pointwise",
+    "elementwise": "pointwise", "embedding": "pointwise",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    system: str
+    table: str
+    what: str
+    num_rows: int
+
+
+def file_sha256(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _attention(df: pd.DataFrame, kernel: str, system: str, excl: list[Exclusion]) -> pd.DataFrame:
+    table = "context_attention" if kernel == "context_attention" else "generation_attention"
+    keep = np.ones(len(df), dtype=bool)
+    if kernel == "context_attention":
+        for sys_, be, ver, src in BROKEN_CONTEXT_SERIES:
+            if sys_ != system:
+                continue
+            hit = ((df.backend == be) & (df.backend_version.astype(str) == ver)
+                   & (df.kernel_source == src)).to_numpy()
+            if hit.any():
+                excl.append(Exclusion(system, table, f"series {be} {ver} {src} (broken as a whole)",
+                                      int(hit.sum())))
+            keep &= ~hit
+        flag = "flag_exceeds_peak_flops"
+    else:
+        flag = "flag_exceeds_dram_bw"
+    if flag in df:
+        bad = df[flag].astype(str).str.lower().eq("true").to_numpy() & keep
+        if bad.any():
+            excl.append(Exclusion(system, table, f"rows with {flag}", int(bad.sum())))
+        keep &= ~bad
+    df = df[keep]
+    out = pd.DataFrame({
+        "kernel": kernel, "backend": df.backend, "backend_version": df.backend_version.astype(str),
+        "kernel_source": df.kernel_source, "attn_dtype": df.attn_dtype,
+        "kv_cache_dtype": df.kv_cache_dtype, "batch_size": df.batch_size,
+        "num_heads": df.num_heads, "num_kv_heads": df.num_kv_heads, "head_dim": df.head_dim,
+        "window_size": df.window_size, "latency_s": df.latency_ms * 1e-3,
+    })
+    out["seq_len" if kernel == "context_attention" else "kv_len"] = (
+        df.seq_len if kernel == "context_attention" else df.kv_len)
+    out["unit"] = (df.num_heads.astype(str) + "/" + df.num_kv_heads.astype(str) + "/"
+                   + df.head_dim.astype(str) + "/" + df.window_size.astype(str))
+    return out
+
+
+def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, list[Exclusion], str]:
+    """All rows found in `directory`, the exclusions applied, and the SHA-256 of the files read."""
+    parts: list[pd.DataFrame] = []
+    excl: list[Exclusion] = []
+    found = [directory / f for f in TABLE_FILES if (directory / f).is_file()]
+    for path in found:
+        df = pd.read_csv(path)
+        name = path.name.split(".")[0]
+        if name == "gemm":
+            other = ~df.dtype.isin(GEMM_DTYPES)
+            if other.any():
+                excl.append(Exclusion(system, name, "GEMM formats int8_wo/int4_wo/sq (out of scope)",
+                                      int(other.sum())))
+            df = df[~other]
+            g = pd.DataFrame({"kernel": "gemm", "backend": df.backend,
+                              "backend_version": df.backend_version.astype(str),
+                              "kernel_source": df.kernel_source, "dtype": df.dtype, "m": df.m,
+                              "n": df.n, "k": df.k, "latency_s": df.latency_ms * 1e-3})
+            g["unit"] = df.n.astype(str) + "x" + df.k.astype(str)
+            parts.append(g)
+        elif name in ("context_attention", "generation_attention"):
+            parts.append(_attention(df, name, system, excl))
+        elif name == "nccl":
+            per = np.where(df.nccl_dtype == "int8", 1, 2)
+            msg = df.message_elems * per
+            parts.append(pd.DataFrame({
+                "kernel": "nccl_" + df.op, "backend": "nccl", "backend_version": df.nccl_version.astype(str),
+                "message_bytes": msg, "num_gpus": df.num_gpus, "latency_s": df.latency_ms * 1e-3,
+                "unit": msg.astype(str)}))
+        else:
+            msg = df.message_elems * 2
+            parts.append(pd.DataFrame({
+                "kernel": "custom_allreduce", "backend": df.backend,
+                "backend_version": df.backend_version.astype(str), "kernel_source": df.kernel_source,
+                "variant": df.variant, "message_bytes": msg, "num_gpus": df.num_gpus,
+                "latency_s": df.latency_ms * 1e-3, "unit": msg.astype(str)}))
+    rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"kernel": []})
+    rows = rows[rows.latency_s > 0] if len(rows) else rows
+    return rows, excl, file_sha256(found)
+
+
+def read_vidur_pointwise(path: Path) -> pd.DataFrame:
+    """Vidur's small memory-bound ops as pointwise rows, with a `gpu` column (catalog names)."""
+    v = pd.read_csv(path)
+    v = v[v.gpu.isin(list(VIDUR_GPUS))]
+    head_dim = v.n_embd // v.n_head
+    q = np.maximum(v.n_head // v.tp, 1)
+    kvh = np.maximum(v.n_kv_head // v.tp, 1)
+    spec = {
+        "emb": ("embedding", "", v.n_embd),
+        "input_layernorm": ("norm", "", v.n_embd),
+        "post_attention_layernorm": ("norm", "", v.n_embd),
+        "attn_rope": ("elementwise", "rope", (q + kvh) * head_dim),
+        "mlp_act": ("elementwise", "silu_and_mul", v.n_expanded_embd // v.tp),
+        "add": ("elementwise", "add", v.n_embd),
+    }
+    parts = []
+    for op, (kernel, variant, width) in spec.items():
+        sel = (v.op == op).to_numpy()
+        sub = v[sel]
+        parts.append(pd.DataFrame({
+            "gpu": sub.gpu.map(VIDUR_GPUS), "kernel": kernel, "backend": "vidur",
+            "variant": variant, "dtype": "float16", "m": sub.num_tokens,
+            "n": np.asarray(width)[sel], "latency_s": sub.median_ms * 1e-3}))
+    out = pd.concat(parts, ignore_index=True)
+    out["unit"] = out.n.astype(str)
+    out = out.groupby(["gpu", "kernel", "variant", "m", "n"], as_index=False).agg(
+        latency_s=("latency_s", "median"), backend=("backend", "first"), dtype=("dtype", "first"),
+        unit=("unit", "first"))
+    return out[out.latency_s > 0]
+
+
+def columns_of(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Row-schema columns as numpy arrays (blank cells as empty strings) for `family_batches`."""
+    cols: dict[str, np.ndarray] = {}
+    for c in rows.columns:
+        s = rows[c]
+        cols[c] = s.to_numpy() if s.dtype.kind in "fiu" else s.fillna("").astype(str).to_numpy(dtype=object)
+    return cols

@@ -1,0 +1,144 @@
+"""Device-normalised kernel features for the learned efficiency model.
+
+Each kernel family maps its work (roofline compute/memory/network times, shape) and the device's
+datasheet (SM count, L2 size, link) to a fixed list of continuous features that transfer across
+GPU generations: log roofline time, log arithmetic intensity relative to the ridge point, a
+launch-floor hinge, wave quantisation (tiles per wave for a typical tile, tail-wave fill), L2
+footprint, and log shape terms. The target is log(measured / roofline) = -log(efficiency).
+
+One implementation serves scalars (one `KernelWork` per call, math module) and numpy arrays
+(vectorised `predict-kernels`) through the `Ops` namespace, so both paths compute the same
+numbers. Times in seconds, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final, Literal
+
+import numpy as np
+
+Family = Literal["gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce"]
+FAMILIES: Final[tuple[Family, ...]] = (
+    "gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce")
+COLLECTIVE_FAMILIES: Final[frozenset[str]] = frozenset({"nccl", "custom_allreduce"})
+
+_TIME_SCALE_S: Final = 1e-5
+_LAUNCH_FLOOR_S: Final = 5e-6
+_TINY: Final = 1e-30
+_MSG_KNEES_BYTES: Final = (16e3, 256e3, 4e6, 64e6)
+"""Message sizes where NCCL's protocol/algorithm regime typically changes (LL, LL128, Simple)."""
+
+
+class Ops:
+    """Elementwise functions for one numeric backend (python floats or numpy arrays)."""
+
+    def __init__(self, vectorised: bool) -> None:
+        self.vectorised = vectorised
+
+    def log(self, x: Any) -> Any:
+        return np.log(np.maximum(x, _TINY)) if self.vectorised else math.log(max(x, _TINY))
+
+    def ceil(self, x: Any) -> Any:
+        return np.ceil(x) if self.vectorised else float(math.ceil(x))
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        return np.maximum(a, b) if self.vectorised else max(a, b)
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        return np.minimum(a, b) if self.vectorised else min(a, b)
+
+    def clip(self, x: Any, lo: float, hi: float) -> Any:
+        return np.clip(x, lo, hi) if self.vectorised else min(max(x, lo), hi)
+
+
+SCALAR: Final = Ops(False)
+VECTOR: Final = Ops(True)
+
+
+def _waves(xp: Ops, tiles: Any, num_sms: float) -> tuple[Any, Any]:
+    """(log occupancy of the first wave, log fill of all waves beyond it)."""
+    waves = tiles / num_sms
+    occ = xp.log(xp.minimum(waves, 1.0))
+    fill = tiles / (xp.ceil(xp.maximum(waves, 1e-9)) * num_sms)
+    return occ, xp.log(fill) - occ
+
+
+COMPUTE_BASE: Final[tuple[str, ...]] = (
+    "log_time", "log_intensity_vs_ridge", "launch_floor", "log_l2_footprint",
+    "occ_a", "tail_a", "occ_b", "tail_b",
+    "log_time_sq", "intensity_sq", "time_x_intensity", "floor_sq", "time_x_occ", "intensity_x_occ",
+    "time_x_l2",
+)
+SHAPE_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "gemm": ("log_m", "log_n", "log_k", "log_m_small"),
+    "attn_prefill": ("log_seq", "log_batch", "log_head_dim", "log_gqa", "windowed"),
+    "attn_decode": ("log_kv", "log_batch", "log_head_dim", "log_gqa", "windowed"),
+    "pointwise": ("log_tokens", "log_width"),
+}
+COLLECTIVE_NAMES: Final[tuple[str, ...]] = (
+    "log_time", "log_msg", "knee_16k", "knee_256k", "knee_4m", "knee_64m", "log_group",
+    "nvlink", "log_link_bw", "group_x_msg", "nvlink_x_msg", "log_time_sq", "launch_floor",
+)
+
+
+def feature_names(family: str) -> tuple[str, ...]:
+    if family in COLLECTIVE_FAMILIES:
+        return COLLECTIVE_NAMES
+    return (*COMPUTE_BASE, *SHAPE_NAMES[family])
+
+
+def _tiles(xp: Ops, family: str, p: dict[str, Any]) -> tuple[Any, Any]:
+    if family == "gemm":
+        m, n = p["m"], p["n"]
+        return (xp.ceil(m / 128.0) * xp.ceil(n / 128.0), xp.ceil(m / 256.0) * xp.ceil(n / 128.0))
+    if family == "attn_prefill":
+        return (p["batch"] * p["heads"] * xp.ceil(p["seq"] / 128.0),
+                p["batch"] * p["kv_heads"] * xp.ceil(p["seq"] / 64.0))
+    if family == "attn_decode":
+        return (p["batch"] * p["kv_heads"], p["batch"] * p["heads"] * xp.ceil(p["kv"] / 1024.0))
+    return (p["tokens"], xp.ceil(p["tokens"] * p["width"] / 8192.0))
+
+
+def _shape(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
+    if family == "gemm":
+        lm = xp.log(p["m"])
+        return [lm, xp.log(p["n"]), xp.log(p["k"]), xp.minimum(lm, math.log(64.0))]
+    if family in ("attn_prefill", "attn_decode"):
+        length = p["seq"] if family == "attn_prefill" else p["kv"]
+        return [xp.log(length), xp.log(p["batch"]), xp.log(p["head_dim"]),
+                xp.log(p["heads"] / p["kv_heads"]), p["windowed"]]
+    return [xp.log(p["tokens"]), xp.log(p["width"])]
+
+
+def compute_features(xp: Ops, family: str, p: dict[str, Any], num_sms: float,
+                     l2_bytes: float) -> list[Any]:
+    """Continuous features of a compute kernel; `p` holds `compute_s`, `memory_s`, `bytes` and shape."""
+    tc, tm = p["compute_s"], p["memory_s"]
+    tr = xp.maximum(tc, tm)
+    a = xp.log(tr / _TIME_SCALE_S)
+    r = xp.clip(xp.log(tc / xp.maximum(tm, _TINY)), -10.0, 10.0)
+    fl = xp.maximum(xp.log(_LAUNCH_FLOOR_S / xp.maximum(tr, _TINY)), 0.0)
+    l2 = xp.clip(xp.log(p["bytes"] / l2_bytes), -8.0, 8.0)
+    t_a, t_b = _tiles(xp, family, p)
+    occ_a, tail_a = _waves(xp, t_a, num_sms)
+    occ_b, tail_b = _waves(xp, t_b, num_sms)
+    return [a, r, fl, l2, occ_a, tail_a, occ_b, tail_b,
+            a * a, r * r, a * r, fl * fl, a * occ_a, r * occ_a, a * l2, *_shape(xp, family, p)]
+
+
+def collective_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
+    """Continuous features of a collective; `p` holds `network_s`, `msg`, `group`, `nvlink`, `link_bw`."""
+    a = xp.log(xp.maximum(p["network_s"], 1e-12) / _TIME_SCALE_S)
+    lm = xp.log(p["msg"] / 1e6)
+    knees = [xp.maximum(lm - math.log(c / 1e6), 0.0) for c in _MSG_KNEES_BYTES]
+    lg = xp.log(p["group"])
+    nvl = p["nvlink"]
+    fl = xp.maximum(xp.log(_LAUNCH_FLOOR_S / xp.maximum(p["network_s"], 1e-12)), 0.0)
+    return [a, lm, *knees, lg, nvl, xp.log(p["link_bw"] / 1e11), lg * lm, nvl * lm, a * a, fl]
+
+
+def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float) -> list[Any]:
+    if family in COLLECTIVE_FAMILIES:
+        return collective_features(xp, p)
+    return compute_features(xp, family, p, num_sms, l2_bytes)
