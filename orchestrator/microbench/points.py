@@ -136,7 +136,7 @@ class PlanPoint:
         if self.family == "gemm":
             m, n, k = self.integer("m"), self.integer("n"), self.integer("k")
             if shrink:
-                m, n, k = min(m, 32), min(n, 128), min(k, 256)
+                m, n, k = min(m, 16), min(n, 64), min(k, 128)
             return GemmShape(dtype=r["dtype"] or "bfloat16", m=m, n=n, k=k)
         if self.family in ("context_attention", "generation_attention"):
             decode = self.family == "generation_attention"

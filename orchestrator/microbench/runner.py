@@ -187,7 +187,7 @@ def _context(opts: RunOptions, torch: Any, device: str, hw: HardwareSpec | None)
     l2 = l2_cache_bytes(torch, device, hw) if torch is not None else 1 << 20
     cap = MAX_ROTATION_BYTES if torch is None else min(MAX_ROTATION_BYTES, free_memory_bytes(torch, device) // 4)
     if opts.dry_run:
-        l2, cap = min(l2, 1 << 16), min(cap, 1 << 24)
+        l2, cap = min(l2, 1 << 12), min(cap, 1 << 24)  # a few rotation copies at most: exercised, cheap
     return BenchContext(torch=torch, device=device, dry_run=opts.dry_run, timing=timing,
                         rotate_bytes=ROTATE_L2_MULTIPLE * l2, max_rotation_bytes=cap, compute_capability=cc,
                         libraries=optional_libraries() if torch is not None else {},

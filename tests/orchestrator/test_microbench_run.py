@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, SHARED_DATA
 
 from orchestrator.cli import main
 from orchestrator.microbench.output import TABLE_COLUMNS
@@ -20,7 +21,6 @@ from sim.calibration.artifact import load_artifact
 from sim.calibration.plan import microbench_plan
 from sim.calibration.rows import ROW_COLUMNS
 from sim.specs.catalog import load_hardware
-from conftest import REPO, SHARED_DATA
 
 H100_TABLES = SHARED_DATA / "aiconfigurator" / "h100_sxm"
 POINTWISE_ROWS = [
@@ -190,3 +190,20 @@ def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:
                                  tmp_path)
     assert refused.returncode == 2
     assert "needs PyTorch" in refused.stderr and "kernelsight[microbench]" in refused.stderr
+
+
+@pytest.mark.skipif(not H100_TABLES.is_dir(), reason="shared/data/aiconfigurator not present")
+def test_compare_dry_run_against_the_real_h100_tables(dry_run: tuple[Path, list[dict[str, str]]],
+                                                      tmp_path: Path) -> None:
+    pytest.importorskip("pandas")
+    out, _ = dry_run
+    report = tmp_path / "report.md"
+    assert main(["microbench", "compare", "--ours", str(out), "--theirs", str(H100_TABLES), "--out", str(report)]) == 0
+    text = report.read_text()
+    assert "dry run: times are meaningless" in text
+    table = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ") and not line.startswith("| family")]
+    matched = {(r[0], r[1]): int(r[2]) for r in table}
+    assert {f for f, _ in matched} >= {"gemm", "attn_prefill", "attn_decode", "nccl", "custom_allreduce"}
+    assert matched[("gemm", "sglang 0.5.10 sglang")] > 0
+    assert all(n > 0 for n in matched.values())
