@@ -88,54 +88,75 @@ def _result(point: PlanPoint, status: str, reason: str, **labels: Any) -> dict[s
     return {"key": point.key(), "status": status, "reason": reason, **labels}
 
 
+def _build(torch: Any, dist: Any, s: CollectiveShape, group: int, device: str) -> tuple[Op, dict[str, str]]:
+    if dist is None:
+        return _local_op(torch, s, group, device)
+    if s.custom:
+        op, source = _custom_op(torch, dist, s, group, device)
+        return op, {"backend": "torch", "backend_version": str(torch.__version__), "kernel_source": source,
+                    "variant": "torch_symm_mem_graph"}
+    return _nccl_op(torch, dist, s, group, device), {"backend": "nccl", "backend_version": nccl_version(torch),
+                                                      "kernel_source": "", "variant": ""}
+
+
+def _all_ok(dist: Any, group: int, ok: bool, reason: str) -> tuple[bool, str]:
+    """Every rank's verdict: a point runs only if it runs on all ranks (else collectives would hang)."""
+    if dist is None:
+        return ok, reason
+    flags: list[Any] = [None] * group
+    dist.all_gather_object(flags, (ok, reason))
+    bad = [f[1] for f in flags if not f[0]]
+    return (not bad), (bad[0] if bad else "")
+
+
 def measure_group(torch: Any, dist: Any, points: Sequence[PlanPoint], group: int, device: str,
                   timing: TimingParams, barrier: Callable[[], None] | None) -> list[dict[str, Any]]:
     """Time `points` on one rank of a process group (or in-process for a dry run when dist is None).
 
-    Returns one result dict per point (JSON-serialisable): status, reason, labels and the
-    `Measurement` fields of this rank.
+    Every collective step is entered by all ranks or by none: build, then agree; one trial call,
+    then agree; then the timed loop with a call count agreed across ranks. Returns one result dict
+    per point (JSON-serialisable): status, reason, labels and the `Measurement` fields of this rank.
     """
     out: list[dict[str, Any]] = []
-    torch_v = str(torch.__version__) if torch is not None else "none"
+    on_gpu = torch is not None and device.startswith("cuda")
+    agree = None if dist is None else (lambda n: _max_over_ranks(torch, dist, n, device))
     for point in points:
         start = time.perf_counter()
         s = point.shape(shrink=dist is None)
         assert isinstance(s, CollectiveShape)
+        op: Op | None = None
+        labels: dict[str, str] = {}
         try:
-            if dist is None:
-                op, labels = _local_op(torch, s, group, device)
-            elif s.custom:
-                op, source = _custom_op(torch, dist, s, group, device)
-                labels = {"backend": "torch", "backend_version": torch_v, "kernel_source": source,
-                          "variant": "torch_symm_mem_graph"}
-            else:
-                op = _nccl_op(torch, dist, s, group, device)
-                labels = {"backend": "nccl", "backend_version": nccl_version(torch), "kernel_source": "",
-                          "variant": ""}
-            op(0)
-            if torch is not None and device.startswith("cuda"):
-                torch.cuda.synchronize()
+            op, labels = _build(torch, dist, s, group, device)
             ok, reason = True, ""
-        except Unsupported as exc:
-            ok, reason, op, labels = False, str(exc), None, {}
-        except Exception as exc:  # a library error on this rank: every rank skips the point
-            ok, reason, op, labels = False, one_line(exc), None, {}
-        if dist is not None:
-            flags: list[Any] = [None] * group
-            dist.all_gather_object(flags, (ok, reason))
-            if not all(f[0] for f in flags):
-                ok, reason = False, next(f[1] for f in flags if not f[0])
+        except Exception as exc:  # Unsupported, or a library error on this rank: every rank skips the point
+            ok, reason = False, str(exc) if isinstance(exc, Unsupported) else one_line(exc)
+        ok, reason = _all_ok(dist, group, ok, reason)
+        if ok and op is not None:
+            try:
+                op(0)
+                if on_gpu:
+                    torch.cuda.synchronize()
+            except Exception as exc:
+                ok, reason = False, f"first call: {one_line(exc)}"
+            ok, reason = _all_ok(dist, group, ok, reason)
         if not ok or op is None:
             out.append(_result(point, "skipped", reason, wall_s=time.perf_counter() - start))
             continue
-        if torch is not None and device.startswith("cuda"):
-            m = measure_cuda(torch, op, copies=1, params=timing, before_repeat=barrier)
+        if on_gpu:
+            m = measure_cuda(torch, op, copies=1, params=timing, before_repeat=barrier, agree_calls=agree)
         else:
             m = measure_wall(op, copies=1, params=timing, before_repeat=barrier)
         if s.custom and dist is not None and m.timing != "cuda_graph":
             labels["variant"] = "torch_symm_mem_eager"
         out.append(_result(point, "measured", "", **labels, **asdict(m), wall_s=time.perf_counter() - start))
     return out
+
+
+def _max_over_ranks(torch: Any, dist: Any, n: int, device: str) -> int:
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _local_op(torch: Any, s: CollectiveShape, group: int, device: str) -> tuple[Op, dict[str, str]]:

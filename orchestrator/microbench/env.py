@@ -112,18 +112,27 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def nvidia_smi(uuid: str | None) -> dict[str, str]:
-    """Clocks, power limit and state of the GPU as nvidia-smi reports them now ({} if unavailable)."""
-    cmd = ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits"]
-    if uuid:
-        cmd += ["-i", uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
+def _smi_rows(select: list[str]) -> list[list[str]]:
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits", *select]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=True)
     except (OSError, subprocess.SubprocessError):
-        return {}
-    line = done.stdout.strip().splitlines()[0] if done.stdout.strip() else ""
-    values = [v.strip() for v in line.split(",")]
-    return dict(zip(NVIDIA_SMI_FIELDS, values, strict=False)) if len(values) == len(NVIDIA_SMI_FIELDS) else {}
+        return []
+    rows = [[v.strip() for v in line.split(",")] for line in done.stdout.strip().splitlines()]
+    return [r for r in rows if len(r) == len(NVIDIA_SMI_FIELDS)]
+
+
+def nvidia_smi(uuid: str | None) -> dict[str, str]:
+    """Clocks, power limit and state of the GPU as nvidia-smi reports them now ({} if unavailable).
+
+    Selected by UUID; where that fails, the first GPU nvidia-smi lists, marked `matched_by: first`.
+    """
+    if uuid:
+        rows = _smi_rows(["-i", uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"])
+        if rows:
+            return {**dict(zip(NVIDIA_SMI_FIELDS, rows[0], strict=True)), "matched_by": "uuid"}
+    rows = _smi_rows([])
+    return {**dict(zip(NVIDIA_SMI_FIELDS, rows[0], strict=True)), "matched_by": "first"} if rows else {}
 
 
 def device_info(torch: Any, device: str) -> dict[str, Any]:

@@ -177,6 +177,45 @@ def _collective_records(results: list[dict[str, Any]], by_key: dict[str, PlanPoi
     return out
 
 
+def _device_healthy(ctx: BenchContext) -> bool:
+    """False once the CUDA context is poisoned (a sticky error such as an illegal address)."""
+    if ctx.torch is None or not ctx.is_cuda():
+        return True
+    try:
+        ctx.torch.cuda.synchronize()
+        return float(ctx.torch.ones(1, device=ctx.device).sum().item()) == 1.0
+    except Exception:
+        return False
+
+
+def _measure_all(todo: Sequence[PlanPoint], ctx: BenchContext, plan_path: Path, log: PointsLog, progress: Progress,
+                 weight_of: dict[str, float]) -> tuple[list[PointRecord], dict[str, float], str]:
+    """Measure `todo` (single-device families first, then collectives); returns the records, wall time per
+    family, and why the run stopped early ("" if it did not)."""
+    records: list[PointRecord] = []
+    family_wall: dict[str, float] = {}
+
+    def keep(rec: PointRecord, point: PlanPoint) -> None:
+        log.write(rec)
+        records.append(rec)
+        family_wall[point.family] = family_wall.get(point.family, 0.0) + rec.wall_s
+        progress.advance(weight_of[point.key()], point.label())
+
+    for point in (p for p in todo if p.family not in ("nccl", "custom_allreduce")):
+        rec = measure_point(point, ctx)
+        keep(rec, point)
+        if rec.status == "failed" and not _device_healthy(ctx):
+            return records, family_wall, (f"the CUDA context is unusable after plan row {point.number} "
+                                          f"({rec.reason}); measured points are kept: rerun with --resume")
+    comm = [p for p in todo if p.family in ("nccl", "custom_allreduce")]
+    if comm:
+        visible = int(ctx.torch.cuda.device_count()) if ctx.torch is not None and ctx.is_cuda() else 0
+        by_key = {p.key(): p for p in comm}
+        for rec in _collective_records(collective_results(ctx, plan_path, comm, visible), by_key):
+            keep(rec, by_key[rec.key])
+    return records, family_wall, ""
+
+
 def _context(opts: RunOptions, torch: Any, device: str, hw: HardwareSpec | None) -> BenchContext:
     cc = None
     if torch is not None and device.startswith("cuda"):
@@ -234,26 +273,9 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
     weight_of = {p.key(): w for p, w in zip(todo, weights, strict=True)}
     progress = Progress(sum(weights), len(todo), budget_s, stream)
     log = PointsLog(opts.out / POINTS_FILE, append=bool(previous) or opts.resume)
-    records: list[PointRecord] = []
-    family_wall: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        for point in (p for p in todo if p.family not in ("nccl", "custom_allreduce")):
-            rec = measure_point(point, ctx)
-            log.write(rec)
-            records.append(rec)
-            family_wall[point.family] = family_wall.get(point.family, 0.0) + rec.wall_s
-            progress.advance(weight_of[point.key()], point.label())
-        comm = [p for p in todo if p.family in ("nccl", "custom_allreduce")]
-        if comm:
-            visible = int(torch.cuda.device_count()) if torch is not None and ctx.is_cuda() else 0
-            by_key = {p.key(): p for p in comm}
-            for rec in _collective_records(collective_results(ctx, opts.plan, comm, visible), by_key):
-                log.write(rec)
-                records.append(rec)
-                fam = by_key[rec.key].family
-                family_wall[fam] = family_wall.get(fam, 0.0) + rec.wall_s
-                progress.advance(weight_of[rec.key], by_key[rec.key].label())
+        records, family_wall, aborted = _measure_all(todo, ctx, opts.plan, log, progress, weight_of)
     finally:
         log.close()
         progress.close()
@@ -262,7 +284,8 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
     tables = write_tables(opts.out, everything, hw)
     status = Counter(r.status for r in records)
     summary = {
-        "status": "complete", "wall_s": round(wall_s, 3), "plan_budget_gpu_s": budget_s,
+        "status": "aborted" if aborted else "complete", "aborted": aborted or None, "wall_s": round(wall_s, 3),
+        "plan_budget_gpu_s": budget_s,
         "points_this_run": len(records), "points_resumed": len(previous), "by_status": dict(status),
         "wall_s_by_family": {k: round(v, 3) for k, v in family_wall.items()}, "table_rows": tables,
         "kernel_sources": dict(Counter(r.row["kernel_source"] or r.row["backend"] for r in everything
@@ -270,7 +293,7 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
         "timing_modes": dict(Counter(r.measurement.timing for r in everything if r.measurement is not None)),
         "nvidia_smi_after": nvidia_smi((info.get("gpu") or {}).get("uuid")) if ctx.is_cuda() else None,
     }
-    write_json(opts.out / DEVICE_FILE, {**header, "run": summary, "status": "complete"})
+    write_json(opts.out / DEVICE_FILE, {**header, "run": summary, "status": summary["status"]})
     budget = f" (plan budget {budget_s / 60:.1f} GPU-min)" if budget_s else ""
     stream.write(f"microbench: {status['measured']} measured, {status['skipped']} skipped, {status['failed']} failed "
                  f"in {wall_s / 60:.1f} min wall{budget}{' [dry run: times are meaningless]' if opts.dry_run else ''};"
@@ -280,4 +303,6 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
         for reason, count in reasons.most_common(5):
             stream.write(f"microbench: {count} x {reason}\n")
         stream.write(f"microbench: every point's status and reason is in {opts.out / POINTS_FILE}\n")
-    return 1 if status["failed"] else 0
+    if aborted:
+        stream.write(f"microbench: aborted: {aborted}\n")
+    return 1 if status["failed"] or aborted else 0

@@ -99,8 +99,13 @@ def measure_wall(run: Callable[[int], None], *, copies: int, params: TimingParam
 
 
 def measure_cuda(torch: Any, run: Callable[[int], None], *, copies: int, params: TimingParams,
-                 before_repeat: Callable[[], None] | None = None) -> Measurement:
-    """CUDA-event timing of a graph-captured loop on the current device (see the module docstring)."""
+                 before_repeat: Callable[[], None] | None = None,
+                 agree_calls: Callable[[int], int] | None = None) -> Measurement:
+    """CUDA-event timing of a graph-captured loop on the current device (see the module docstring).
+
+    `agree_calls` maps this process's loop length to one all ranks of a collective use (their max),
+    so every rank issues the same number of collectives; `before_repeat` aligns them (a barrier).
+    """
     cuda = torch.cuda
     for i in range(max(params.warmup_calls, copies)):
         run(i)
@@ -112,6 +117,8 @@ def measure_cuda(torch: Any, run: Callable[[int], None], *, copies: int, params:
     end.record()
     end.synchronize()
     calls = calls_per_repeat(start.elapsed_time(end) * 1e-3 / copies, copies, params)
+    if agree_calls is not None:
+        calls = agree_calls(calls)
 
     graph = None
     note = ""

@@ -3,9 +3,13 @@ plan points, progress/ETA, rank averaging and the pointwise table reader."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import toy_hardware
@@ -15,7 +19,7 @@ from orchestrator.microbench.collectives import _average_ranks, measure_group
 from orchestrator.microbench.output import exceeds_dram_bw, exceeds_peak_flops
 from orchestrator.microbench.points import AttentionShape, GemmShape, PlanPoint, family_of, read_plan
 from orchestrator.microbench.progress import Progress, format_duration
-from orchestrator.microbench.timing import TimingParams, calls_per_repeat, measure_wall, quantile
+from orchestrator.microbench.timing import TimingParams, calls_per_repeat, measure_cuda, measure_wall, quantile
 from sim.calibration.rows import ROW_COLUMNS
 from sim.calibration.tables import read_microbench_dir
 from sim.errors import ConfigError
@@ -155,3 +159,72 @@ def test_reader_accepts_pointwise_csv(tmp_path: Path) -> None:
     assert list(rows.kernel) == ["norm", "elementwise"] and not excluded and len(digest) == 64
     assert list(rows.latency_s) == pytest.approx([4e-6, 1e-5])
     assert list(rows.unit) == ["4096", "14336"] and list(rows.variant) == ["rmsnorm", "silu_and_mul"]
+
+
+class _FakeCuda:
+    """Stands in for `torch.cuda` (no GPU here): events report a fixed 1 ms; a graph counts captured calls."""
+
+    def __init__(self, fail_capture: bool) -> None:
+        self.fail_capture, self.capturing, self.replays, self.syncs = fail_capture, False, 0, 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def Event(self, enable_timing: bool) -> Any:  # noqa: N802 (torch's name)
+        class Event:
+            def record(self) -> None: ...
+            def synchronize(self) -> None: ...
+            def elapsed_time(self, other: Any) -> float:
+                return 1.0
+
+        return Event()
+
+    def CUDAGraph(self) -> Any:  # noqa: N802 (torch's name)
+        cuda = self
+
+        class Graph:
+            def replay(self) -> None:
+                cuda.replays += 1
+
+        return Graph()
+
+    @contextlib.contextmanager
+    def graph(self, g: Any) -> Iterator[None]:
+        self.capturing = True
+        try:
+            yield
+            if self.fail_capture:
+                raise RuntimeError("operation not permitted when stream is capturing")
+        finally:
+            self.capturing = False
+
+
+@pytest.mark.parametrize("fail_capture", [False, True])
+def test_measure_cuda_control_flow(fail_capture: bool) -> None:
+    cuda = _FakeCuda(fail_capture)
+    eager: list[int] = []
+    captured: list[int] = []
+
+    def run(i: int) -> None:
+        (captured if cuda.capturing else eager).append(i)
+
+    barriers: list[int] = []
+    agreed: list[int] = []
+
+    def agree(n: int) -> int:
+        agreed.append(n)
+        return n + 2
+
+    params = TimingParams(warmup_calls=3, repeats=5, target_graph_s=5e-3, max_calls_per_repeat=100)
+    m = measure_cuda(SimpleNamespace(cuda=cuda), run, copies=2, params=params,
+                     before_repeat=lambda: barriers.append(1), agree_calls=agree)
+    # probe: 1 ms over 2 copies = 0.5 ms per call -> 10 calls for 5 ms; the group agrees on 12
+    assert agreed == [10] and m.calls_per_repeat == 12 and m.repeats == 5 and len(barriers) == 5
+    assert captured == list(range(12))
+    assert m.median_s == pytest.approx(1e-3 / 12)
+    if fail_capture:
+        assert m.timing == "cuda_events" and "capture failed" in m.note and cuda.replays == 0
+        assert len(eager) == 3 + 2 + 6 * 12  # warm-up, probe, then 1 + 5 eager loops
+    else:
+        assert m.timing == "cuda_graph" and not m.note and cuda.replays == 6
+        assert len(eager) == 3 + 2
