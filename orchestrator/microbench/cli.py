@@ -10,11 +10,14 @@ from typing import Any
 from orchestrator.microbench.attention import ATTENTION_BACKENDS
 from orchestrator.microbench.points import FAMILIES
 from orchestrator.microbench.timing import TimingParams
+from sim.errors import ConfigError
 
 
 def cmd_microbench_run(args: Namespace) -> int:
     from orchestrator.microbench.runner import RunOptions, run_microbench
 
+    if args.repeats is not None and args.repeats < 1:
+        raise ConfigError(source="microbench run", key="--repeats", value=args.repeats, rule="must be >= 1")
     timing = None if args.repeats is None else TimingParams(repeats=args.repeats)
     opts = RunOptions(plan=Path(args.plan), out=Path(args.out), device=args.device, dry_run=args.dry_run,
                       resume=args.resume, hardware=args.hardware,

@@ -243,7 +243,12 @@ def _prepare_out(opts: RunOptions, plan: Plan) -> list[PointRecord]:
     if not (opts.resume and points_path.is_file()):
         return []
     keys = {p.key() for p in plan.points}
-    return [r for r in read_points(points_path) if r.status == "measured" and r.key in keys]
+    kept = [r for r in read_points(points_path) if r.status == "measured" and r.key in keys]
+    log = PointsLog(points_path, append=False)  # drop skipped/failed rows: those points are retried
+    for r in kept:
+        log.write(r)
+    log.close()
+    return kept
 
 
 def run_microbench(opts: RunOptions, stream: TextIO) -> int:
@@ -272,7 +277,7 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
     weights, budget_s = point_weights(todo, hw)
     weight_of = {p.key(): w for p, w in zip(todo, weights, strict=True)}
     progress = Progress(sum(weights), len(todo), budget_s, stream)
-    log = PointsLog(opts.out / POINTS_FILE, append=bool(previous) or opts.resume)
+    log = PointsLog(opts.out / POINTS_FILE, append=opts.resume)
     start = time.perf_counter()
     try:
         records, family_wall, aborted = _measure_all(todo, ctx, opts.plan, log, progress, weight_of)

@@ -144,13 +144,23 @@ def test_resume_keeps_measured_points(tmp_path: Path, capsys: pytest.CaptureFixt
             "--dry-run"]
     assert main([*args, "--only", "gemm"]) == 0
     assert {p.name for p in out.iterdir()} == {"gemm.csv.gz", "points.csv", "device.json"}
-    gemm_before = (out / "gemm.csv.gz").read_bytes()
+    gemm_before = read_table(out / "gemm.csv.gz")[1]
     assert main(args) == 2
     assert "--resume" in capsys.readouterr().err
+    # mark the first GEMM point as skipped: resume must retry it, and keep the others as they were
+    with (out / "points.csv").open() as f:
+        reader = csv.DictReader(f)
+        header, points = list(reader.fieldnames or []), list(reader)
+    points[0].update(status="skipped", reason="test", latency_ms="", p10_ms="", p90_ms="")
+    with (out / "points.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(points)
     assert main([*args, "--resume"]) == 0
-    assert (out / "gemm.csv.gz").read_bytes() == gemm_before
+    gemm_after = read_table(out / "gemm.csv.gz")[1]
+    assert len(gemm_after) == len(gemm_before) and gemm_after[1:] == gemm_before[1:]
     info = json.loads((out / "device.json").read_text())
-    assert info["run"]["points_resumed"] == len(read_table(out / "gemm.csv.gz")[1])
+    assert info["run"]["points_resumed"] == len(gemm_before) - 1
     with (out / "points.csv").open() as f:
         keys = [p["key"] for p in csv.DictReader(f)]
     assert len(keys) == len(set(keys))
