@@ -181,6 +181,9 @@ def register(sub: Any) -> None:
     plan.add_argument("--hardware", required=True)
     plan.add_argument("--out", metavar="PLAN.csv")
     plan.set_defaults(func=cmd_microbench_plan)
+    from orchestrator.microbench.cli import register_run
+
+    register_run(mb_sub)  # microbench run, microbench compare
 
     acc = sub.add_parser("accuracy", help="accuracy reports against measured data")
     acc_sub = acc.add_subparsers(dest="accuracy_verb", required=True)

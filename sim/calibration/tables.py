@@ -20,7 +20,10 @@ import pandas as pd
 
 TABLE_FILES: Final[tuple[str, ...]] = (
     "gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
-    "custom_allreduce.csv")
+    "custom_allreduce.csv", "pointwise.csv")
+"""`pointwise.csv` (not an AIConfigurator table; written by `microbench run`): backend,
+backend_version, kernel_source, kernel (norm/elementwise/embedding/sampling), variant, dtype,
+m (tokens), n (width), latency_ms."""
 BROKEN_CONTEXT_SERIES: Final[tuple[tuple[str, str, str, str], ...]] = (
     ("b200_sxm", "sglang", "0.5.10", "trtllm_mha"),
     ("rtx_pro_6000_server", "vllm", "0.19.0", "vllm_flashinfer"),
@@ -111,6 +114,13 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
             parts.append(g)
         elif name in ("context_attention", "generation_attention"):
             parts.append(_attention(df, name, system, excl))
+        elif name == "pointwise":
+            p = pd.DataFrame({
+                "kernel": df.kernel, "backend": df.backend, "backend_version": df.backend_version.astype(str),
+                "kernel_source": df.kernel_source, "variant": df.variant.fillna(""), "dtype": df.dtype,
+                "m": df.m, "n": df.n, "latency_s": df.latency_ms * 1e-3})
+            p["unit"] = df.n.astype(str)
+            parts.append(p)
         elif name == "nccl":
             per = np.where(df.nccl_dtype == "int8", 1, 2)
             msg = df.message_elems * per

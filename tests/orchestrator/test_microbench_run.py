@@ -1,0 +1,219 @@
+"""`kernelsight microbench run` without a GPU: plan -> dry run -> files in AIConfigurator's layout,
+`calibrate` on them, the exit-2 refusals, resume, and the path without torch (subprocess)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SHARED_DATA
+
+from orchestrator.cli import main
+from orchestrator.microbench.output import TABLE_COLUMNS
+from orchestrator.microbench.points import family_of
+from sim.calibration.artifact import load_artifact
+from sim.calibration.plan import microbench_plan
+from sim.calibration.rows import ROW_COLUMNS
+from sim.specs.catalog import load_hardware
+
+H100_TABLES = SHARED_DATA / "aiconfigurator" / "h100_sxm"
+POINTWISE_ROWS = [
+    {"kernel": "norm", "variant": "rmsnorm", "dtype": "bfloat16", "m": m, "n": 4096} for m in (1, 64, 1024, 8192)
+] + [
+    {"kernel": "elementwise", "variant": "silu_and_mul", "dtype": "bfloat16", "m": m, "n": 14336}
+    for m in (1, 64, 1024, 8192)
+] + [{"kernel": "sampling", "variant": "top_p", "dtype": "bfloat16", "m": 8, "n": 32000}]
+FILE_OF = {"gemm": "gemm.csv.gz", "context_attention": "context_attention.csv.gz",
+           "generation_attention": "generation_attention.csv.gz", "nccl": "nccl.csv",
+           "custom_allreduce": "custom_allreduce.csv", "pointwise": "pointwise.csv"}
+
+
+def write_plan(path: Path, step: int = 7) -> list[dict[str, str]]:
+    """Every `step`-th point of the H100 plan (all families kept) plus pointwise rows."""
+    rows = microbench_plan(load_hardware("h100_sxm"))
+    kept = [r for i, r in enumerate(rows) if i % step == 0 or r["kernel"] == "custom_allreduce"]
+    kept += [{c: str(r.get(c, "")) for c in ROW_COLUMNS} for r in POINTWISE_ROWS]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
+        w.writeheader()
+        w.writerows(kept)
+    return kept
+
+
+def read_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, str]]]:
+    pytest.importorskip("torch", reason="the torch dry run needs torch (CPU build is enough)")
+    base = tmp_path_factory.mktemp("mb")
+    plan = write_plan(base / "plan.csv")
+    out = base / "out"
+    assert main(["microbench", "run", "--plan", str(base / "plan.csv"), "--out", str(out), "--device", "cpu",
+                 "--dry-run"]) == 0
+    return out, plan
+
+
+def test_dry_run_writes_every_point_in_aiconfigurator_columns(dry_run: tuple[Path, list[dict[str, str]]]) -> None:
+    out, plan = dry_run
+    expected: dict[str, int] = {}
+    for r in plan:
+        name = FILE_OF[family_of(r["kernel"])]
+        expected[name] = expected.get(name, 0) + 1
+    written = {p.name for p in out.iterdir()}
+    assert written == {*expected, "points.csv", "device.json"}
+    for name, count in expected.items():
+        header, rows = read_table(out / name)
+        assert tuple(header) == TABLE_COLUMNS[name]
+        assert len(rows) == count
+        assert all(float(r["latency_ms"]) > 0 for r in rows)
+    _, gemm = read_table(out / "gemm.csv.gz")
+    assert {r["dtype"] for r in gemm} == {"bfloat16", "fp8", "fp8_block"}
+    assert {r["backend"] for r in gemm} == {"torch"}
+    _, nccl = read_table(out / "nccl.csv")
+    assert {(r["op"], r["nccl_dtype"]) for r in nccl} >= {("all_reduce", "half"), ("alltoall", "half")}
+    assert all(int(r["message_elems"]) * 2 in (4096, 65536, 1048576, 16777216, 67108864) for r in nccl)
+
+
+@pytest.mark.skipif(not H100_TABLES.is_dir(), reason="shared/data/aiconfigurator not present")
+def test_headers_equal_the_real_aiconfigurator_tables(dry_run: tuple[Path, list[dict[str, str]]]) -> None:
+    out, _ = dry_run
+    for name in ("gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
+                 "custom_allreduce.csv"):
+        theirs, _ = read_table(H100_TABLES / name)
+        ours, _ = read_table(out / name)
+        assert ours == theirs, name
+
+
+def test_points_and_device_json(dry_run: tuple[Path, list[dict[str, str]]]) -> None:
+    out, plan = dry_run
+    with (out / "points.csv").open() as f:
+        points = list(csv.DictReader(f))
+    assert len(points) == len(plan)
+    assert {p["status"] for p in points} == {"measured"}
+    assert {p["timing"] for p in points} == {"wall_clock"}
+    # top_p sampling has no implementation: the dry run times a stand-in and says why
+    top_p = next(p for p in points if p["variant"] == "top_p")
+    assert top_p["kernel_source"] == "dry_run_standin"
+    assert "variant='top_p'" in top_p["reason"] and "sampling/greedy" in top_p["reason"]
+    info = json.loads((out / "device.json").read_text())
+    assert info["dry_run"] is True and info["status"] == "complete"
+    assert info["torch"] and info["plan"]["num_points"] == len(plan)
+    assert info["run"]["by_status"] == {"measured": len(plan)} and info["run"]["wall_s"] > 0
+
+
+def test_calibrate_accepts_a_dry_run_directory(dry_run: tuple[Path, list[dict[str, str]]], tmp_path: Path) -> None:
+    out, _ = dry_run
+    cal = tmp_path / "cal.json"
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(out), "--out", str(cal)]) == 0
+    art = load_artifact(cal)
+    assert art.tier == "target-measured" and art.hardware == "h100_sxm"
+    corrected = {f for f, p in art.families.items() if p.correction is not None}
+    assert {"gemm", "attn_prefill", "attn_decode", "nccl", "pointwise"} <= corrected
+
+
+def test_refuses_to_measure_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch", reason="the no-torch refusal is tested in a subprocess below")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    write_plan(tmp_path / "plan.csv", step=50)
+    out = tmp_path / "out"
+    assert main(["microbench", "run", "--plan", str(tmp_path / "plan.csv"), "--out", str(out)]) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+    assert main(["microbench", "run", "--plan", str(tmp_path / "plan.csv"), "--out", str(out),
+                 "--device", "cpu"]) == 2
+    assert "--device cpu needs --dry-run" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_resume_keeps_measured_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    write_plan(tmp_path / "plan.csv", step=40)
+    out = tmp_path / "out"
+    args = ["microbench", "run", "--plan", str(tmp_path / "plan.csv"), "--out", str(out), "--device", "cpu",
+            "--dry-run"]
+    assert main([*args, "--only", "gemm"]) == 0
+    assert {p.name for p in out.iterdir()} == {"gemm.csv.gz", "points.csv", "device.json"}
+    gemm_before = read_table(out / "gemm.csv.gz")[1]
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    # mark the first GEMM point as skipped: resume must retry it, and keep the others as they were
+    with (out / "points.csv").open() as f:
+        reader = csv.DictReader(f)
+        header, points = list(reader.fieldnames or []), list(reader)
+    points[0].update(status="skipped", reason="test", latency_ms="", p10_ms="", p90_ms="")
+    with (out / "points.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(points)
+    assert main([*args, "--resume"]) == 0
+    gemm_after = read_table(out / "gemm.csv.gz")[1]
+    assert len(gemm_after) == len(gemm_before) and gemm_after[1:] == gemm_before[1:]
+    info = json.loads((out / "device.json").read_text())
+    assert info["run"]["points_resumed"] == len(gemm_before) - 1
+    with (out / "points.csv").open() as f:
+        keys = [p["key"] for p in csv.DictReader(f)]
+    assert len(keys) == len(set(keys))
+
+
+def test_malformed_plan_names_row_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.csv"
+    plan.write_text(",".join(ROW_COLUMNS) + "\n" + "gemm,,,,bfloat16,0,128,128" + "," * (len(ROW_COLUMNS) - 8) + "\n")
+    assert main(["microbench", "run", "--plan", str(plan), "--out", str(tmp_path / "o"), "--device", "cpu",
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "row 1" in err and "m=" in err
+
+
+def _run_without_torch(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from orchestrator.cli import main\n"
+            f"sys.exit(main({argv!r}))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300, check=False)
+
+
+def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "plan.csv", step=20)
+    out = tmp_path / "out"
+    done = _run_without_torch(["microbench", "run", "--plan", "plan.csv", "--out", str(out), "--device", "cpu",
+                               "--dry-run"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in {FILE_OF[family_of(r["kernel"])] for r in plan}:
+        header, rows = read_table(out / name)
+        assert tuple(header) == TABLE_COLUMNS[name] and rows
+        assert all(float(r["latency_ms"]) > 0 for r in rows)
+    info = json.loads((out / "device.json").read_text())
+    assert info["torch"] is None and info["dry_run"] is True
+    refused = _run_without_torch(["microbench", "run", "--plan", "plan.csv", "--out", str(tmp_path / "o2")],
+                                 tmp_path)
+    assert refused.returncode == 2
+    assert "needs PyTorch" in refused.stderr and "kernelsight[microbench]" in refused.stderr
+
+
+@pytest.mark.skipif(not H100_TABLES.is_dir(), reason="shared/data/aiconfigurator not present")
+def test_compare_dry_run_against_the_real_h100_tables(dry_run: tuple[Path, list[dict[str, str]]],
+                                                      tmp_path: Path) -> None:
+    pytest.importorskip("pandas")
+    out, _ = dry_run
+    report = tmp_path / "report.md"
+    assert main(["microbench", "compare", "--ours", str(out), "--theirs", str(H100_TABLES), "--out", str(report)]) == 0
+    text = report.read_text()
+    assert "dry run: times are meaningless" in text
+    table = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ") and not line.startswith("| family")]
+    matched = {(r[0], r[1]): int(r[2]) for r in table}
+    assert {f for f, _ in matched} >= {"gemm", "attn_prefill", "attn_decode", "nccl", "custom_allreduce"}
+    assert matched[("gemm", "sglang 0.5.10 sglang")] > 0
+    assert all(n > 0 for n in matched.values())
