@@ -202,10 +202,12 @@ class Simulation:
         return end_s <= limits.max_sim_time_s and self.num_steps < limits.max_num_steps
 
     def _on_step_done(self, idx: int) -> None:
+        finished = self._finish_step(idx)
         while True:
-            finished = self._finish_step(idx)
-            if not finished and self._inline:
-                self._run_bulk_decodes(idx)
+            if self._inline and not (finished and self._held):
+                # Nothing to send for the finished requests: only their slots are released.
+                self._in_flight -= len(finished)
+                finished = self._run_bulk_decodes(idx)
             end_s = self._start_step(idx)
             seq = next(self._seq)  # this replica's step is queued before the steps the sends start
             for _ in finished:
@@ -218,9 +220,12 @@ class Simulation:
                 heapq.heappush(self._heap, (end_s, seq, idx))
                 return
             self.now_s = end_s
+            finished = self._finish_step(idx)
 
-    def _run_bulk_decodes(self, idx: int) -> None:
-        """Run the replica's next steps while each is decodes only and ends before any other event."""
+    def _run_bulk_decodes(self, idx: int) -> list[RequestState]:
+        """Run the replica's next steps while each is bulk decodes only and ends before any other
+        event. Returns the requests that finished in the last step when held requests wait for
+        their slots (sent after the next step is planned, as `_on_step_done` does); else []."""
         replica = self._replicas[idx]
         scheduler = replica.scheduler
         pricer = self._pricer
@@ -231,20 +236,26 @@ class Simulation:
         while self.num_steps + 1 < max_num_steps:
             shape = scheduler.next_bulk_decode_step()
             if shape is None:
-                return
+                return []
             key, priced = pricer.decode_step(*shape)
             step_s = priced.step_s
             end_s = self.now_s + step_s
             if not self._can_finish_inline(end_s):
-                return  # _start_step plans this step and queues its end
-            scheduler.run_bulk_decode_step()
+                return []  # _start_step plans this step and queues its end
+            finished = scheduler.run_bulk_decode_step()
             counts[key] += 1
             self.num_steps += 1
             replica.busy_s += step_s
             self.now_s = end_s
             itl[step_s] = itl.get(step_s, 0) + shape[0]
+            for req in finished:
+                self._record(req)
             kv_time_s.append(end_s)
             kv_usage_frac.append(scheduler.kv_usage_frac())
+            if finished and self._held:
+                return finished
+            self._in_flight -= len(finished)
+        return []
 
     def _finish_step(self, idx: int) -> list[RequestState]:
         replica = self._replicas[idx]

@@ -111,26 +111,31 @@ class VllmV1Scheduler:
         return plan
 
     def next_bulk_decode_step(self) -> tuple[int, int] | None:
-        """(count, total context) of the next step when it changes nothing but bulk decodes' contexts.
+        """(count, total context) of the next step when it consists of bulk decodes only.
 
-        That is: no other request is running or waiting, no decode samples its last token in it,
-        and the blocks it needs are free. None otherwise; plan such a step with `schedule()`.
+        That is: no other request is running or waiting and the blocks the step needs are free.
+        None otherwise; plan such a step with `schedule()`.
         """
         if self._active or self._waiting or not self._num_bulk or self._in_flight:
             return None
         u = self._step_id
-        if u + 1 in self._finish_at or len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
+        if len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
             return None
         return self._num_bulk, self._bulk_context_base + self._num_bulk * u
 
-    def run_bulk_decode_step(self) -> None:
+    def run_bulk_decode_step(self) -> list[RequestState]:
         """Run the step `next_bulk_decode_step` described: the same as `schedule()` and then
-        `finish_step()` of its plan, without building the plan."""
+        `finish_step()` of its plan, without building the plan. Returns the finished requests."""
         u = self._step_id
         due = self._due[u % self._block_size]
         if due:
             self._kv.append_one_block([r.request_id for r in due])
         self._step_id = u + 1
+        if u + 1 not in self._finish_at:
+            return []
+        finished = self._finish_bulk(u + 1)
+        self._release(finished)
+        return finished
 
     def _schedule_bulk(self) -> StepPlan | None:
         """The step with bulk decodes kept in aggregate, or None when it would differ from `_schedule_each`."""
@@ -341,23 +346,31 @@ class VllmV1Scheduler:
                 elif self._bulk:
                     self._make_bulk(req, step)
                     joined = True
-        done_bulk = self._finish_at.pop(step, None)
-        if done_bulk is not None:
-            for req in done_bulk:
-                self._bulk_context_base -= req.num_computed - req.lazy_step
-                self._num_bulk -= 1
-                self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
-                self._sync(req, step)
-            finished += done_bulk
+        if step in self._finish_at:
+            finished += self._finish_bulk(step)
             finished.sort(key=_run_seq)
         if joined:
             self._active = [r for r in self._active if r.lazy_step < 0 and not r.is_finished()]
         elif finished:
             self._active = [r for r in self._active if not r.is_finished()]
-        if finished:
-            running = self._running
-            for req in finished:
-                running.remove(req)
-                kv.free(req.request_id)
-                req.run_seq = -1
+        self._release(finished)
         return finished
+
+    def _finish_bulk(self, step: int) -> list[RequestState]:
+        """Bulk decodes that sample their last token in `step`, in running order, brought up to date."""
+        done = self._finish_at.pop(step)
+        for req in done:
+            self._bulk_context_base -= req.num_computed - req.lazy_step
+            self._num_bulk -= 1
+            self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
+            self._sync(req, step)
+        if len(done) > 1:
+            done.sort(key=_run_seq)
+        return done
+
+    def _release(self, finished: list[RequestState]) -> None:
+        running = self._running
+        for req in finished:
+            running.remove(req)
+            self._kv.free(req.request_id)
+            req.run_seq = -1

@@ -96,8 +96,8 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
             _, prefills, num_decode, context, _, preempted = _summary(plan_ref)
             assert (prefills, preempted) == ((), ())
             assert shape == (num_decode, context)
-            bulk.run_bulk_decode_step()
-            assert ref.finish_step(plan_ref) == []
+            finished[0] += [r.request_id for r in bulk.run_bulk_decode_step()]
+            finished[1] += [r.request_id for r in ref.finish_step(plan_ref)]
         else:
             plan = bulk.schedule()
             assert (plan is None) == (plan_ref is None)
@@ -141,8 +141,8 @@ def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     assert kv.blocks_of(0) == (0, 3) and kv.blocks_of(1) == (1, 2, 4)
     for _ in range(4):
         assert sched.next_bulk_decode_step() is not None
-        sched.run_bulk_decode_step()
-    assert sched.next_bulk_decode_step() is None  # both sample their last token in the next step
+        assert sched.run_bulk_decode_step() == []
+    assert sched.next_bulk_decode_step() == (2, 11 + 13)  # both sample their last token in it
     plan = sched.schedule()
     assert plan is not None and plan.chunks == () and plan.num_bulk_decodes == 2
     assert plan.bulk_decode_context_tokens == 11 + 13
