@@ -49,7 +49,7 @@ def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[Req
     """Runtime state of each request, keyed for prefix caching by its shared prefix only.
 
     Keys of prompt tokens that belong to one request alone are derived if it is preempted (see
-    `RequestState.keys_complete`). Requests of one prefix group share one key tuple.
+    `RequestState.keys`). Requests of one prefix group share one key tuple.
     """
     block_size = kv.block_size
     shared: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -68,7 +68,6 @@ def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[Req
         states.append(RequestState(
             request_id=spec.request_id, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
             arrival_s=spec.arrival_s, keys=keys, segments=spec.segments,
-            keys_complete=not kv.enable_prefix_caching,
         ))
     return states
 

@@ -16,25 +16,25 @@ class RequestState:
     """
 
     __slots__ = (
-        "arrival_s", "first_scheduled_s", "first_token_s", "keys", "keys_complete", "last_sample_step",
+        "arrival_s", "first_scheduled_s", "first_token_s", "keys", "last_sample_step",
         "last_token_s", "lazy_step", "num_computed", "num_output", "num_preemptions", "output_tokens",
         "prefix_hit_tokens", "prompt_tokens", "recomputed_tokens", "replica", "request_id", "run_seq",
         "segments", "sent_s",
     )
 
     def __init__(self, *, request_id: int, prompt_tokens: int, output_tokens: int, arrival_s: float,
-                 keys: tuple[int, ...], segments: tuple[object, ...] = (), keys_complete: bool = True) -> None:
+                 keys: tuple[int, ...], segments: tuple[object, ...] = ()) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.arrival_s = arrival_s
         self.sent_s = arrival_s
         self.keys = keys
-        """Prefix-cache keys of the prompt's full blocks that lookups and commits use."""
-        self.keys_complete = keys_complete
-        """False while `keys` covers only the shared prefix: the rest of the prompt is unique to this
-        request, so no other request can hit it; the scheduler derives the full keys from `segments`
-        when the request is preempted (its own blocks can then be hit when it resumes)."""
+        """Prefix-cache keys of full blocks that lookups and commits use. They may cover only the
+        shared prefix (the rest of the prompt is unique to this request, so no other request can
+        hit it); when the request is preempted the scheduler derives keys from `segments` for
+        everything it computed, generated tokens included, so that it can hit its own blocks when
+        it resumes."""
         self.segments = segments
         self.num_computed = 0
         self.num_output = 0

@@ -24,9 +24,11 @@ finish steps; `bulk_decodes=False` is the reference path that tests compare agai
 Departures from vLLM (and why): `max_num_partial_prefills` is accepted but not enforced (vLLM v1
 does not enforce it either in its default scheduler); no priority scheduling; no speculative
 decoding; no encoder budget; requests never exceed `max_model_len` because scenarios reject
-workloads that would. Prefix-cache keys of prompt tokens that only one request has are derived
-when it is first preempted (see `RequestState.keys_complete`): before that no lookup can hit
-them, so only the shared prefix is indexed, which changes nothing but the eviction counter.
+workloads that would. Prefix-cache keys of tokens that only one request has are derived when it
+is preempted (see `RequestState.keys`): before that no lookup can hit them, so only the
+shared prefix is indexed, which changes nothing but the eviction counter. A preempted request's
+computed blocks, generated tokens included, are indexed as it is preempted and hit when it
+resumes, as in vLLM; `recomputed_tokens` counts only what is computed again.
 """
 
 from __future__ import annotations
@@ -262,6 +264,8 @@ class VllmV1Scheduler:
             if req.num_preemptions == 0 and req.first_scheduled_s is None:
                 kv.record_prefix_query(req.prompt_tokens, hit)
                 req.prefix_hit_tokens = hit
+            elif req.num_preemptions:
+                req.recomputed_tokens -= hit  # resumed: its cached blocks are not computed again
             hits += hit
             req.num_computed = hit
             req.run_seq = self._next_seq
@@ -274,13 +278,13 @@ class VllmV1Scheduler:
 
     def _preempt(self, victim: RequestState) -> None:
         kv = self._kv
-        if not victim.keys_complete:
-            # Its own blocks become hittable by itself: index them before they are freed.
-            victim.keys_complete = True
-            if kv.enable_prefix_caching and victim.segments:
-                victim.keys = kv.prompt_block_keys(cast(Sequence[SegmentLike], victim.segments),
-                                                   victim.request_id, victim.prompt_tokens)
-                kv.commit(victim.request_id, victim.num_computed, victim.keys)
+        if kv.enable_prefix_caching and victim.segments:
+            # Index everything it computed, prompt and generated tokens, before the blocks are
+            # freed: it hits them when it resumes unless they are evicted first (as in vLLM).
+            num_tokens = max(victim.num_computed, len(victim.keys) * self._block_size)
+            victim.keys = kv.prompt_block_keys(cast(Sequence[SegmentLike], victim.segments),
+                                               victim.request_id, num_tokens)
+            kv.commit(victim.request_id, victim.num_computed, victim.keys)
         kv.free(victim.request_id)
         victim.recomputed_tokens += victim.num_computed
         victim.num_computed = 0

@@ -84,6 +84,7 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
         states.append({s.request_id: s for s in request_states(specs, kv)})
     bulk, ref = scheds
     finished: list[list[int]] = [[], []]
+    computed = 0
     for step in range(10_000):
         for rid, at in enumerate(arrivals[:len(specs)]):
             if at == step:
@@ -91,6 +92,7 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
                 ref.add(states[1][rid])
         shape = bulk.next_bulk_decode_step()
         plan_ref = ref.schedule()
+        computed += 0 if plan_ref is None else plan_ref.num_batched_tokens()
         if shape is not None and rnd.random() < 0.7:
             assert plan_ref is not None
             _, prefills, num_decode, context, _, preempted = _summary(plan_ref)
@@ -116,6 +118,10 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
     fields = ("num_output", "num_computed", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens")
     for rid, req in states[0].items():
         assert [getattr(req, f) for f in fields] == [getattr(states[1][rid], f) for f in fields]
+    # Tokens computed = prompts - prefix hits + outputs (the last is sampled, not computed) + recomputed.
+    reqs = states[1].values()
+    assert computed == sum(r.prompt_tokens - r.prefix_hit_tokens + r.output_tokens - 1 + r.recomputed_tokens
+                           for r in reqs)
 
 
 def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
