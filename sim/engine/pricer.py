@@ -29,7 +29,7 @@ from sim.graph.transformer import (
     decode_attention_work,
     prefill_attention_work,
 )
-from sim.perf.host import HostOverheadParams, host_cost, step_time_s
+from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 from sim.serving.scheduler import StepPlan
@@ -38,17 +38,6 @@ from sim.specs.scenario import Scenario
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
 _ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
 _WorkSignature = tuple[object, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PricedStep:
-    step_s: float
-    device_s: float
-    """Kernels and collectives on the critical path."""
-    host_cpu_s: float
-    host_launch_s: float
-    launch_floor_s: float
-    worst_provenance: Provenance
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,16 +61,22 @@ class StepPricer:
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
-        self._memo: dict[StepKey, PricedStep] = {}
-        self._key_parts: dict[StepKey, list[_Part]] = {}
+        self._decode_memo: dict[StepKey, float] = {}
+        """Step seconds of decode-only keys, which repeat; steps with prefill chunks rarely do."""
         self._token_parts: dict[int, _Part] = {}
         self._sampling_parts: dict[int, _Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], _Part] = {}
         self._decode_parts: dict[tuple[int, int], _Part] = {}
+        self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
         self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
         self._windows = sorted(Counter(scenario.model.layer_window_tokens).items())
+        self._mode = scenario.engine.effective_launch_mode()
+        assert scenario.engine.max_cudagraph_capture_size is not None
+        self._capture_size = scenario.engine.max_cudagraph_capture_size
+        self._async = scenario.engine.async_scheduling
         self.counts: Counter[StepKey] = Counter()
+        """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
 
     def key(self, plan: StepPlan) -> StepKey:
@@ -101,67 +96,73 @@ class StepPricer:
             prefills.sort()
         return tuple(prefills), num_decode, mean
 
-    def decode_step(self, num_decode: int, total_context_tokens: int) -> tuple[StepKey, PricedStep]:
-        """Key and price of a step of decodes only, as `price` gives for such a plan, but not yet
-        counted in the breakdown: the caller adds `counts[key] += 1` if the step runs."""
+    def decode_step(self, num_decode: int, total_context_tokens: int) -> tuple[StepKey, float]:
+        """Key and seconds of a step of decodes only, as `price` gives for such a plan, but not
+        yet counted in the breakdown: the caller adds `counts[key] += 1` if the step runs."""
         bucket = self._bucket
         key: StepKey = ((), num_decode, max(bucket, round(total_context_tokens / num_decode / bucket) * bucket))
-        priced = self._memo.get(key)
-        if priced is None:
-            priced = self._price_key(key)
-            self._memo[key] = priced
-            self.worst_provenance = max(self.worst_provenance, priced.worst_provenance)
-        return key, priced
+        step_s = self._decode_memo.get(key)
+        if step_s is None:
+            step_s = self._decode_memo[key] = self.step_s(key)
+        return key, step_s
 
-    def price(self, plan: StepPlan) -> PricedStep:
+    def price(self, plan: StepPlan) -> float:
+        """Seconds the plan's step takes; counted in the breakdown."""
         key = self.key(plan)
         self.counts[key] += 1
-        priced = self._memo.get(key)
-        if priced is None:
-            priced = self._price_key(key)
-            self._memo[key] = priced
-            self.worst_provenance = max(self.worst_provenance, priced.worst_provenance)
-        return priced
+        if key[0]:
+            return self.step_s(key)
+        step_s = self._decode_memo.get(key)
+        if step_s is None:
+            step_s = self._decode_memo[key] = self.step_s(key)
+        return step_s
 
-    def _parts(self, key: StepKey) -> list[_Part]:
-        prefills, num_decode, mean = key
-        num_tokens = num_decode + sum(n for n, _, _ in prefills)
-        num_sampled = num_decode + sum(1 for _, _, s in prefills if s)
-        parts = [self._token_part(num_tokens)]
-        if num_sampled:
-            parts.append(self._sampling_part(num_sampled))
-        for (new, context, _), count in sorted(Counter(prefills).items()):
-            parts.append(self._prefill_part(new, context, count))
-        if num_decode:
-            parts.append(self._decode_part(num_decode, mean))
-        return parts
-
-    def _price_key(self, key: StepKey) -> PricedStep:
+    def step_s(self, key: StepKey) -> float:
+        """Seconds of a step: its kernels (sum of the parts) and host overhead."""
         parts = self._parts(key)
-        self._key_parts[key] = parts
-        prefills, num_decode, _ = key
         gpu = comm = gap = 0.0
         launches = 0
-        worst = Provenance.MEASURED
         for p in parts:
             gpu += p.gpu_s
             comm += p.comm_s
             gap += p.short_kernel_gap_s
             launches += p.num_launches
-            worst = max(worst, p.worst_provenance)
-        sc = self._sc
-        mode = sc.engine.effective_launch_mode()
-        assert sc.engine.max_cudagraph_capture_size is not None
-        host = host_cost(
-            params=self._host, mode=mode, num_seqs=len(prefills) + num_decode,
-            num_sampled=num_decode + sum(1 for _, _, s in prefills if s), is_decode_only=not prefills,
-            max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size, num_launches=launches,
-            num_layers=sc.model.num_layers, short_kernel_gap_s=gap if mode == "eager" else 0.0,
-        )
-        device_s = gpu + comm
-        step_s = step_time_s(device_s=device_s, host=host, async_scheduling=sc.engine.async_scheduling)
-        return PricedStep(step_s=step_s, device_s=device_s, host_cpu_s=host.cpu_s, host_launch_s=host.launch_s,
-                          launch_floor_s=host.launch_floor_s, worst_provenance=worst)
+        host = self._host_cost(key, launches, gap)
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
+
+    def _parts(self, key: StepKey) -> list[_Part]:
+        prefills, num_decode, mean = key
+        num_tokens = num_sampled = num_decode
+        for new, _, samples in prefills:
+            num_tokens += new
+            num_sampled += samples
+        parts = [self._token_part(num_tokens)]
+        if num_sampled:
+            parts.append(self._sampling_part(num_sampled))
+        if len(prefills) == 1:
+            parts.append(self._prefill_part(prefills[0][0], prefills[0][1], 1))
+        elif prefills:
+            for (new, context, _), count in sorted(Counter(prefills).items()):
+                parts.append(self._prefill_part(new, context, count))
+        if num_decode:
+            parts.append(self._decode_part(num_decode, mean))
+        return parts
+
+    def _host_cost(self, key: StepKey, num_launches: int, short_kernel_gap_s: float) -> HostCost:
+        prefills, num_decode, _ = key
+        num_sampled = num_decode + sum(1 for _, _, s in prefills if s)
+        if self._mode != "eager":
+            num_launches, short_kernel_gap_s = 0, 0.0  # only eager launches cost per kernel
+        host_key = (len(prefills) + num_decode, num_sampled, not prefills, num_launches, short_kernel_gap_s)
+        host = self._host_costs.get(host_key)
+        if host is None:
+            host = self._host_costs[host_key] = host_cost(
+                params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_sampled,
+                is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
+                num_launches=num_launches, num_layers=self._sc.model.num_layers,
+                short_kernel_gap_s=short_kernel_gap_s,
+            )
+        return host
 
     # -- parts ---------------------------------------------------------------------------------
     def _non_attention_nodes(self, num_tokens: int, num_sampled: int) -> list[tuple[KernelWork, int]]:
@@ -238,6 +239,7 @@ class StepPricer:
             gap += max(0.0, eager_launch_s - time_s) * repeat
             launches += repeat
             worst = max(worst, provenance)
+        self.worst_provenance = max(self.worst_provenance, worst)
         return _Part(kernels=tuple(kernels), gpu_s=gpu, comm_s=comm, num_launches=launches,
                      short_kernel_gap_s=gap, worst_provenance=worst)
 
@@ -246,12 +248,17 @@ class StepPricer:
         part_counts: dict[int, tuple[_Part, int]] = {}
         host = floor = 0.0
         for key, count in self.counts.items():
-            for part in self._key_parts[key]:
+            parts = self._parts(key)
+            launches = 0
+            gap = 0.0
+            for part in parts:
                 seen = part_counts.get(id(part))
                 part_counts[id(part)] = (part, count if seen is None else seen[1] + count)
-            p = self._memo[key]
-            host += (p.host_cpu_s + p.host_launch_s) * count
-            floor += p.launch_floor_s * count
+                launches += part.num_launches
+                gap += part.short_kernel_gap_s
+            hc = self._host_cost(key, launches, gap)
+            host += (hc.cpu_s + hc.launch_s) * count
+            floor += hc.launch_floor_s * count
         by_kind: dict[str, float] = {}
         by_name: dict[str, float] = {}
         for part, count in part_counts.values():

@@ -187,7 +187,7 @@ class Simulation:
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
-        step_s = self._pricer.price(plan).step_s
+        step_s = self._pricer.price(plan)
         replica.busy, replica.plan, replica.step_s = True, plan, step_s
         replica.busy_s += step_s
         self.num_steps += 1
@@ -236,8 +236,7 @@ class Simulation:
             shape = scheduler.next_bulk_decode_step()
             if shape is None:
                 return []
-            key, priced = pricer.decode_step(*shape)
-            step_s = priced.step_s
+            key, step_s = pricer.decode_step(*shape)
             end_s = self.now_s + step_s
             if not self._can_finish_inline(end_s):
                 return []  # _start_step plans this step and queues its end

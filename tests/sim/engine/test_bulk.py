@@ -287,4 +287,4 @@ def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[st
         (((1, 40, True),), 200, 2048),
     ]
     for key in keys:
-        assert pricer._price_key(key).step_s == pytest.approx(_reference_step_s(sc, key, cost), rel=1e-12), key
+        assert pricer.step_s(key) == pytest.approx(_reference_step_s(sc, key, cost), rel=1e-12), key

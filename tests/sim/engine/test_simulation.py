@@ -30,8 +30,8 @@ def test_single_request_ttft_and_e2e_are_sums_of_priced_steps() -> None:
     sc = one_request(300, 5)
     result = simulate(sc)
     pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
-    prefill = pricer._price_key((((300, 0, True),), 0, 0)).step_s
-    decodes = [pricer._price_key(((), 1, max(16, round(ctx / 16) * 16))).step_s for ctx in range(300, 304)]
+    prefill = pricer.step_s((((300, 0, True),), 0, 0))
+    decodes = [pricer.step_s(((), 1, max(16, round(ctx / 16) * 16))) for ctx in range(300, 304)]
     rec = result.records[0]
     assert rec.ttft_s() == pytest.approx(prefill, rel=1e-12)
     assert rec.e2el_s() == pytest.approx(prefill + sum(decodes), rel=1e-12)
