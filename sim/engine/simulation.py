@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.engine.pricer import StepPricer
+from sim.engine.pricer import StepKey, StepPricer
 from sim.engine.records import RequestRecord
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
-from sim.serving.scheduler import StepPlan
+from sim.serving.scheduler import BulkDecodeScheduler, StepPlan
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.engine import RouterName
 from sim.workload.requests import RequestSpec
+
+_MAX_RUN_STEPS = 256
+"""Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +79,8 @@ def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[Req
 @dataclass(slots=True)
 class _Replica:
     scheduler: VllmV1Scheduler
+    bulk: bool
+    """The scheduler runs decode-only steps in bulk (`BulkDecodeScheduler`) and the limits allow it."""
     busy: bool = False
     plan: StepPlan | None = None
     step_s: float = 0.0
@@ -85,7 +91,7 @@ class Simulation:
     def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None) -> None:
-        self._replicas = [_Replica(s) for s in replicas]
+        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler)) for s in replicas]
         self._pricer = pricer
         self._router = router
         self._max_concurrency = max_concurrency
@@ -203,7 +209,7 @@ class Simulation:
     def _on_step_done(self, idx: int) -> None:
         finished = self._finish_step(idx)
         while True:
-            if self._inline and not (finished and self._held):
+            if self._replicas[idx].bulk and not (finished and self._held):
                 # Nothing to send for the finished requests: only their slots are released.
                 self._in_flight -= len(finished)
                 finished = self._run_bulk_decodes(idx)
@@ -223,37 +229,53 @@ class Simulation:
 
     def _run_bulk_decodes(self, idx: int) -> list[RequestState]:
         """Run the replica's next steps while each is bulk decodes only and ends before any other
-        event. Returns the requests that finished in the last step when held requests wait for
-        their slots (sent after the next step is planned, as `_on_step_done` does); else []."""
+        event, a run of steps at a time: their count is fixed until one finishes, so the steps
+        are priced and the clock advanced before the scheduler runs them in one call.
+
+        Returns the requests that finished in the last step when held requests wait for their
+        slots (they are sent after the next step is planned, as `_on_step_done` does); else [].
+        """
         replica = self._replicas[idx]
         scheduler = replica.scheduler
-        pricer = self._pricer
-        counts = pricer.counts
+        num_blocks = scheduler.kv.num_blocks
+        decode_step = self._pricer.decode_step
+        counts = self._pricer.counts
         itl = self.itl
-        kv_time_s, kv_usage_frac = self.kv_time_s, self.kv_usage_frac
-        max_num_steps = self._limits.max_num_steps
-        while self.num_steps + 1 < max_num_steps:
-            shape = scheduler.next_bulk_decode_step()
+        limits = self._limits
+        while True:
+            shape = scheduler.next_bulk_decode_steps()
             if shape is None:
                 return []
-            key, step_s = pricer.decode_step(*shape)
-            end_s = self.now_s + step_s
-            if not self._can_finish_inline(end_s):
+            num_decode, context_tokens, until_finish = shape
+            horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
+            max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
+            now = self.now_s
+            run: list[tuple[StepKey, float, float]] = []
+            for j in range(max_steps):
+                key, step_s = decode_step(num_decode, context_tokens + j * num_decode)
+                end_s = now + step_s
+                if end_s >= horizon_s or end_s > limits.max_sim_time_s:
+                    break
+                run.append((key, step_s, end_s))
+                now = end_s
+            if not run:
                 return []  # _start_step plans this step and queues its end
-            finished = scheduler.run_bulk_decode_step()
-            counts[key] += 1
-            self.num_steps += 1
-            replica.busy_s += step_s
-            self.now_s = end_s
-            itl[step_s] = itl.get(step_s, 0) + shape[0]
+            steps, finished, free_after = scheduler.run_bulk_decode_steps(len(run))
+            for (key, step_s, end_s), free in zip(run[:steps], free_after, strict=True):
+                counts[key] += 1
+                replica.busy_s += step_s
+                itl[step_s] = itl.get(step_s, 0) + num_decode
+                self.kv_time_s.append(end_s)
+                self.kv_usage_frac.append((num_blocks - free) / num_blocks)
+            self.num_steps += steps
+            self.now_s = run[steps - 1][2]
             for req in finished:
                 self._record(req)
-            kv_time_s.append(end_s)
-            kv_usage_frac.append(scheduler.kv_usage_frac())
             if finished and self._held:
                 return finished
             self._in_flight -= len(finished)
-        return []
+            if steps < len(run) and not finished:
+                return []  # blocks ran out: the next step preempts
 
     def _finish_step(self, idx: int) -> list[RequestState]:
         replica = self._replicas[idx]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serving.request import RequestState
@@ -69,3 +69,17 @@ class ReplicaScheduler(Protocol):
     def finish_step(self, plan: StepPlan) -> list[RequestState]: ...
     def num_outstanding(self) -> int: ...
     def kv_usage_frac(self) -> float: ...
+
+
+@runtime_checkable
+class BulkDecodeScheduler(ReplicaScheduler, Protocol):
+    """A replica scheduler that can also run steps of decodes only without building plans.
+
+    Call order: `next_bulk_decode_steps()` between steps (never while a plan is in flight); if
+    it gives (count, total context, steps until a decode finishes), `run_bulk_decode_steps(k)`
+    runs up to k such steps at once. The engine uses this only when `SimLimits.bulk_decode` is
+    on; the results must equal `schedule()` + `finish_step()` step by step.
+    """
+
+    def next_bulk_decode_steps(self) -> tuple[int, int, int] | None: ...
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]: ...

@@ -17,9 +17,12 @@ count, their total context, the step each one finishes, and, per `step mod block
 whose context crosses into a new KV block (those take one block each, in running order). A step
 is planned in bulk when the result is provably the same as the request-by-request plan: no
 preemption is needed (the blocks all requests need fit in the free queue) and no bulk decode is
-left without budget behind a cut prefill chunk. Otherwise the scheduler brings every bulk decode up
-to date and plans the step request by request. Both ways give the same plans, block tables and
-finish steps; `bulk_decodes=False` is the reference path that tests compare against.
+left without budget behind a cut prefill chunk. The second never happens with this order (a
+request that got its tokens in a step keeps getting them, since the requests before it ask for
+no more and none is inserted before it), so it is only checked where a chunk is cut. Otherwise
+the scheduler brings every bulk decode up to date and plans the step request by request. Both
+ways give the same plans, block tables and finish steps; `bulk_decodes=False` is the reference
+path that tests compare against.
 
 Departures from vLLM (and why): `max_num_partial_prefills` is accepted but not enforced (vLLM v1
 does not enforce it either in its default scheduler); no priority scheduling; no speculative
@@ -112,32 +115,55 @@ class VllmV1Scheduler:
         self._in_flight = plan is not None
         return plan
 
-    def next_bulk_decode_step(self) -> tuple[int, int] | None:
-        """(count, total context) of the next step when it consists of bulk decodes only.
+    def next_bulk_decode_steps(self) -> tuple[int, int, int] | None:
+        """(count, total context, steps until one finishes) when the next step is bulk decodes only.
 
         That is: no other request is running or waiting and the blocks the step needs are free.
-        None otherwise; plan such a step with `schedule()`.
+        The count stays the same and the total context grows by the count per step until the step
+        in which some decode samples its last token (counted in the third number). None
+        otherwise; plan such a step with `schedule()`.
         """
         if self._active or self._waiting or not self._num_bulk or self._in_flight:
             return None
         u = self._step_id
         if len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
             return None
-        return self._num_bulk, self._bulk_context_base + self._num_bulk * u
+        return self._num_bulk, self._bulk_context_base + self._num_bulk * u, min(self._finish_at) - u
 
-    def run_bulk_decode_step(self) -> list[RequestState]:
-        """Run the step `next_bulk_decode_step` described: the same as `schedule()` and then
-        `finish_step()` of its plan, without building the plan. Returns the finished requests."""
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+        """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
+        `schedule()` and then `finish_step()` of its plan; stop before a step whose blocks are not
+        free and after one in which a decode finishes.
+
+        Returns the steps run, the requests that finished in the last one, and the free blocks
+        after each step.
+        """
         u = self._step_id
-        due = self._due[u % self._block_size]
-        if due:
-            self._kv.append_one_block([r.request_id for r in due])
-        self._step_id = u + 1
-        if u + 1 not in self._finish_at:
-            return []
-        finished = self._finish_bulk(u + 1)
-        self._release(finished)
-        return finished
+        bs = self._block_size
+        free = self._kv.num_free_blocks()
+        request_ids: list[int] = []
+        free_after: list[int] = []
+        steps = 0
+        while steps < num_steps:
+            due = self._due[(u + steps) % bs]
+            if len(due) > free:
+                break
+            if due:
+                free -= len(due)
+                request_ids += [r.request_id for r in due]
+            free_after.append(free)
+            steps += 1
+            if u + steps in self._finish_at:
+                break
+        if request_ids:
+            self._kv.append_one_block(request_ids)
+        self._step_id = u + steps
+        finished: list[RequestState] = []
+        if steps and u + steps in self._finish_at:
+            finished = self._finish_bulk(u + steps)
+            self._release(finished)
+            free_after[-1] = self._kv.num_free_blocks()
+        return steps, finished, free_after
 
     def _schedule_bulk(self) -> StepPlan | None:
         """The step with bulk decodes kept in aggregate, or None when it would differ from `_schedule_each`."""

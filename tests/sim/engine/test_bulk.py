@@ -90,18 +90,26 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
             if at == step:
                 bulk.add(states[0][rid])
                 ref.add(states[1][rid])
-        shape = bulk.next_bulk_decode_step()
-        plan_ref = ref.schedule()
-        computed += 0 if plan_ref is None else plan_ref.num_batched_tokens()
+        shape = bulk.next_bulk_decode_steps()
         if shape is not None and rnd.random() < 0.7:
-            assert plan_ref is not None
-            _, prefills, num_decode, context, _, preempted = _summary(plan_ref)
-            assert (prefills, preempted) == ((), ())
-            assert shape == (num_decode, context)
-            finished[0] += [r.request_id for r in bulk.run_bulk_decode_step()]
-            finished[1] += [r.request_id for r in ref.finish_step(plan_ref)]
+            num_decode, context, until_finish = shape
+            steps, done, free_after = bulk.run_bulk_decode_steps(rnd.randint(1, until_finish + 1))
+            assert 1 <= steps <= until_finish
+            for j in range(steps):
+                plan_ref = ref.schedule()
+                assert plan_ref is not None
+                computed += plan_ref.num_batched_tokens()
+                _, prefills, n, ctx, _, preempted = _summary(plan_ref)
+                assert (prefills, preempted, n, ctx) == ((), (), num_decode, context + j * num_decode)
+                done_ref = [r.request_id for r in ref.finish_step(plan_ref)]
+                assert done_ref == ([r.request_id for r in done] if j == steps - 1 else [])
+                assert ref.kv.num_free_blocks() == free_after[j]
+            finished[0] += [r.request_id for r in done]
+            finished[1] += [r.request_id for r in done]
         else:
             plan = bulk.schedule()
+            plan_ref = ref.schedule()
+            computed += 0 if plan_ref is None else plan_ref.num_batched_tokens()
             assert (plan is None) == (plan_ref is None)
             if plan is None or plan_ref is None:
                 if step > max(arrivals):
@@ -137,18 +145,15 @@ def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [4, 6]
     assert sched.finish_step(plan) == []
     assert kv.blocks_of(0) == (0,) and kv.blocks_of(1) == (1, 2)
-    # Both decode from now on: contexts 4 and 6 tokens.
-    assert sched.next_bulk_decode_step() == (2, 10)
-    sched.run_bulk_decode_step()  # a's context 4 fills block 0: it takes block 3
+    # Both decode from now on: contexts 4 and 6 tokens; both sample their last token 8 steps on.
+    assert sched.next_bulk_decode_steps() == (2, 10, 8)
+    assert sched.run_bulk_decode_steps(1) == (1, [], [16])  # a's context 4 fills block 0: it takes 3
     assert kv.blocks_of(0) == (0, 3) and kv.blocks_of(1) == (1, 2)
-    assert sched.next_bulk_decode_step() == (2, 12)
-    sched.run_bulk_decode_step()  # contexts 5 and 7: nothing to take
-    sched.run_bulk_decode_step()  # contexts 6 and 8: b takes block 4
-    assert kv.blocks_of(0) == (0, 3) and kv.blocks_of(1) == (1, 2, 4)
-    for _ in range(4):
-        assert sched.next_bulk_decode_step() is not None
-        assert sched.run_bulk_decode_step() == []
-    assert sched.next_bulk_decode_step() == (2, 11 + 13)  # both sample their last token in it
+    assert sched.next_bulk_decode_steps() == (2, 12, 7)
+    # Contexts (5, 7): nothing; (6, 8): b takes 4; (7, 9); (8, 10): a takes 5; (9, 11); (10, 12): b takes 6.
+    assert sched.run_bulk_decode_steps(6) == (6, [], [16, 15, 15, 14, 14, 13])
+    assert kv.blocks_of(0) == (0, 3, 5) and kv.blocks_of(1) == (1, 2, 4, 6)
+    assert sched.next_bulk_decode_steps() == (2, 11 + 13, 1)  # both sample their last token in it
     plan = sched.schedule()
     assert plan is not None and plan.chunks == () and plan.num_bulk_decodes == 2
     assert plan.bulk_decode_context_tokens == 11 + 13
