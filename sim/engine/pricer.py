@@ -139,11 +139,14 @@ class StepPricer:
         parts = [self._token_part(num_tokens)]
         if num_sampled:
             parts.append(self._sampling_part(num_sampled))
-        if len(prefills) == 1:
-            parts.append(self._prefill_part(prefills[0][0], prefills[0][1], 1))
-        elif prefills:
-            for (new, context, _), count in sorted(Counter(prefills).items()):
-                parts.append(self._prefill_part(new, context, count))
+        # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
+        i, n = 0, len(prefills)
+        while i < n:
+            j = i + 1
+            while j < n and prefills[j] == prefills[i]:
+                j += 1
+            parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
+            i = j
         if num_decode:
             parts.append(self._decode_part(num_decode, mean))
         return parts
