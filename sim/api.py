@@ -17,7 +17,7 @@ import numpy as np
 from sim.calibration.select import efficiency_model_for
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
-from sim.engine.simulation import SimLimits, Simulation
+from sim.engine.simulation import SimLimits, Simulation, request_states
 from sim.errors import InfeasibleScenario
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
@@ -29,7 +29,6 @@ from sim.perf.host import HostOverheadParams
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
-from sim.serving.request import RequestState
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import load_prices, price_per_gpu_hour_usd
@@ -129,6 +128,7 @@ def simulate(
     """Replay the scenario's workload through its replicas; same scenario + seed, same result."""
     mem = check_feasible(scenario)
     engine = scenario.engine
+    limits = limits or SimLimits()
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq))
@@ -139,21 +139,15 @@ def simulate(
             max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
             enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
+            bulk_decodes=limits.bulk_decode,
         )
         for _ in range(engine.data_parallel_size)
     ]
-    keyer = replicas[0].kv
-    states = [
-        RequestState(request_id=s.request_id, prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
-                     arrival_s=s.arrival_s,
-                     keys=keyer.prompt_block_keys(s.segments, s.request_id, s.prompt_tokens)
-                     if engine.enable_prefix_caching else ())
-        for s in specs
-    ]
+    states = request_states(specs, replicas[0].kv)
     pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario)),
                         host or load_host_params(engine.backend))
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
-                     max_concurrency=scenario.workload.max_concurrency, limits=limits or SimLimits(),
+                     max_concurrency=scenario.workload.max_concurrency, limits=limits,
                      progress=progress)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
@@ -161,7 +155,7 @@ def simulate(
     if price is None:
         price = price_per_gpu_hour_usd(scenario.hardware.name, load_prices())
     summary = summarize(
-        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage,
+        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
         num_preemptions=sim.num_preemptions(),
         prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in replicas),
         prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in replicas),

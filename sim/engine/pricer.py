@@ -1,9 +1,19 @@
-"""Prices step plans: kernel graph + host overhead -> step wall time, with a per-instance memo.
+"""Prices step plans: kernel graph + host overhead -> step wall time, memoized per instance.
 
 Steps are keyed by their batch shape with decode contexts summarised as (count, mean context
 rounded to `decode_context_bucket_tokens`): consecutive decode steps differ only by growing
-contexts, so most steps hit the memo. Accumulated per-key counts give the kernel breakdown of a
-run without touching per-kernel data in the loop.
+contexts, so most steps hit the memo. A new key is priced from parts that are memoized on their
+own, because a run has thousands of distinct keys but far fewer distinct parts:
+
+- the token part: every kernel whose work depends only on the step's token count (embedding,
+  norms, projections, MLP or MoE, collectives);
+- the sampling part: the kernels of sampled tokens only (LM head, logits gather, sampler);
+- one attention part per distinct prefill chunk (new tokens, context, how many alike);
+- the decode attention part (count, mean context).
+
+The parts are exactly the nodes `build_step_graph` gives for the key's batch (tests compare the
+two), and kernels that differ only by name are priced once. Accumulated per-key counts give the
+kernel breakdown of a run without touching per-kernel data in the loop.
 """
 
 from __future__ import annotations
@@ -12,23 +22,36 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.transformer import build_step_graph
-from sim.perf.host import HostOverheadParams, host_cost, step_time_s
-from sim.perf.step import StepCostModel, StepTiming
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.transformer import (
+    ShardedShapes,
+    build_step_graph,
+    decode_attention_work,
+    prefill_attention_work,
+)
+from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
+from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
+_ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
+_WorkSignature = tuple[object, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PricedStep:
-    step_s: float
-    timing: StepTiming
-    host_cpu_s: float
-    host_launch_s: float
-    launch_floor_s: float
+class _Part:
+    """Priced kernel nodes of one part of a step."""
+
+    kernels: tuple[tuple[str, str, float], ...]
+    """(kind, name, seconds in the step = launch time x repeat) per node."""
+    gpu_s: float
+    comm_s: float
+    num_launches: int
+    short_kernel_gap_s: float
+    """Sum over launches of max(0, eager launch cost - kernel time)."""
+    worst_provenance: Provenance
 
 
 class StepPricer:
@@ -38,13 +61,28 @@ class StepPricer:
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
-        self._memo: dict[StepKey, PricedStep] = {}
+        self._decode_memo: dict[StepKey, float] = {}
+        """Step seconds of decode-only keys, which repeat; steps with prefill chunks rarely do."""
+        self._token_parts: dict[int, _Part] = {}
+        self._sampling_parts: dict[int, _Part] = {}
+        self._prefill_parts: dict[tuple[int, int, int], _Part] = {}
+        self._decode_parts: dict[tuple[int, int], _Part] = {}
+        self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
+        self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
+        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
+        self._windows = sorted(Counter(scenario.model.layer_window_tokens).items())
+        self._mode = scenario.engine.effective_launch_mode()
+        assert scenario.engine.max_cudagraph_capture_size is not None
+        self._capture_size = scenario.engine.max_cudagraph_capture_size
+        self._async = scenario.engine.async_scheduling
         self.counts: Counter[StepKey] = Counter()
+        """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
 
     def key(self, plan: StepPlan) -> StepKey:
         prefills: list[tuple[int, int, bool]] = []
-        num_decode = total_context = 0
+        num_decode = plan.num_bulk_decodes
+        total_context = plan.bulk_decode_context_tokens
         for c in plan.chunks:
             if c.is_decode():
                 num_decode += 1
@@ -54,52 +92,180 @@ class StepPricer:
         mean = 0
         if num_decode:
             mean = max(self._bucket, round(total_context / num_decode / self._bucket) * self._bucket)
-        return tuple(sorted(prefills)), num_decode, mean
+        if len(prefills) > 1:
+            prefills.sort()
+        return tuple(prefills), num_decode, mean
 
-    def price(self, plan: StepPlan) -> PricedStep:
+    def decode_step(self, num_decode: int, total_context_tokens: int) -> tuple[StepKey, float]:
+        """Key and seconds of a step of decodes only, as `price` gives for such a plan, but not
+        yet counted in the breakdown: the caller adds `counts[key] += 1` if the step runs."""
+        bucket = self._bucket
+        key: StepKey = ((), num_decode, max(bucket, round(total_context_tokens / num_decode / bucket) * bucket))
+        step_s = self._decode_memo.get(key)
+        if step_s is None:
+            step_s = self._decode_memo[key] = self.step_s(key)
+        return key, step_s
+
+    def price(self, plan: StepPlan) -> float:
+        """Seconds the plan's step takes; counted in the breakdown."""
         key = self.key(plan)
         self.counts[key] += 1
-        priced = self._memo.get(key)
-        if priced is None:
-            priced = self._price_key(key)
-            self._memo[key] = priced
-            self.worst_provenance = max(self.worst_provenance, priced.timing.worst_provenance)
-        return priced
+        if key[0]:
+            return self.step_s(key)
+        step_s = self._decode_memo.get(key)
+        if step_s is None:
+            step_s = self._decode_memo[key] = self.step_s(key)
+        return step_s
 
-    def _price_key(self, key: StepKey) -> PricedStep:
+    def step_s(self, key: StepKey) -> float:
+        """Seconds of a step: its kernels (sum of the parts) and host overhead."""
+        parts = self._parts(key)
+        gpu = comm = gap = 0.0
+        launches = 0
+        for p in parts:
+            gpu += p.gpu_s
+            comm += p.comm_s
+            gap += p.short_kernel_gap_s
+            launches += p.num_launches
+        host = self._host_cost(key, launches, gap)
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
+
+    def _parts(self, key: StepKey) -> list[_Part]:
         prefills, num_decode, mean = key
-        batch = BatchShape(
-            prefills=tuple(PrefillChunk(new_tokens=n, context_tokens=c, samples=s) for n, c, s in prefills),
-            decode_context_tokens=(mean,) * num_decode,
-        )
+        num_tokens = num_sampled = num_decode
+        for new, _, samples in prefills:
+            num_tokens += new
+            num_sampled += samples
+        parts = [self._token_part(num_tokens)]
+        if num_sampled:
+            parts.append(self._sampling_part(num_sampled))
+        # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
+        i, n = 0, len(prefills)
+        while i < n:
+            j = i + 1
+            while j < n and prefills[j] == prefills[i]:
+                j += 1
+            parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
+            i = j
+        if num_decode:
+            parts.append(self._decode_part(num_decode, mean))
+        return parts
+
+    def _host_cost(self, key: StepKey, num_launches: int, short_kernel_gap_s: float) -> HostCost:
+        prefills, num_decode, _ = key
+        num_sampled = num_decode + sum(1 for _, _, s in prefills if s)
+        if self._mode != "eager":
+            num_launches, short_kernel_gap_s = 0, 0.0  # only eager launches cost per kernel
+        host_key = (len(prefills) + num_decode, num_sampled, not prefills, num_launches, short_kernel_gap_s)
+        host = self._host_costs.get(host_key)
+        if host is None:
+            host = self._host_costs[host_key] = host_cost(
+                params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_sampled,
+                is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
+                num_launches=num_launches, num_layers=self._sc.model.num_layers,
+                short_kernel_gap_s=short_kernel_gap_s,
+            )
+        return host
+
+    # -- parts ---------------------------------------------------------------------------------
+    def _non_attention_nodes(self, num_tokens: int, num_sampled: int) -> list[tuple[KernelWork, int]]:
+        """Kernels other than attention of any batch with these token and sampled counts."""
+        prefills: tuple[PrefillChunk, ...] = ()
+        if num_tokens > num_sampled:
+            prefills = (PrefillChunk(new_tokens=num_tokens - num_sampled, samples=False),)
+        batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
         sc = self._sc
         graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
-        timing = self._cost.cost(graph)
-        mode = sc.engine.effective_launch_mode()
-        gap = 0.0
-        if mode == "eager":
-            gap = sum(max(0.0, self._host.eager_launch_s - k.estimate.time_s) * k.repeat for k in timing.kernels)
-        assert sc.engine.max_cudagraph_capture_size is not None
-        host = host_cost(
-            params=self._host, mode=mode, num_seqs=batch.num_sequences(), num_sampled=batch.num_sampled(),
-            is_decode_only=not prefills, max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size,
-            num_launches=graph.num_launches(), num_layers=sc.model.num_layers, short_kernel_gap_s=gap,
-        )
-        step_s = step_time_s(device_s=timing.device_s(), host=host, async_scheduling=sc.engine.async_scheduling)
-        return PricedStep(step_s=step_s, timing=timing, host_cpu_s=host.cpu_s, host_launch_s=host.launch_s,
-                          launch_floor_s=host.launch_floor_s)
+        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
+
+    def _token_part(self, num_tokens: int) -> _Part:
+        part = self._token_parts.get(num_tokens)
+        if part is None:
+            part = self._priced(self._non_attention_nodes(num_tokens, 0))
+            self._token_parts[num_tokens] = part
+        return part
+
+    def _sampling_part(self, num_sampled: int) -> _Part:
+        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
+        part = self._sampling_parts.get(num_sampled)
+        if part is None:
+            unsampled = Counter(self._non_attention_nodes(num_sampled, 0))
+            part = self._priced([node for node in self._non_attention_nodes(num_sampled, num_sampled)
+                                 if unsampled[node] == 0])
+            self._sampling_parts[num_sampled] = part
+        return part
+
+    def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> _Part:
+        part = self._prefill_parts.get((new_tokens, context_tokens, count))
+        if part is None:
+            s, p = self._shapes, self._sc.precision
+            part = self._priced([(prefill_attention_work(
+                batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
+                kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
+                kv=p.kv_cache_dtype), layers) for window, layers in self._windows])
+            self._prefill_parts[(new_tokens, context_tokens, count)] = part
+        return part
+
+    def _decode_part(self, num_decode: int, mean_context_tokens: int) -> _Part:
+        part = self._decode_parts.get((num_decode, mean_context_tokens))
+        if part is None:
+            s, p = self._shapes, self._sc.precision
+            contexts = (mean_context_tokens,) * num_decode
+            part = self._priced([(decode_attention_work(
+                contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+                act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self._windows])
+            self._decode_parts[(num_decode, mean_context_tokens)] = part
+        return part
+
+    def _priced(self, nodes: list[tuple[KernelWork, int]]) -> _Part:
+        kernels = []
+        gpu = comm = gap = 0.0
+        launches = 0
+        worst = Provenance.MEASURED
+        eager_launch_s = self._host.eager_launch_s
+        for work, repeat in nodes:
+            # Time does not depend on the kernel's name: kernels alike but for it share a price.
+            signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
+                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape)
+            priced = self._by_signature.get(signature)
+            if priced is None:
+                est = self._cost.estimate(work)
+                priced = (est.time_s, est.provenance)
+                self._by_signature[signature] = priced
+            time_s, provenance = priced
+            seconds = time_s * repeat
+            kernels.append((work.kind.value, work.name, seconds))
+            if work.kind.is_collective():
+                comm += seconds
+            else:
+                gpu += seconds
+            gap += max(0.0, eager_launch_s - time_s) * repeat
+            launches += repeat
+            worst = max(worst, provenance)
+        self.worst_provenance = max(self.worst_provenance, worst)
+        return _Part(kernels=tuple(kernels), gpu_s=gpu, comm_s=comm, num_launches=launches,
+                     short_kernel_gap_s=gap, worst_provenance=worst)
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""
-        by_kind: dict[str, float] = {}
-        by_name: dict[str, float] = {}
+        part_counts: dict[int, tuple[_Part, int]] = {}
         host = floor = 0.0
         for key, count in self.counts.items():
-            p = self._memo[key]
-            for k in p.timing.kernels:
-                sec = k.total_s() * count
-                by_kind[k.estimate.work.kind.value] = by_kind.get(k.estimate.work.kind.value, 0.0) + sec
-                by_name[k.estimate.work.name] = by_name.get(k.estimate.work.name, 0.0) + sec
-            host += (p.host_cpu_s + p.host_launch_s) * count
-            floor += p.launch_floor_s * count
+            parts = self._parts(key)
+            launches = 0
+            gap = 0.0
+            for part in parts:
+                seen = part_counts.get(id(part))
+                part_counts[id(part)] = (part, count if seen is None else seen[1] + count)
+                launches += part.num_launches
+                gap += part.short_kernel_gap_s
+            hc = self._host_cost(key, launches, gap)
+            host += (hc.cpu_s + hc.launch_s) * count
+            floor += hc.launch_floor_s * count
+        by_kind: dict[str, float] = {}
+        by_name: dict[str, float] = {}
+        for part, count in part_counts.values():
+            for kind, name, seconds in part.kernels:
+                by_kind[kind] = by_kind.get(kind, 0.0) + seconds * count
+                by_name[name] = by_name.get(name, 0.0) + seconds * count
         return by_kind, by_name, host, floor

@@ -1,41 +1,89 @@
 """Discrete-event core: arrivals, a router, one scheduler per replica, step completions.
 
-Only this module knows the clock. Events live in a heap of (time_s, priority, seq); a step
-finishing at the same instant as an arrival is handled first, and ties keep FIFO order.
-`max_concurrency` is a client-side semaphore as in `vllm bench serve`: a request is sent at
-max(its arrival time, the moment a slot frees), and latencies count from the send.
+Only this module knows the clock. Arrivals are read in order from the sorted request list and
+step completions live in a heap of (time_s, seq, replica); a step finishing at the same instant
+as an arrival is handled first, and ties keep FIFO order. `max_concurrency` is a client-side
+semaphore as in `vllm bench serve`: a request is sent at max(its arrival time, the moment a slot
+frees), and latencies count from the send.
+
+Bulk stepping (`SimLimits.bulk_decode`): the schedulers keep running decodes in aggregate (see
+`VllmV1Scheduler`), so a step costs the same whatever the batch size, and a replica whose next
+step ends before any other event (an arrival, another replica's step end, a limit) finishes it
+at once instead of going through the heap. Both give exactly the event order of the reference
+path, which handles every request of every step and every event through the heap.
+
+Token times: a request that sampled in the replica's previous step has an inter-token latency of
+exactly this step's duration (steps of a replica run back to back); any other gap is measured on
+the clock. ITL values are kept exactly, as counts per distinct value.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sim.engine.pricer import StepPricer
+from sim.engine.pricer import StepKey, StepPricer
 from sim.engine.records import RequestRecord
-from sim.metrics.histogram import LogHistogram
+from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
-from sim.serving.scheduler import StepPlan
+from sim.serving.scheduler import BulkDecodeScheduler, StepPlan
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.engine import RouterName
+from sim.workload.requests import RequestSpec
 
-_STEP_DONE, _ARRIVAL = 0, 1
+_MAX_RUN_STEPS = 256
+"""Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimLimits:
     max_sim_time_s: float = 7 * 24 * 3600.0
     max_num_steps: int = 50_000_000
+    bulk_decode: bool = True
+    """Advance running decodes in bulk (same results, cost per step independent of the batch);
+    False runs the request-by-request reference path."""
+
+
+def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[RequestState]:
+    """Runtime state of each request, keyed for prefix caching by its shared prefix only.
+
+    Keys of prompt tokens that belong to one request alone are derived if it is preempted (see
+    `RequestState.keys`). Requests of one prefix group share one key tuple.
+    """
+    block_size = kv.block_size
+    shared: dict[tuple[int, int], tuple[int, ...]] = {}
+    states = []
+    for spec in specs:
+        keys: tuple[int, ...] = ()
+        prefix_tokens = spec.prefix_tokens()
+        if kv.enable_prefix_caching and prefix_tokens >= block_size:
+            head = spec.segments[0]
+            memo_key = (head.content_id, prefix_tokens)
+            cached = shared.get(memo_key)
+            if cached is None:
+                cached = kv.prompt_block_keys((head,), spec.request_id, prefix_tokens)
+                shared[memo_key] = cached
+            keys = cached
+        states.append(RequestState(
+            request_id=spec.request_id, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens,
+            arrival_s=spec.arrival_s, keys=keys, segments=spec.segments,
+        ))
+    return states
 
 
 @dataclass(slots=True)
 class _Replica:
     scheduler: VllmV1Scheduler
+    bulk: bool
+    """The scheduler runs decode-only steps in bulk (`BulkDecodeScheduler`) and the limits allow it."""
     busy: bool = False
     plan: StepPlan | None = None
+    step_s: float = 0.0
     busy_s: float = 0.0
 
 
@@ -43,43 +91,59 @@ class Simulation:
     def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None) -> None:
-        self._replicas = [_Replica(s) for s in replicas]
+        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler)) for s in replicas]
         self._pricer = pricer
         self._router = router
         self._max_concurrency = max_concurrency
         self._limits = limits
+        self._inline = limits.bulk_decode
         self._progress = progress
-        self._heap: list[tuple[float, int, int, object]] = []
+        self._heap: list[tuple[float, int, int]] = []
         self._seq = itertools.count()
+        self._next_arrival_s = float("inf")
         self._rr = 0
         self._in_flight = 0
         self._held: deque[RequestState] = deque()
         self.now_s = 0.0
         self.num_steps = 0
         self.records: list[RequestRecord] = []
-        self.itl = LogHistogram()
-        self.kv_usage: list[tuple[float, float]] = []
+        self.itl: dict[float, int] = {}
+        """Inter-token latency in seconds -> number of token gaps with exactly that value."""
+        self.kv_time_s = array("d")
+        self.kv_usage_frac = array("d")
+        """After each step: its end time and the used fraction of its replica's KV blocks."""
         self.truncated = False
 
-    def _push(self, time_s: float, priority: int, payload: object) -> None:
-        heapq.heappush(self._heap, (time_s, priority, next(self._seq), payload))
+    @property
+    def kv_usage(self) -> list[tuple[float, float]]:
+        """(time_s, used KV fraction of the replica that just finished a step), one per step."""
+        return list(zip(self.kv_time_s, self.kv_usage_frac, strict=True))
 
     def run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
-        for req in requests:
-            self._push(req.arrival_s, _ARRIVAL, req)
-        while self._heap:
-            time_s, kind, _, payload = heapq.heappop(self._heap)
+        arrivals = list(requests)
+        if any(a.arrival_s > b.arrival_s for a, b in itertools.pairwise(arrivals)):
+            arrivals.sort(key=lambda r: r.arrival_s)
+        heap = self._heap
+        limits = self._limits
+        i, n = 0, len(arrivals)
+        while i < n or heap:
+            self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
+            if heap and heap[0][0] <= self._next_arrival_s:
+                time_s, _, idx = heapq.heappop(heap)
+                req = None
+            else:
+                time_s, req = self._next_arrival_s, arrivals[i]
+                i += 1
             assert time_s >= self.now_s, "time went backwards"
-            if time_s > self._limits.max_sim_time_s or self.num_steps >= self._limits.max_num_steps:
+            if time_s > limits.max_sim_time_s or self.num_steps >= limits.max_num_steps:
                 self.truncated = True
                 break
             self.now_s = time_s
-            if kind == _ARRIVAL:
-                assert isinstance(payload, RequestState)
-                self._on_arrival(payload)
+            if req is not None:
+                self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
+                self._on_arrival(req)
             else:
-                assert isinstance(payload, int)
-                self._on_step_done(payload)
+                self._on_step_done(idx)
         return self.records
 
     def _on_arrival(self, req: RequestState) -> None:
@@ -96,7 +160,12 @@ class Simulation:
         replica = self._replicas[idx]
         replica.scheduler.add(req)
         if not replica.busy:
-            self._start_step(idx)
+            end_s = self._start_step(idx)
+            if end_s is not None:
+                self._push(end_s, idx)
+
+    def _push(self, time_s: float, idx: int) -> None:
+        heapq.heappush(self._heap, (time_s, next(self._seq), idx))
 
     def _route(self, req: RequestState) -> int:
         n = len(self._replicas)
@@ -111,43 +180,130 @@ class Simulation:
             return max(range(n), key=lambda i: (hits[i], -load[i], -i))
         return min(range(n), key=lambda i: (load[i], i))
 
-    def _start_step(self, idx: int) -> None:
+    def _start_step(self, idx: int) -> float | None:
+        """Plan and price the replica's next step at `now_s`; its end time, or None when idle."""
         replica = self._replicas[idx]
         plan = replica.scheduler.schedule()
         if plan is None:
-            replica.busy = False
-            return
+            replica.busy, replica.plan = False, None
+            return None
+        now = self.now_s
+        for req in plan.resynced:
+            req.last_token_s = now  # they sampled in the step that just ended
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
-                chunk.request.first_scheduled_s = self.now_s
-        priced = self._pricer.price(plan)
-        replica.busy, replica.plan = True, plan
-        replica.busy_s += priced.step_s
+                chunk.request.first_scheduled_s = now
+        step_s = self._pricer.price(plan)
+        replica.busy, replica.plan, replica.step_s = True, plan, step_s
+        replica.busy_s += step_s
         self.num_steps += 1
-        self._push(self.now_s + priced.step_s, _STEP_DONE, idx)
+        return now + step_s
+
+    def _can_finish_inline(self, end_s: float) -> bool:
+        """True when nothing else happens before `end_s`, so the step may end without the heap."""
+        if not self._inline or end_s >= self._next_arrival_s or (self._heap and end_s >= self._heap[0][0]):
+            return False
+        limits = self._limits
+        return end_s <= limits.max_sim_time_s and self.num_steps < limits.max_num_steps
 
     def _on_step_done(self, idx: int) -> None:
+        finished = self._finish_step(idx)
+        while True:
+            if self._replicas[idx].bulk and not (finished and self._held):
+                # Nothing to send for the finished requests: only their slots are released.
+                self._in_flight -= len(finished)
+                finished = self._run_bulk_decodes(idx)
+            end_s = self._start_step(idx)
+            seq = next(self._seq)  # this replica's step is queued before the steps the sends start
+            for _ in finished:
+                self._in_flight -= 1
+                if self._held:
+                    self._send(self._held.popleft())
+            if end_s is None:
+                return
+            if not self._can_finish_inline(end_s):
+                heapq.heappush(self._heap, (end_s, seq, idx))
+                return
+            self.now_s = end_s
+            finished = self._finish_step(idx)
+
+    def _run_bulk_decodes(self, idx: int) -> list[RequestState]:
+        """Run the replica's next steps while each is bulk decodes only and ends before any other
+        event, a run of steps at a time: their count is fixed until one finishes, so the steps
+        are priced and the clock advanced before the scheduler runs them in one call.
+
+        Returns the requests that finished in the last step when held requests wait for their
+        slots (they are sent after the next step is planned, as `_on_step_done` does); else [].
+        """
+        replica = self._replicas[idx]
+        scheduler = replica.scheduler
+        num_blocks = scheduler.kv.num_blocks
+        decode_step = self._pricer.decode_step
+        counts = self._pricer.counts
+        itl = self.itl
+        limits = self._limits
+        while True:
+            shape = scheduler.next_bulk_decode_steps()
+            if shape is None:
+                return []
+            num_decode, context_tokens, until_finish = shape
+            horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
+            max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
+            now = self.now_s
+            run: list[tuple[StepKey, float, float]] = []
+            for j in range(max_steps):
+                key, step_s = decode_step(num_decode, context_tokens + j * num_decode)
+                end_s = now + step_s
+                if end_s >= horizon_s or end_s > limits.max_sim_time_s:
+                    break
+                run.append((key, step_s, end_s))
+                now = end_s
+            if not run:
+                return []  # _start_step plans this step and queues its end
+            steps, finished, free_after = scheduler.run_bulk_decode_steps(len(run))
+            for (key, step_s, end_s), free in zip(run[:steps], free_after, strict=True):
+                counts[key] += 1
+                replica.busy_s += step_s
+                itl[step_s] = itl.get(step_s, 0) + num_decode
+                self.kv_time_s.append(end_s)
+                self.kv_usage_frac.append((num_blocks - free) / num_blocks)
+            self.num_steps += steps
+            self.now_s = run[steps - 1][2]
+            for req in finished:
+                self._record(req)
+            if finished and self._held:
+                return finished
+            self._in_flight -= len(finished)
+            if steps < len(run) and not finished:
+                return []  # blocks ran out: the next step preempts
+
+    def _finish_step(self, idx: int) -> list[RequestState]:
         replica = self._replicas[idx]
         plan = replica.plan
         assert plan is not None
         now = self.now_s
+        step_s = replica.step_s
+        itl = self.itl
+        if plan.num_bulk_decodes:
+            itl[step_s] = itl.get(step_s, 0) + plan.num_bulk_decodes
+        previous = plan.step_id - 1
         for chunk in plan.chunks:
             if chunk.samples:
                 req = chunk.request
                 if req.first_token_s is None:
                     req.first_token_s = now
-                elif req.last_token_s is not None:
-                    self.itl.add(now - req.last_token_s)
+                else:
+                    assert req.last_token_s is not None
+                    gap = step_s if req.last_sample_step == previous else now - req.last_token_s
+                    itl[gap] = itl.get(gap, 0) + 1
                 req.last_token_s = now
-        finished = replica.scheduler.finish_step(plan)
+        scheduler = replica.scheduler
+        finished = scheduler.finish_step(plan)
         for req in finished:
             self._record(req)
-        self.kv_usage.append((now, replica.scheduler.kv_usage_frac()))
-        self._start_step(idx)
-        for _ in finished:
-            self._in_flight -= 1
-            if self._held:
-                self._send(self._held.popleft())
+        self.kv_time_s.append(now)
+        self.kv_usage_frac.append(scheduler.kv_usage_frac())
+        return finished
 
     def _record(self, req: RequestState) -> None:
         assert req.first_token_s is not None and req.first_scheduled_s is not None

@@ -2,8 +2,10 @@
 
 TTFT counts from the request's send to its first token; TPOT is per request
 (finish - first token) / (output tokens - 1); ITL is every gap between consecutive tokens of a
-request; E2E is send to last token. Duration runs from the first send to the last finish.
-Goodput counts requests meeting every `[slo]` target per second of duration.
+request (exact: kept as counts per distinct value); E2E is send to last token. KV usage
+statistics are over the per-step samples (the used fraction after each step). Duration runs
+from the first send to the last finish. Goodput counts requests meeting every `[slo]` target per
+second of duration.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.engine.records import RequestRecord
-from sim.metrics.histogram import LogHistogram
+from sim.metrics.histogram import counted_stats
 from sim.specs.slo import SloSpec
 
 
@@ -85,8 +87,8 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
 
 
 def summarize(
-    records: Sequence[RequestRecord], *, num_requests: int, itl: LogHistogram, slo: SloSpec,
-    kv_usage: Sequence[tuple[float, float]], num_preemptions: int, prefix_query_tokens: int,
+    records: Sequence[RequestRecord], *, num_requests: int, itl: Mapping[float, int], slo: SloSpec,
+    kv_usage: Sequence[float] | np.ndarray, num_preemptions: int, prefix_query_tokens: int,
     prefix_hit_tokens: int, num_gpus: int, price_per_gpu_hour_usd: float, num_steps: int,
     truncated: bool, worst_provenance: str,
 ) -> SimSummary:
@@ -110,7 +112,8 @@ def summarize(
     per_s = 1.0 / duration if duration > 0 else math.nan
     out_rate = float(out_tok.sum()) * per_s
     cost_per_hour = price_per_gpu_hour_usd * num_gpus
-    usage = np.array([u for _, u in kv_usage]) if kv_usage else np.zeros(1)
+    usage = np.asarray(kv_usage, dtype=np.float64) if len(kv_usage) else np.zeros(1)
+    i_mean, i_p50, i_p90, i_p99 = counted_stats(itl)
     t_mean, t_p50, t_p90, t_p99 = _stats(ttft)
     p_mean, p_p50, p_p90, p_p99 = _stats(tpot[out_tok > 1])
     e_mean, e_p50, e_p90, e_p99 = _stats(e2el)
@@ -120,8 +123,8 @@ def summarize(
         total_token_throughput_tokens_per_s=float(out_tok.sum() + in_tok.sum()) * per_s,
         ttft_mean_s=t_mean, ttft_median_s=t_p50, ttft_p90_s=t_p90, ttft_p99_s=t_p99,
         tpot_mean_s=p_mean, tpot_median_s=p_p50, tpot_p90_s=p_p90, tpot_p99_s=p_p99,
-        itl_mean_s=itl.mean(), itl_median_s=itl.percentile(50), itl_p90_s=itl.percentile(90),
-        itl_p99_s=itl.percentile(99), e2el_mean_s=e_mean, e2el_median_s=e_p50, e2el_p90_s=e_p90,
+        itl_mean_s=i_mean, itl_median_s=i_p50, itl_p90_s=i_p90,
+        itl_p99_s=i_p99, e2el_mean_s=e_mean, e2el_median_s=e_p50, e2el_p90_s=e_p90,
         e2el_p99_s=e_p99, goodput_requests_per_s=float(good.sum()) * per_s,
         num_preemptions=num_preemptions,
         prefix_hit_frac=prefix_hit_tokens / prefix_query_tokens if prefix_query_tokens else 0.0,

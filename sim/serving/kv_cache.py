@@ -43,139 +43,40 @@ Departures from vLLM:
   KV events, connectors or admission watermark.
 
 Units: tokens and blocks, both counts. The cache never reads a clock.
+
+Representation. A held block table is the request's indexed prefix (blocks with a key, each with a
+reference count) followed by its unindexed tail (reference count 1, never shared). The free
+queue holds, in LRU order, runs of unindexed blocks (lists, taken from the front) and single
+indexed blocks; a hit that claims a free indexed block leaves a stale entry behind, skipped when
+it reaches the head. Only indexed blocks cost Python work per block, so a request without prefix
+sharing is allocated and freed in a few list operations.
 """
 
 from __future__ import annotations
 
-import struct
-from collections import OrderedDict
-from collections.abc import Sequence
-from hashlib import blake2b
-from typing import Final, Protocol
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from sim.serving.block_keys import ROOT_KEY, SegmentLike, segment_block_keys
 
 __all__ = ["ROOT_KEY", "KVCacheManager", "SegmentLike", "segment_block_keys"]
 
-ROOT_KEY: Final = 0
-"""Parent key of a prompt's first block."""
 
-_NO_KEY: Final = -1
-"""Marks a block that is not in the cache index (real keys are unsigned 64-bit)."""
-
-_SEGMENT_TAG: Final = 0
-_OUTPUT_TAG: Final = 1
-_I64_MIN: Final = -(1 << 63)
-_I64_MAX: Final = (1 << 63) - 1
-_RUN_HEADER: Final = struct.Struct("<Q4qQ")
-"""Parent of a run, tag, id, first offset, block size, chunk index (48 bytes)."""
-_EIGHT_KEYS: Final = struct.Struct("<8Q")
-"""One 64-byte blake2b digest read as the keys of eight consecutive blocks."""
-_FIRST_KEY: Final = struct.Struct("<Q")
-
-
-class SegmentLike(Protocol):
-    """A run of prompt tokens: equal `content_id` means identical tokens (see workload.Segment)."""
-
-    @property
-    def content_id(self) -> int: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-
-def segment_block_keys(
-    segments: Sequence[SegmentLike], *, block_size: int, num_tokens: int, request_id: int
-) -> tuple[int, ...]:
-    """Prefix-cache keys of the full blocks among the first `num_tokens` tokens.
-
-    Each block's content is a list of pieces `(tag, id, start, length)`. A piece of a segment is
-    `(0, content_id, start offset within the segment, length)`. A content id names a token stream,
-    so a segment holds the first `num_tokens` tokens of that stream. Tokens past the end of the
-    segments are the request's own generated tokens and become pieces
-    `(1, request_id, start offset within the output, length)`. Such a key is never shared with
-    another request, but it lets a preempted request hit its own surviving blocks when it is
-    rescheduled.
-
-    Hashing is blake2b over int64 fields, so keys are unsigned 64-bit integers that are the same in
-    every process. `ROOT_KEY` is the parent of the first block. Blocks come in two forms:
-
-    - A block that spans two or more pieces: `blake2b(parent, pieces...)`, first 8 bytes.
-    - A maximal run of consecutive blocks inside one piece stream: one digest per eight blocks,
-      `blake2b(run parent, tag, id, first offset, block_size, chunk index)`, read as eight keys.
-      This is 5-7x faster than one digest per block.
-
-    Both forms make key i a function of the content of blocks 0..i alone. Where a run starts is
-    fixed by that content: at a segment's first whole block, or after a block that spans pieces.
-    Equal prefixes therefore get equal keys, and different prefixes collide only if blake2b does.
-    Partial trailing blocks get no key.
-    """
-    if block_size <= 0:
-        raise ValueError(f"block_size={block_size!r} must be > 0")
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens={num_tokens!r} must be >= 0")
-    runs: list[tuple[int, int, int]] = []
-    total_tokens = 0
-    for seg in segments:
-        cid, n = seg.content_id, seg.num_tokens
-        if n < 0:
-            raise ValueError(f"segment num_tokens={n!r} must be >= 0")
-        if not _I64_MIN <= cid <= _I64_MAX:
-            raise ValueError(f"content_id={cid!r} must fit in a signed 64-bit integer")
-        runs.append((_SEGMENT_TAG, cid, n))
-        total_tokens += n
-    if num_tokens > total_tokens:
-        if not _I64_MIN <= request_id <= _I64_MAX:
-            raise ValueError(f"request_id={request_id!r} must fit in a signed 64-bit integer")
-        runs.append((_OUTPUT_TAG, request_id, num_tokens - total_tokens))
-
-    pack_header = _RUN_HEADER.pack
-    unpack_eight = _EIGHT_KEYS.unpack
-    keys: list[int] = []
-    parent = ROOT_KEY
-    open_pieces: list[int] = []  # flattened pieces of the block being filled
-    open_tokens = 0
-    remaining = num_tokens
-    for tag, ident, run_tokens in runs:
-        n = min(run_tokens, remaining)
-        if n <= 0:
-            if remaining <= 0:
-                break
-            continue
-        remaining -= n
-        offset = 0
-        if open_tokens:
-            take = min(block_size - open_tokens, n)
-            open_pieces += (tag, ident, 0, take)
-            open_tokens += take
-            offset = take
-            if open_tokens == block_size:
-                data = struct.pack(f"<Q{len(open_pieces)}q", parent, *open_pieces)
-                parent = _FIRST_KEY.unpack_from(blake2b(data).digest())[0]
-                keys.append(parent)
-                open_pieces = []
-                open_tokens = 0
-        num_whole = (n - offset) // block_size
-        if num_whole:
-            num_kept = len(keys) + num_whole
-            for chunk in range((num_whole + 7) // 8):
-                header = pack_header(parent, tag, ident, offset, block_size, chunk)
-                keys += unpack_eight(blake2b(header).digest())
-            del keys[num_kept:]
-            parent = keys[-1]
-            offset += num_whole * block_size
-        if offset < n:
-            open_pieces = [tag, ident, offset, n - offset]
-            open_tokens = n - offset
-    return tuple(keys)
+_FreeEntry = list[int] | tuple[int, int]
+"""A run of unindexed free blocks, or (indexed block, stamp of its queue entry)."""
 
 
 class _HeldBlocks:
-    """Mutable per-request state: the block table and how many of its blocks are indexed."""
+    """Mutable per-request state: the block table as indexed prefix + unindexed tail."""
 
-    __slots__ = ("block_ids", "num_cached")
+    __slots__ = ("indexed", "tail")
 
-    def __init__(self, block_ids: list[int], num_cached: int) -> None:
-        self.block_ids = block_ids
-        self.num_cached = num_cached
+    def __init__(self, indexed: list[int], tail: list[int]) -> None:
+        self.indexed = indexed
+        self.tail = tail
+
+    def num_blocks(self) -> int:
+        return len(self.indexed) + len(self.tail)
 
 
 class KVCacheManager:
@@ -187,8 +88,8 @@ class KVCacheManager:
     `free` when the request finishes or is preempted. After `free`, the next `allocate` counts as
     a first call again, as it does for a resumed request in vLLM.
 
-    All per-call work is proportional to the blocks touched. The free queue is an `OrderedDict`
-    used as an O(1) linked list in LRU order.
+    Per-call work is proportional to the indexed blocks touched plus the free-queue entries
+    passed; unindexed blocks move as whole lists.
     """
 
     __slots__ = (
@@ -198,9 +99,13 @@ class KVCacheManager:
         "_duplicates",
         "_enable_prefix_caching",
         "_free",
+        "_free_indexed",
+        "_head_offset",
         "_held",
         "_num_blocks",
+        "_num_free",
         "_ref",
+        "_stamp",
         "num_evictions",
         "num_prefix_hit_tokens",
         "num_prefix_queries_tokens",
@@ -214,9 +119,17 @@ class KVCacheManager:
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._enable_prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_blocks
-        self._block_key = [_NO_KEY] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free: deque[_FreeEntry] = deque([list(range(num_blocks))])
+        self._head_offset = 0
+        """Blocks of the head run already taken."""
+        self._num_free = num_blocks
+        self._free_indexed: dict[int, int] = {}
+        """Indexed block in the free queue -> stamp of its live queue entry."""
+        self._stamp = 0
+        self._ref: dict[int, int] = {}
+        """Indexed block -> reference count (0 while free). Unindexed held blocks have count 1."""
+        self._block_key: dict[int, int] = {}
+        """Indexed block -> its key."""
         self._cached: dict[int, int] = {}
         """Key -> the first registered block with that key (the one lookups return)."""
         self._duplicates: dict[int, list[int]] = {}
@@ -293,13 +206,12 @@ class KVCacheManager:
         num_required = -(-num_tokens // self._block_size)
         held = self._held.get(request_id)
         if held is not None:
-            blocks = held.block_ids
-            num_new = num_required - len(blocks)
+            num_new = num_required - len(held.indexed) - len(held.tail)
             if num_new <= 0:
                 return True
-            if num_new > len(self._free):
+            if num_new > self._num_free:
                 return False
-            self._take_free(blocks, num_new)
+            held.tail += self._take(num_new)
             return True
 
         if num_computed_tokens >= num_tokens:
@@ -308,19 +220,46 @@ class KVCacheManager:
                 f"num_computed_tokens={num_computed_tokens!r}: a step computes at least one token"
             )
         hit_ids = self._hit_block_ids(keys, num_computed_tokens)
-        ref = self._ref
         num_new = num_required - len(hit_ids)
-        num_touched_free = [ref[b] for b in hit_ids].count(0)
-        if num_new + num_touched_free > len(self._free):
+        if hit_ids:
+            ref = self._ref
+            num_touched_free = [ref[b] for b in hit_ids].count(0)
+            if num_new + num_touched_free > self._num_free:
+                return False
+            free_indexed = self._free_indexed
+            for b in hit_ids:
+                count = ref[b]
+                if count == 0:
+                    del free_indexed[b]  # its queue entry goes stale
+                    self._num_free -= 1
+                ref[b] = count + 1
+        elif num_new > self._num_free:
             return False
-        free = self._free
-        for b in hit_ids:
-            if ref[b] == 0:
-                del free[b]
-            ref[b] += 1
-        self._take_free(hit_ids, num_new)
-        self._held[request_id] = _HeldBlocks(hit_ids, num_computed_tokens // self._block_size)
+        self._held[request_id] = _HeldBlocks(hit_ids, self._take(num_new))
         return True
+
+    def append_one_block(self, requests: Iterable[int]) -> None:
+        """Give each request, in order, one more block from the head of the free queue.
+
+        The same as `allocate` for a context that grows into a new block, without the checks:
+        every request must hold blocks and the caller must have checked the free count. This is
+        the per-step block growth of decodes run in bulk.
+        """
+        ids = requests if isinstance(requests, list) else list(requests)
+        if not ids:
+            return
+        held = self._held
+        head = self._free[0]
+        offset = self._head_offset
+        if type(head) is list and offset + len(ids) < len(head):
+            # The common case: the head run has enough unindexed blocks for everyone.
+            self._head_offset = offset + len(ids)
+            self._num_free -= len(ids)
+            for request_id, b in zip(ids, head[offset:offset + len(ids)], strict=True):
+                held[request_id].tail.append(b)
+            return
+        for request_id in ids:
+            held[request_id].tail += self._take(1)
 
     def commit(self, request_id: int, num_computed_tokens: int, keys: tuple[int, ...]) -> None:
         """Index the request's blocks that are full within `num_computed_tokens` and have a key.
@@ -333,25 +272,29 @@ class KVCacheManager:
         held = self._held.get(request_id)
         if held is None:
             raise ValueError(f"request_id={request_id!r} holds no blocks; allocate it first")
-        blocks = held.block_ids
         num_full = num_computed_tokens // self._block_size
-        if num_full > len(blocks):
+        if num_full > held.num_blocks():
             raise ValueError(
-                f"num_computed_tokens={num_computed_tokens!r} exceeds the {len(blocks)} blocks "
+                f"num_computed_tokens={num_computed_tokens!r} exceeds the {held.num_blocks()} blocks "
                 f"held by request_id={request_id!r}"
             )
         if num_full > len(keys):
             num_full = len(keys)
-        start = held.num_cached
+        start = len(held.indexed)
         if num_full <= start:
             return
+        tail = held.tail
+        newly = tail[:num_full - start]
+        del tail[:num_full - start]
         block_key = self._block_key
+        ref = self._ref
         cached = self._cached
-        for b, key in zip(blocks[start:num_full], keys[start:num_full], strict=True):
+        for b, key in zip(newly, keys[start:num_full], strict=True):
             block_key[b] = key
+            ref[b] = 1
             if cached.setdefault(key, b) != b:
                 self._duplicates.setdefault(key, []).append(b)
-        held.num_cached = num_full
+        held.indexed += newly
 
     def free(self, request_id: int) -> None:
         """Release the request's blocks.
@@ -362,33 +305,44 @@ class KVCacheManager:
         held = self._held.pop(request_id, None)
         if held is None:
             return
+        tail = held.tail
+        if tail:
+            tail.reverse()
+            self._free.append(tail)
+            self._num_free += len(tail)
         ref = self._ref
-        free = self._free
-        for b in reversed(held.block_ids):
+        for b in reversed(held.indexed):
             count = ref[b] - 1
             ref[b] = count
             if count == 0:
-                free[b] = None
+                self._stamp += 1
+                self._free_indexed[b] = self._stamp
+                self._free.append((b, self._stamp))
+                self._num_free += 1
 
     def num_free_blocks(self) -> int:
         """Free blocks, including cached blocks that can still be evicted."""
-        return len(self._free)
+        return self._num_free
 
     def num_blocks_held(self, request_id: int) -> int:
         held = self._held.get(request_id)
-        return 0 if held is None else len(held.block_ids)
+        return 0 if held is None else held.num_blocks()
 
     def usage_frac(self) -> float:
         """Fraction of blocks referenced by at least one request."""
-        return (self._num_blocks - len(self._free)) / self._num_blocks
+        return (self._num_blocks - self._num_free) / self._num_blocks
 
     def blocks_of(self, request_id: int) -> tuple[int, ...]:
         """The request's block table (empty if it holds none)."""
         held = self._held.get(request_id)
-        return () if held is None else tuple(held.block_ids)
+        return () if held is None else (*held.indexed, *held.tail)
 
     def ref_count(self, block_id: int) -> int:
-        return self._ref[block_id]
+        """Requests holding the block (for tests: scans the block tables of unindexed blocks)."""
+        count = self._ref.get(block_id)
+        if count is not None:
+            return count
+        return sum(1 for held in self._held.values() if block_id in held.tail)
 
     def cached_block_id(self, key: int) -> int | None:
         """The block a lookup of `key` returns, or None if the key is not indexed."""
@@ -396,7 +350,15 @@ class KVCacheManager:
 
     def free_block_ids(self) -> tuple[int, ...]:
         """Free blocks in eviction order, the next one to be reused first (for tests)."""
-        return tuple(self._free)
+        out: list[int] = []
+        offset = self._head_offset
+        for entry in self._free:
+            if type(entry) is list:
+                out += entry[offset:]
+            elif self._free_indexed.get(entry[0]) == entry[1]:
+                out.append(entry[0])
+            offset = 0
+        return tuple(out)
 
     def _hit_block_ids(self, keys: tuple[int, ...], num_computed_tokens: int) -> list[int]:
         if num_computed_tokens == 0:
@@ -417,28 +379,46 @@ class KVCacheManager:
             )
         return hit_ids
 
-    def _take_free(self, blocks: list[int], num_new: int) -> None:
-        """Move `num_new` blocks from the queue head to `blocks`, evicting their keys."""
-        popitem = self._free.popitem
-        taken = [popitem(False)[0] for _ in range(num_new)]
-        ref = self._ref
-        block_key = self._block_key
-        cached = self._cached
-        duplicates = self._duplicates
-        for b in taken:
-            ref[b] = 1
-            key = block_key[b]
-            if key != _NO_KEY:
-                block_key[b] = _NO_KEY
-                self.num_evictions += 1
-                if key in duplicates:
-                    self._evict_shared_key(b, key)
-                else:  # b is the only block with this key
-                    del cached[key]
-        blocks += taken
+    def _take(self, num_new: int) -> list[int]:
+        """Take `num_new` blocks from the queue head (the caller checked the free count),
+        evicting the keys of indexed ones."""
+        taken: list[int] = []
+        if num_new <= 0:
+            return taken
+        free = self._free
+        self._num_free -= num_new
+        while num_new:
+            head = free[0]
+            if type(head) is list:
+                offset = self._head_offset
+                available = len(head) - offset
+                if available > num_new:
+                    taken += head[offset:offset + num_new]
+                    self._head_offset = offset + num_new
+                    break
+                taken += head[offset:] if offset else head
+                free.popleft()
+                self._head_offset = 0
+                num_new -= available
+                continue
+            free.popleft()
+            b, stamp = head
+            if self._free_indexed.get(b) != stamp:
+                continue  # claimed by a hit since it was queued
+            del self._free_indexed[b]
+            self._evict(b)
+            taken.append(b)
+            num_new -= 1
+        return taken
 
-    def _evict_shared_key(self, block_id: int, key: int) -> None:
-        """Drop `block_id` from the index when other blocks hold the same key."""
+    def _evict(self, block_id: int) -> None:
+        """Drop a free indexed block from the index as it is reused."""
+        key = self._block_key.pop(block_id)
+        del self._ref[block_id]
+        self.num_evictions += 1
+        if key not in self._duplicates:  # block_id is the only block with this key
+            del self._cached[key]
+            return
         duplicates = self._duplicates[key]
         if self._cached[key] == block_id:
             self._cached[key] = duplicates.pop(0)

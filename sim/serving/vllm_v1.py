@@ -9,32 +9,75 @@ hit first. With chunked prefill a prompt is cut at the remaining budget (and at
 `long_prefill_token_threshold` when set); without it a prompt that does not fit the remaining
 budget waits, blocking the queue.
 
+Bulk decodes. A request that sampled a token and is not finished decodes in every following step
+until something changes the batch: each such step computes one token for it and samples one. With
+`bulk_decodes` on, these requests are not visited step by step. Their counters are kept as of the
+step they joined (`RequestState.lazy_step`) and the scheduler tracks them in aggregate: their
+count, their total context, the step each one finishes, and, per `step mod block_size`, the ones
+whose context crosses into a new KV block (those take one block each, in running order). A step
+is planned in bulk when the result is provably the same as the request-by-request plan: no
+preemption is needed (the blocks all requests need fit in the free queue) and no bulk decode is
+left without budget behind a cut prefill chunk. The second never happens with this order (a
+request that got its tokens in a step keeps getting them, since the requests before it ask for
+no more and none is inserted before it), so it is only checked where a chunk is cut. Otherwise
+the scheduler brings every bulk decode up to date and plans the step request by request. Both
+ways give the same plans, block tables and finish steps; `bulk_decodes=False` is the reference
+path that tests compare against.
+
 Departures from vLLM (and why): `max_num_partial_prefills` is accepted but not enforced (vLLM v1
 does not enforce it either in its default scheduler); no priority scheduling; no speculative
 decoding; no encoder budget; requests never exceed `max_model_len` because scenarios reject
-workloads that would.
+workloads that would. Prefix-cache keys of tokens that only one request has are derived when it
+is preempted (see `RequestState.keys`): before that no lookup can hit them, so only the
+shared prefix is indexed, which changes nothing but the eviction counter. A preempted request's
+computed blocks, generated tokens included, are indexed as it is preempted and hit when it
+resumes, as in vLLM; `recomputed_tokens` counts only what is computed again.
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
+from collections.abc import Sequence
+from typing import cast
 
-from sim.serving.kv_cache import KVCacheManager
+from sim.serving.kv_cache import KVCacheManager, SegmentLike
 from sim.serving.request import RequestState
 from sim.serving.scheduler import ScheduledChunk, StepPlan
 
 
+def _run_seq(request: RequestState) -> int:
+    return request.run_seq
+
+
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool, long_prefill_token_threshold: int) -> None:
+                 enable_chunked_prefill: bool, long_prefill_token_threshold: int,
+                 bulk_decodes: bool = True) -> None:
         self._kv = kv
         self._max_num_seqs = max_num_seqs
         self._budget = max_num_batched_tokens
         self._chunked = enable_chunked_prefill
         self._threshold = long_prefill_token_threshold
+        self._block_size = kv.block_size
+        self._bulk = bulk_decodes
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
+        """All running requests in running order (ascending `run_seq`)."""
+        self._active: list[RequestState] = []
+        """Running requests that are not bulk decodes, in running order."""
+        self._num_bulk = 0
+        self._bulk_context_base = 0
+        """Sum over bulk decodes of (num_computed - lazy_step): their total context after step u is
+        this plus num_bulk x u."""
+        self._due: list[list[RequestState]] = [[] for _ in range(self._block_size)]
+        """Bulk decodes by (lazy_step - num_computed) mod block_size, in running order: bucket
+        u mod block_size holds the ones whose context after step u fills its last block."""
+        self._finish_at: dict[int, list[RequestState]] = {}
+        """Bulk decodes by the step that samples their last token."""
         self._step_id = 0
+        self._next_seq = 0
+        self._in_flight = False
         self.num_preemptions = 0
 
     @property
@@ -53,32 +96,160 @@ class VllmV1Scheduler:
     def kv_usage_frac(self) -> float:
         return self._kv.usage_frac()
 
-    def _preempt(self, victim: RequestState) -> None:
-        self._kv.free(victim.request_id)
-        victim.recomputed_tokens += victim.num_computed
-        victim.num_computed = 0
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
-        self._waiting.appendleft(victim)
-
     def _cap(self, pending: int, budget: int) -> int:
-        if self._threshold > 0:
-            pending = min(pending, self._threshold)
+        if 0 < self._threshold < pending:
+            pending = self._threshold
         return min(pending, budget)
 
+    # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
+        assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
+        resynced: tuple[RequestState, ...] = ()
+        if self._num_bulk:
+            plan = self._schedule_bulk()
+            if plan is not None:
+                self._in_flight = True
+                return plan
+            resynced = self._resync_all()
+        plan = self._schedule_each(resynced)
+        self._in_flight = plan is not None
+        return plan
+
+    def next_bulk_decode_steps(self) -> tuple[int, int, int] | None:
+        """(count, total context, steps until one finishes) when the next step is bulk decodes only.
+
+        That is: no other request is running or waiting and the blocks the step needs are free.
+        The count stays the same and the total context grows by the count per step until the step
+        in which some decode samples its last token (counted in the third number). None
+        otherwise; plan such a step with `schedule()`.
+        """
+        if self._active or self._waiting or not self._num_bulk or self._in_flight:
+            return None
+        u = self._step_id
+        if len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
+            return None
+        return self._num_bulk, self._bulk_context_base + self._num_bulk * u, min(self._finish_at) - u
+
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+        """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
+        `schedule()` and then `finish_step()` of its plan; stop before a step whose blocks are not
+        free and after one in which a decode finishes.
+
+        Returns the steps run, the requests that finished in the last one, and the free blocks
+        after each step.
+        """
+        u = self._step_id
+        bs = self._block_size
+        free = self._kv.num_free_blocks()
+        request_ids: list[int] = []
+        free_after: list[int] = []
+        steps = 0
+        while steps < num_steps:
+            due = self._due[(u + steps) % bs]
+            if len(due) > free:
+                break
+            if due:
+                free -= len(due)
+                request_ids += [r.request_id for r in due]
+            free_after.append(free)
+            steps += 1
+            if u + steps in self._finish_at:
+                break
+        if request_ids:
+            self._kv.append_one_block(request_ids)
+        self._step_id = u + steps
+        finished: list[RequestState] = []
+        if steps and u + steps in self._finish_at:
+            finished = self._finish_bulk(u + steps)
+            self._release(finished)
+            free_after[-1] = self._kv.num_free_blocks()
+        return steps, finished, free_after
+
+    def _schedule_bulk(self) -> StepPlan | None:
+        """The step with bulk decodes kept in aggregate, or None when it would differ from `_schedule_each`."""
+        u = self._step_id
+        bs = self._block_size
+        due = self._due[u % bs]
+        num_bulk = self._num_bulk
+        budget = self._budget - num_bulk
+        num_needed = len(due)
+        planned: list[tuple[RequestState, int]] = []
+        checked_tail = False
+        held = self._kv.num_blocks_held
+        for req in self._active:
+            if budget <= 0:
+                # This and later requests get nothing; as in vLLM no bulk decode may come after them.
+                if not checked_tail and self._last_bulk_seq() > req.run_seq:
+                    return None
+                break
+            want = req.num_pending()
+            if 0 < self._threshold < want:
+                want = self._threshold
+            num_new = want if want <= budget else budget
+            if num_new < want and not checked_tail:
+                if self._last_bulk_seq() > req.run_seq:
+                    return None
+                checked_tail = True
+            planned.append((req, num_new))
+            budget -= num_new
+            num_needed += -(-(req.num_computed + num_new) // bs) - held(req.request_id)
+        if num_needed > self._kv.num_free_blocks():
+            return None  # someone gets preempted: plan request by request
+        chunks: list[ScheduledChunk] = []
+        self._grow_in_order(due, planned, chunks)
+        hits = 0
+        if self._waiting:
+            hits, budget = self._admit(chunks, budget)
+        self._step_id += 1
+        return StepPlan(self._step_id, tuple(chunks), hits, (), num_bulk,
+                        self._bulk_context_base + num_bulk * u)
+
+    def _grow_in_order(self, due: list[RequestState], planned: list[tuple[RequestState, int]],
+                       chunks: list[ScheduledChunk]) -> None:
+        """Allocate blocks for bulk decodes crossing a block and planned chunks, in running order."""
+        kv = self._kv
+        if not planned:
+            if due:
+                kv.append_one_block([r.request_id for r in due])
+            return
+        i = 0
+        for req, num_new in planned:
+            seq = req.run_seq
+            j = i
+            while j < len(due) and due[j].run_seq < seq:
+                j += 1
+            if j > i:
+                kv.append_one_block([r.request_id for r in due[i:j]])
+                i = j
+            ok = kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
+                             num_computed_tokens=req.num_computed)
+            assert ok
+            chunks.append(ScheduledChunk(req, num_new, req.num_computed,
+                                         req.num_computed + num_new == req.num_known()))
+        if i < len(due):
+            kv.append_one_block([r.request_id for r in due[i:]])
+
+    def _last_bulk_seq(self) -> int:
+        for req in reversed(self._running):
+            if req.lazy_step >= 0:
+                return req.run_seq
+        return -1
+
+    def _schedule_each(self, resynced: tuple[RequestState, ...]) -> StepPlan | None:
+        """Plan request by request (no bulk decodes exist)."""
         budget = self._budget
         chunks: list[ScheduledChunk] = []
         preempted: list[RequestState] = []
+        running = self._running
         i = 0
-        while i < len(self._running) and budget > 0:
-            req = self._running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             num_new = self._cap(req.num_pending(), budget)
             fits = True
             while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
                 # Requests before index i are already scheduled; the victim is the last one.
-                victim = self._running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
@@ -92,46 +263,144 @@ class VllmV1Scheduler:
             i += 1
         hits = 0
         if not preempted:
-            while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
-                req = self._waiting[0]
-                hit = 0
-                if req.num_computed == 0 and req.keys:
-                    hit = self._kv.get_computed_tokens(req.keys, req.num_known())
-                pending = req.num_known() - hit
-                if not self._chunked and pending > budget:
-                    break
-                num_new = self._cap(pending, budget)
-                if not self._kv.allocate(req.request_id, num_tokens=hit + num_new, keys=req.keys,
-                                         num_computed_tokens=hit):
-                    break
-                self._waiting.popleft()
-                if req.num_preemptions == 0 and req.first_scheduled_s is None:
-                    self._kv.record_prefix_query(req.prompt_tokens, hit)
-                    req.prefix_hit_tokens = hit
-                hits += hit
-                req.num_computed = hit
-                self._running.append(req)
-                chunks.append(ScheduledChunk(req, num_new, hit, hit + num_new == req.num_known()))
-                budget -= num_new
+            hits, budget = self._admit(chunks, budget)
+        self._active = list(running)
         if not chunks:
             return None
         self._step_id += 1
-        return StepPlan(self._step_id, tuple(chunks), hits, tuple(preempted))
+        return StepPlan(self._step_id, tuple(chunks), hits, tuple(preempted), resynced=resynced)
 
+    def _admit(self, chunks: list[ScheduledChunk], budget: int) -> tuple[int, int]:
+        """Admit waiting requests FCFS into the remaining budget; returns (prefix hit tokens, budget)."""
+        hits = 0
+        kv = self._kv
+        while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
+            req = self._waiting[0]
+            hit = 0
+            if req.num_computed == 0 and req.keys:
+                hit = kv.get_computed_tokens(req.keys, req.num_known())
+            pending = req.num_known() - hit
+            if not self._chunked and pending > budget:
+                break
+            num_new = self._cap(pending, budget)
+            if not kv.allocate(req.request_id, num_tokens=hit + num_new, keys=req.keys,
+                               num_computed_tokens=hit):
+                break
+            self._waiting.popleft()
+            if req.num_preemptions == 0 and req.first_scheduled_s is None:
+                kv.record_prefix_query(req.prompt_tokens, hit)
+                req.prefix_hit_tokens = hit
+            elif req.num_preemptions:
+                req.recomputed_tokens -= hit  # resumed: its cached blocks are not computed again
+            hits += hit
+            req.num_computed = hit
+            req.run_seq = self._next_seq
+            self._next_seq += 1
+            self._running.append(req)
+            self._active.append(req)
+            chunks.append(ScheduledChunk(req, num_new, hit, hit + num_new == req.num_known()))
+            budget -= num_new
+        return hits, budget
+
+    def _preempt(self, victim: RequestState) -> None:
+        kv = self._kv
+        if kv.enable_prefix_caching and victim.segments:
+            # Index everything it computed, prompt and generated tokens, before the blocks are
+            # freed: it hits them when it resumes unless they are evicted first (as in vLLM).
+            num_tokens = max(victim.num_computed, len(victim.keys) * self._block_size)
+            victim.keys = kv.prompt_block_keys(cast(Sequence[SegmentLike], victim.segments),
+                                               victim.request_id, num_tokens)
+            kv.commit(victim.request_id, victim.num_computed, victim.keys)
+        kv.free(victim.request_id)
+        victim.recomputed_tokens += victim.num_computed
+        victim.num_computed = 0
+        victim.num_preemptions += 1
+        victim.run_seq = -1
+        self.num_preemptions += 1
+        self._waiting.appendleft(victim)
+
+    # -- bulk decode bookkeeping ---------------------------------------------------------------
+    def _make_bulk(self, req: RequestState, step: int) -> None:
+        req.lazy_step = step
+        insort(self._due[(step - req.num_computed) % self._block_size], req, key=_run_seq)
+        finish = step + req.output_tokens - req.num_output
+        at = self._finish_at.get(finish)
+        if at is None:
+            self._finish_at[finish] = [req]
+        else:
+            at.append(req)
+        self._num_bulk += 1
+        self._bulk_context_base += req.num_computed - step
+
+    def _sync(self, req: RequestState, step: int) -> None:
+        """Bring a bulk decode's counters to their values after `step` and make it a plain request."""
+        n = step - req.lazy_step
+        req.num_computed += n
+        req.num_output += n
+        req.last_sample_step = step
+        req.lazy_step = -1
+
+    def _resync_all(self) -> tuple[RequestState, ...]:
+        u = self._step_id
+        synced = []
+        for req in self._running:
+            if req.lazy_step >= 0:
+                self._sync(req, u)
+                synced.append(req)
+        for bucket in self._due:
+            bucket.clear()
+        self._finish_at.clear()
+        self._num_bulk = 0
+        self._bulk_context_base = 0
+        self._active = list(self._running)
+        return tuple(synced)
+
+    # -- step end ------------------------------------------------------------------------------
     def finish_step(self, plan: StepPlan) -> list[RequestState]:
+        assert self._in_flight and plan.step_id == self._step_id, "finish_step() out of order"
+        self._in_flight = False
+        step = plan.step_id
+        kv = self._kv
         finished: list[RequestState] = []
+        joined = False
         for chunk in plan.chunks:
             req = chunk.request
             req.num_computed += chunk.num_new_tokens
-            if req.num_computed <= req.prompt_tokens + 1:
-                self._kv.commit(req.request_id, req.num_computed, req.keys)
+            if req.keys and not chunk.is_decode():
+                kv.commit(req.request_id, req.num_computed, req.keys)
             if chunk.samples:
                 req.num_output += 1
+                req.last_sample_step = step
                 if req.is_finished():
                     finished.append(req)
-        if finished:
-            done = {r.request_id for r in finished}
-            self._running = [r for r in self._running if r.request_id not in done]
-            for r in finished:
-                self._kv.free(r.request_id)
+                elif self._bulk:
+                    self._make_bulk(req, step)
+                    joined = True
+        if step in self._finish_at:
+            finished += self._finish_bulk(step)
+            finished.sort(key=_run_seq)
+        if joined:
+            self._active = [r for r in self._active if r.lazy_step < 0 and not r.is_finished()]
+        elif finished:
+            self._active = [r for r in self._active if not r.is_finished()]
+        self._release(finished)
         return finished
+
+    def _finish_bulk(self, step: int) -> list[RequestState]:
+        """Bulk decodes that sample their last token in `step`, in running order, brought up to date."""
+        done = self._finish_at.pop(step)
+        for req in done:
+            self._bulk_context_base -= req.num_computed - req.lazy_step
+            self._num_bulk -= 1
+            self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
+            self._sync(req, step)
+        if len(done) > 1:
+            done.sort(key=_run_seq)
+        return done
+
+    def _release(self, finished: list[RequestState]) -> None:
+        running = self._running
+        for req in finished:
+            running.remove(req)
+            self._kv.free(req.request_id)
+            req.run_seq = -1

@@ -2,8 +2,9 @@
 
 Arrivals: `request_rate` requests/s (`inf` sends everything at t=0), Poisson when `burstiness`
 is 1, gamma-distributed gaps otherwise; `max_concurrency` caps in-flight requests (closed loop
-when the rate is `inf`). Lengths: `random` (uniform in [len x (1 - ratio), len x (1 + ratio)]),
-`fixed`, or a dataset/trace file (`dataset_path`).
+when the rate is `inf`). Lengths: `random` (uniform over the integers [floor(len x (1 - ratio)),
+ceil(len x (1 + ratio))], as `vllm bench serve`), `fixed`, or a dataset/trace file
+(`dataset_path`, one run of it chosen by `dataset_run_id`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ from sim.serde import require
 DatasetName = Literal["random", "fixed", "sharegpt", "custom", "trace"]
 
 
+def length_bounds(length_tokens: int, range_ratio: float, *, min_tokens: int) -> tuple[int, int]:
+    """Inclusive [low, high] of vLLM's uniform integer length sampling.
+
+    `vllm/benchmarks/datasets/random.py::RandomDataset.get_sampling_params`: low is
+    floor(L x (1 - r)), high is ceil(L x (1 + r)), both computed in float, then raised to
+    `min_tokens` (1 for outputs).
+    """
+    low = max(math.floor(length_tokens * (1 - range_ratio)), min_tokens)
+    high = max(math.ceil(length_tokens * (1 + range_ratio)), min_tokens)
+    return low, high
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadSpec:
     """Request stream of one benchmark run."""
@@ -25,6 +38,8 @@ class WorkloadSpec:
     """`random`/`fixed`: synthetic lengths; `sharegpt`/`custom`/`trace`: read `dataset_path`."""
     dataset_path: str | None = None
     """CSV or JSONL with input/output token counts, optional arrival times and prefix groups."""
+    dataset_run_id: str | None = None
+    """kernelsight: the `run_id` whose rows to replay when the file holds several runs."""
     num_prompts: int = 1000
     request_rate: float = math.inf
     """Requests per second; `inf` sends all requests at t=0."""
@@ -58,10 +73,17 @@ class WorkloadSpec:
         needs_file = self.dataset_name in ("sharegpt", "custom", "trace")
         require(not needs_file or self.dataset_path is not None, "dataset_path", self.dataset_path,
                 f"is required when dataset_name={self.dataset_name!r}")
+        require(needs_file or self.dataset_run_id is None, "dataset_run_id", self.dataset_run_id,
+                f"applies to file datasets only, not dataset_name={self.dataset_name!r}")
 
     def max_input_tokens(self) -> int:
         """Longest synthetic prompt (prefix included); file datasets are checked on load."""
-        return self.random_prefix_len + math.floor(self.random_input_len * (1 + self.random_range_ratio))
+        if self.dataset_name == "fixed":
+            return self.random_prefix_len + self.random_input_len
+        return self.random_prefix_len + length_bounds(self.random_input_len, self.random_range_ratio,
+                                                      min_tokens=0)[1]
 
     def max_output_tokens(self) -> int:
-        return math.floor(self.random_output_len * (1 + self.random_range_ratio))
+        if self.dataset_name == "fixed":
+            return self.random_output_len
+        return length_bounds(self.random_output_len, self.random_range_ratio, min_tokens=1)[1]

@@ -7,7 +7,7 @@ the sum of the first `i + 1` gaps (the first request waits one gap), and the seq
 so the last arrival is exactly `num_prompts / request_rate`, as vLLM does to remove seed-to-seed
 throughput noise.
 
-Lengths follow `vllm/benchmarks/datasets.py::RandomDataset.get_sampling_params`: input length is
+Lengths follow `vllm/benchmarks/datasets/random.py::RandomDataset.get_sampling_params`: input length is
 uniform over the integers [floor(L x (1 - r)), ceil(L x (1 + r))], output length over
 [max(floor(O x (1 - r)), 1), max(ceil(O x (1 + r)), 1)], both ends included, computed in float
 as vLLM does. vLLM subtracts the tokenizer's special-token count from L; there is no tokenizer
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sim.errors import ConfigError
-from sim.specs.workload import WorkloadSpec
+from sim.specs.workload import WorkloadSpec, length_bounds
 from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment, prefix_content_id
 
 _SOURCE = "[workload]"
@@ -41,7 +41,7 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[RequestSpec,
     from sim.workload.traces import read_trace, requests_from_trace
 
     assert spec.dataset_path is not None  # WorkloadSpec requires it for file datasets
-    return requests_from_trace(read_trace(spec.dataset_path), spec, rng)
+    return requests_from_trace(read_trace(spec.dataset_path, run_id=spec.dataset_run_id), spec, rng)
 
 
 def sample_arrivals_s(
@@ -55,13 +55,6 @@ def sample_arrivals_s(
     if arrivals_s[-1] != 0.0:
         arrivals_s *= (num_requests / request_rate) / arrivals_s[-1]
     return arrivals_s
-
-
-def length_bounds(length_tokens: int, range_ratio: float, *, min_tokens: int) -> tuple[int, int]:
-    """Inclusive [low, high] of vLLM's uniform integer length sampling."""
-    low = max(math.floor(length_tokens * (1 - range_ratio)), min_tokens)
-    high = max(math.ceil(length_tokens * (1 + range_ratio)), min_tokens)
-    return low, high
 
 
 def build_requests(

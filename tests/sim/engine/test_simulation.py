@@ -30,33 +30,35 @@ def test_single_request_ttft_and_e2e_are_sums_of_priced_steps() -> None:
     sc = one_request(300, 5)
     result = simulate(sc)
     pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
-    prefill = pricer._price_key((((300, 0, True),), 0, 0)).step_s
-    decodes = [pricer._price_key(((), 1, max(16, round(ctx / 16) * 16))).step_s for ctx in range(300, 304)]
+    prefill = pricer.step_s((((300, 0, True),), 0, 0))
+    decodes = [pricer.step_s(((), 1, max(16, round(ctx / 16) * 16))) for ctx in range(300, 304)]
     rec = result.records[0]
     assert rec.ttft_s() == pytest.approx(prefill, rel=1e-12)
     assert rec.e2el_s() == pytest.approx(prefill + sum(decodes), rel=1e-12)
     assert result.summary.tpot_mean_s == pytest.approx(sum(decodes) / 4, rel=1e-12)
 
 
-def _scheduler(num_blocks: int, block_size: int, budget: int, chunked: bool = True) -> VllmV1Scheduler:
+def _scheduler(num_blocks: int, block_size: int, budget: int, chunked: bool = True,
+               bulk: bool = True) -> VllmV1Scheduler:
     kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False)
     return VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
-                           long_prefill_token_threshold=0)
+                           long_prefill_token_threshold=0, bulk_decodes=bulk)
 
 
 def _request(rid: int, prompt: int, output: int) -> RequestState:
     return RequestState(request_id=rid, prompt_tokens=prompt, output_tokens=output, arrival_s=0.0, keys=())
 
 
-def test_chunked_prefill_splits_exactly_at_the_budget() -> None:
-    sched = _scheduler(100, 16, 256)
+@pytest.mark.parametrize("bulk", [True, False])
+def test_chunked_prefill_splits_exactly_at_the_budget(bulk: bool) -> None:
+    sched = _scheduler(100, 16, 256, bulk=bulk)
     sched.add(_request(0, 1000, 2))
     sizes = []
     while True:
         plan = sched.schedule()
         if plan is None:
             break
-        sizes.append([c.num_new_tokens for c in plan.chunks])
+        sizes.append([c.num_new_tokens for c in plan.chunks] + [1] * plan.num_bulk_decodes)
         sched.finish_step(plan)
     assert sizes == [[256], [256], [256], [232], [1]]
 
@@ -70,9 +72,10 @@ def test_without_chunking_a_long_prompt_waits_for_a_whole_budget() -> None:
     assert [c.num_new_tokens for c in plan.chunks] == [10]
 
 
-def test_preemption_frees_blocks_and_recomputes() -> None:
+@pytest.mark.parametrize("bulk", [True, False])
+def test_preemption_frees_blocks_and_recomputes(bulk: bool) -> None:
     # 4 blocks of 4 tokens: two 6-token prompts fit (2 blocks each) until decoding needs a third.
-    sched = _scheduler(4, 4, 64)
+    sched = _scheduler(4, 4, 64, bulk=bulk)
     a, b = _request(0, 6, 6), _request(1, 6, 6)
     sched.add(a)
     sched.add(b)
@@ -96,10 +99,11 @@ def test_preemption_frees_blocks_and_recomputes() -> None:
     outputs=st.lists(st.integers(1, 12), min_size=8, max_size=8),
     num_blocks=st.integers(13, 40),
     budget=st.integers(8, 64),
+    bulk=st.booleans(),
 )
 def test_every_request_finishes_and_tokens_add_up(prompts: list[int], outputs: list[int], num_blocks: int,
-                                                  budget: int) -> None:
-    sched = _scheduler(num_blocks, 4, budget)
+                                                  budget: int, bulk: bool) -> None:
+    sched = _scheduler(num_blocks, 4, budget, bulk=bulk)
     reqs = [_request(i, p, outputs[i]) for i, p in enumerate(prompts)]
     for r in reqs:
         sched.add(r)

@@ -224,6 +224,35 @@ def test_decode_growth_takes_a_block_only_at_a_block_boundary() -> None:
     assert kv.usage_frac() == pytest.approx(3 / 8)
 
 
+def test_append_one_block_gives_each_request_the_next_free_block_in_order() -> None:
+    kv = make_cache()
+    assert kv.allocate(1, num_tokens=4, keys=(), num_computed_tokens=0)
+    assert kv.allocate(2, num_tokens=4, keys=(), num_computed_tokens=0)
+    kv.append_one_block([2, 1])
+    assert kv.blocks_of(1) == (0, 3) and kv.blocks_of(2) == (1, 2)
+    kv.free(1)  # its run (3, 0) joins the queue tail
+    kv.append_one_block([2, 2, 2, 2, 2])  # the rest of the head run, then the freed run
+    assert kv.blocks_of(2) == (1, 2, 4, 5, 6, 7, 3)
+    assert kv.free_block_ids() == (0,)
+    assert kv.num_free_blocks() == 1
+
+
+def test_a_claimed_free_cached_block_is_skipped_when_its_old_queue_entry_comes_up() -> None:
+    kv = make_cache()
+    keys, _ = run_prefill(kv, 1, (seg(1, 8), seg(2, 1)))  # blocks 0, 1 cached, 2 not
+    kv.free(1)
+    assert kv.free_block_ids() == (3, 4, 5, 6, 7, 2, 1, 0)
+    _, hit = run_prefill(kv, 2, (seg(1, 8), seg(3, 1)))  # claims the free cached blocks 0, 1
+    assert hit == 8 and kv.blocks_of(2) == (0, 1, 3)
+    assert kv.free_block_ids() == (4, 5, 6, 7, 2)
+    kv.free(2)  # 0 and 1 are queued again, behind their stale entries
+    assert kv.free_block_ids() == (4, 5, 6, 7, 2, 3, 1, 0)
+    assert kv.allocate(3, num_tokens=24, keys=(), num_computed_tokens=0)
+    assert kv.blocks_of(3) == (4, 5, 6, 7, 2, 3)  # the stale entries of 1 and 0 are not reused
+    assert kv.free_block_ids() == (1, 0)
+    assert kv.cached_block_id(keys[0]) == 0 and kv.num_evictions == 0
+
+
 def test_allocation_failure_leaves_state_unchanged() -> None:
     kv = make_cache()
     keys1, _ = run_prefill(kv, 1, (seg(1, 8), seg(2, 4)))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from sim.errors import ConfigError
-from sim.specs.workload import WorkloadSpec
-from sim.workload.generate import generate, length_bounds, sample_arrivals_s
+from sim.specs.workload import WorkloadSpec, length_bounds
+from sim.workload.generate import generate, sample_arrivals_s
 from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,6 +50,22 @@ def test_length_bounds_follow_vllm_floor_and_ceil() -> None:
     # vLLM computes in float: 100 * 1.1 = 110.00000000000001, so the top is 111.
     assert length_bounds(100, 0.1, min_tokens=0) == (90, 111)
     assert length_bounds(1, 0.5, min_tokens=1) == (1, 2)
+
+
+def test_longest_synthetic_request_uses_the_same_bounds_as_sampling() -> None:
+    # 1024 x 1.9 = 1945.6: the sampler can draw 1946, so the scenario checks must allow for it.
+    spec = WorkloadSpec(num_prompts=20_000, random_input_len=1024, random_output_len=256,
+                        random_range_ratio=0.9, random_prefix_len=10)
+    assert (spec.max_input_tokens(), spec.max_output_tokens()) == (10 + 1946, 487)
+    requests = generate(spec, _rng())
+    assert max(r.prompt_tokens for r in requests) == spec.max_input_tokens()
+    assert max(r.output_tokens for r in requests) == spec.max_output_tokens()
+
+
+def test_fixed_lengths_ignore_the_range_ratio_in_the_longest_request() -> None:
+    spec = WorkloadSpec(dataset_name="fixed", random_input_len=100, random_output_len=10,
+                        random_range_ratio=0.5)
+    assert (spec.max_input_tokens(), spec.max_output_tokens()) == (100, 10)
 
 
 def test_random_lengths_cover_exactly_the_inclusive_range() -> None:

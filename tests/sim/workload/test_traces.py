@@ -105,6 +105,22 @@ def test_a_multi_run_file_needs_a_run_id() -> None:
         read_trace(LLMSERVINGSIM_REQUESTS, run_id="H100__nothing")
 
 
+def test_dataset_run_id_selects_one_run_of_a_multi_run_file(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.csv", "run_id,input_tokens,output_tokens\na,10,1\nb,20,2\na,11,3\n")
+    spec = WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=2, dataset_run_id="a")
+    requests = generate(spec, np.random.default_rng(0))
+    assert [(r.prompt_tokens, r.output_tokens) for r in requests] == [(10, 1), (11, 3)]
+    with pytest.raises(ConfigError, match="holds 2 runs") as info:
+        generate(WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=2),
+                 np.random.default_rng(0))
+    assert info.value.key == "run_id"
+
+
+def test_dataset_run_id_needs_a_file_dataset() -> None:
+    with pytest.raises(ValueError, match="dataset_run_id"):
+        WorkloadSpec(dataset_name="random", dataset_run_id="a")
+
+
 def test_bad_row_error_names_row_and_column(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.csv", "input_toks,output_toks\n10,3\n20,abc\n")
     with pytest.raises(ConfigError) as info:

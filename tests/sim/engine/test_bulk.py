@@ -1,0 +1,295 @@
+"""Bulk decode stepping gives exactly the results of the request-by-request reference path."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import scenario_dict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.api import SimResult, load_host_params, scenario_efficiency, simulate
+from sim.engine.pricer import StepKey, StepPricer
+from sim.engine.simulation import SimLimits, Simulation, request_states
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.transformer import build_step_graph
+from sim.perf.host import host_cost, step_time_s
+from sim.perf.step import StepCostModel
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
+from sim.serving.scheduler import StepPlan
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.scenario import Scenario, scenario_from_dict
+from sim.workload.generate import generate
+from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment, prefix_content_id
+
+# -- scheduler in lockstep ---------------------------------------------------------------------
+
+
+def _specs(lengths: list[tuple[int, int, int]], prefix_tokens: int) -> list[RequestSpec]:
+    specs = []
+    for rid, (prompt, output, group) in enumerate(lengths):
+        segments: tuple[Segment, ...]
+        if group >= 0 and prompt > prefix_tokens:
+            segments = (Segment(content_id=prefix_content_id(group), num_tokens=prefix_tokens),
+                        Segment(content_id=UNIQUE_CONTENT_BASE + rid, num_tokens=prompt - prefix_tokens))
+        else:
+            group = -1
+            segments = (Segment(content_id=UNIQUE_CONTENT_BASE + rid, num_tokens=prompt),)
+        specs.append(RequestSpec(request_id=rid, arrival_s=0.0, prompt_tokens=prompt, output_tokens=output,
+                                 segments=segments, prefix_group=group))
+    return specs
+
+
+def _summary(plan: StepPlan) -> tuple[object, ...]:
+    """What a plan computes, with decodes summarised as the pricer sees them."""
+    prefills = sorted((c.num_new_tokens, c.num_context_tokens, c.samples) for c in plan.chunks if not c.is_decode())
+    decodes = [c.num_context_tokens for c in plan.chunks if c.is_decode()]
+    return (plan.step_id, tuple(prefills), len(decodes) + plan.num_bulk_decodes,
+            sum(decodes) + plan.bulk_decode_context_tokens, plan.num_prefix_hit_tokens,
+            tuple(r.request_id for r in plan.preempted))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.integers(-1, 1)), min_size=1, max_size=12),
+    arrivals=st.lists(st.integers(0, 40), min_size=12, max_size=12),
+    block_size=st.sampled_from([2, 4]),
+    spare_blocks=st.integers(0, 30),
+    budget=st.integers(4, 32),
+    max_num_seqs=st.integers(1, 6),
+    chunked=st.booleans(),
+    threshold=st.sampled_from([0, 3, 8]),
+    caching=st.booleans(),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_bulk_scheduler_matches_the_reference_step_by_step(
+    lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
+    max_num_seqs: int, chunked: bool, threshold: int, caching: bool, rnd: random.Random,
+) -> None:
+    # Feasible as scenarios require: the longest request fits the cache (and the budget unchunked).
+    longest = max(p + o for p, o, _ in lengths)
+    num_blocks = -(-longest // block_size) + spare_blocks
+    budget = max(budget, max_num_seqs) if chunked else max(budget, max_num_seqs, longest)
+    specs = _specs(lengths, prefix_tokens=9)
+    scheds, states = [], []
+    for bulk_decodes in (True, False):
+        kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
+        scheds.append(VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                      enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
+                                      bulk_decodes=bulk_decodes))
+        states.append({s.request_id: s for s in request_states(specs, kv)})
+    bulk, ref = scheds
+    finished: list[list[int]] = [[], []]
+    computed = 0
+    for step in range(10_000):
+        for rid, at in enumerate(arrivals[:len(specs)]):
+            if at == step:
+                bulk.add(states[0][rid])
+                ref.add(states[1][rid])
+        shape = bulk.next_bulk_decode_steps()
+        if shape is not None and rnd.random() < 0.7:
+            num_decode, context, until_finish = shape
+            steps, done, free_after = bulk.run_bulk_decode_steps(rnd.randint(1, until_finish + 1))
+            assert 1 <= steps <= until_finish
+            for j in range(steps):
+                plan_ref = ref.schedule()
+                assert plan_ref is not None
+                computed += plan_ref.num_batched_tokens()
+                _, prefills, n, ctx, _, preempted = _summary(plan_ref)
+                assert (prefills, preempted, n, ctx) == ((), (), num_decode, context + j * num_decode)
+                done_ref = [r.request_id for r in ref.finish_step(plan_ref)]
+                assert done_ref == ([r.request_id for r in done] if j == steps - 1 else [])
+                assert ref.kv.num_free_blocks() == free_after[j]
+            finished[0] += [r.request_id for r in done]
+            finished[1] += [r.request_id for r in done]
+        else:
+            plan = bulk.schedule()
+            plan_ref = ref.schedule()
+            computed += 0 if plan_ref is None else plan_ref.num_batched_tokens()
+            assert (plan is None) == (plan_ref is None)
+            if plan is None or plan_ref is None:
+                if step > max(arrivals):
+                    break
+                continue
+            assert _summary(plan) == _summary(plan_ref)
+            finished[0] += [r.request_id for r in bulk.finish_step(plan)]
+            finished[1] += [r.request_id for r in ref.finish_step(plan_ref)]
+        assert finished[0] == finished[1]
+        for rid in states[1]:
+            assert bulk.kv.blocks_of(rid) == ref.kv.blocks_of(rid)
+        assert bulk.kv.free_block_ids() == ref.kv.free_block_ids()
+    assert sorted(finished[0]) == list(range(len(specs)))
+    fields = ("num_output", "num_computed", "num_preemptions", "recomputed_tokens", "prefix_hit_tokens")
+    for rid, req in states[0].items():
+        assert [getattr(req, f) for f in fields] == [getattr(states[1][rid], f) for f in fields]
+    # Tokens computed = prompts - prefix hits + outputs (the last is sampled, not computed) + recomputed.
+    reqs = states[1].values()
+    assert computed == sum(r.prompt_tokens - r.prefix_hit_tokens + r.output_tokens - 1 + r.recomputed_tokens
+                           for r in reqs)
+
+
+def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
+    """Two decoding requests cross block boundaries at different steps and take blocks in turn."""
+    kv = KVCacheManager(num_blocks=20, block_size=4, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0)
+    a = RequestState(request_id=0, prompt_tokens=4, output_tokens=9, arrival_s=0.0, keys=())
+    b = RequestState(request_id=1, prompt_tokens=6, output_tokens=9, arrival_s=0.0, keys=())
+    sched.add(a)
+    sched.add(b)
+    plan = sched.schedule()
+    assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [4, 6]
+    assert sched.finish_step(plan) == []
+    assert kv.blocks_of(0) == (0,) and kv.blocks_of(1) == (1, 2)
+    # Both decode from now on: contexts 4 and 6 tokens; both sample their last token 8 steps on.
+    assert sched.next_bulk_decode_steps() == (2, 10, 8)
+    assert sched.run_bulk_decode_steps(1) == (1, [], [16])  # a's context 4 fills block 0: it takes 3
+    assert kv.blocks_of(0) == (0, 3) and kv.blocks_of(1) == (1, 2)
+    assert sched.next_bulk_decode_steps() == (2, 12, 7)
+    # Contexts (5, 7): nothing; (6, 8): b takes 4; (7, 9); (8, 10): a takes 5; (9, 11); (10, 12): b takes 6.
+    assert sched.run_bulk_decode_steps(6) == (6, [], [16, 15, 15, 14, 14, 13])
+    assert kv.blocks_of(0) == (0, 3, 5) and kv.blocks_of(1) == (1, 2, 4, 6)
+    assert sched.next_bulk_decode_steps() == (2, 11 + 13, 1)  # both sample their last token in it
+    plan = sched.schedule()
+    assert plan is not None and plan.chunks == () and plan.num_bulk_decodes == 2
+    assert plan.bulk_decode_context_tokens == 11 + 13
+    assert plan.batch_shape().decode_context_tokens == (12, 12)
+    assert sched.finish_step(plan) == [a, b]
+    assert (a.num_output, a.num_computed, b.num_output, b.num_computed) == (9, 12, 9, 14)
+    assert kv.num_free_blocks() == 20
+
+
+# -- whole simulations ------------------------------------------------------------------------
+
+
+def _pair(sc: Scenario) -> tuple[SimResult, SimResult]:
+    return simulate(sc, limits=SimLimits(bulk_decode=True)), simulate(sc, limits=SimLimits(bulk_decode=False))
+
+
+def _assert_same(a: SimResult, b: SimResult) -> None:
+    assert a.records == b.records
+    assert a.summary == b.summary
+    assert a.kv_usage == b.kv_usage
+    for x, y in ((a.breakdown.seconds_by_name, b.breakdown.seconds_by_name),
+                 (a.breakdown.seconds_by_kind, b.breakdown.seconds_by_kind)):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-12)
+
+
+SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
+    "poisson": {"workload": {"num_prompts": 150, "request_rate": 20.0, "random_input_len": 300,
+                             "random_output_len": 60, "random_range_ratio": 0.8}},
+    "burst-with-threshold": {"engine": {"long_prefill_token_threshold": 100, "max_num_batched_tokens": 256,
+                                        "max_num_seqs": 16},
+                             "workload": {"num_prompts": 80, "random_input_len": 600, "random_output_len": 40,
+                                          "random_range_ratio": 0.5}},
+    "preemption-prefix-cache": {"engine": {"gpu_memory_utilization": 0.25},
+                                "workload": {"num_prompts": 120, "random_input_len": 1000,
+                                             "random_output_len": 300, "random_range_ratio": 0.5,
+                                             "random_prefix_len": 200, "num_prefix_groups": 2}},
+    "no-chunking": {"engine": {"enable_chunked_prefill": False, "max_num_seqs": 8},
+                    "workload": {"num_prompts": 60, "request_rate": 40.0, "random_input_len": 500,
+                                 "random_output_len": 30, "random_range_ratio": 0.5}},
+    "dp-prefix-aware": {"engine": {"data_parallel_size": 3, "router": "prefix_aware"},
+                        "workload": {"num_prompts": 120, "request_rate": 60.0, "random_prefix_len": 64,
+                                     "num_prefix_groups": 4, "random_range_ratio": 0.5}},
+    "closed-loop": {"workload": {"num_prompts": 100, "max_concurrency": 7, "random_input_len": 256,
+                                 "random_output_len": 50, "random_range_ratio": 0.5}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_bulk_simulation_matches_the_reference(name: str) -> None:
+    sc = scenario_from_dict(scenario_dict(**SCENARIOS[name]), source="t")
+    bulk, ref = _pair(sc)
+    _assert_same(bulk, ref)
+    assert bulk.summary.num_completed == sc.workload.num_prompts
+
+
+def test_preemption_scenario_preempts_and_hits_the_prefix_cache() -> None:
+    """The scenario above exercises what it is meant to: preemptions and prefix hits."""
+    sc = scenario_from_dict(scenario_dict(**SCENARIOS["preemption-prefix-cache"]), source="t")
+    result = simulate(sc)
+    assert result.summary.num_preemptions > 10
+    assert result.summary.prefix_hit_frac > 0.05
+
+
+def test_step_limit_truncates_both_paths_at_the_same_step() -> None:
+    sc = scenario_from_dict(scenario_dict(**SCENARIOS["poisson"]), source="t")
+    a = simulate(sc, limits=SimLimits(max_num_steps=500))
+    b = simulate(sc, limits=SimLimits(max_num_steps=500, bulk_decode=False))
+    assert a.summary.truncated and a.summary.num_steps == 500
+    assert a.records == b.records and a.summary == b.summary
+
+
+def test_shared_prefix_keys_until_preemption_give_the_records_of_full_keys() -> None:
+    """Keys of request-unique prompt blocks are derived when a request is preempted; indexing every
+    request's prompt blocks from its first step instead gives the same records."""
+    sc = scenario_from_dict(scenario_dict(**SCENARIOS["preemption-prefix-cache"]), source="t")
+    lazy = simulate(sc)
+    assert lazy.summary.num_preemptions > 0
+    engine = sc.engine
+    assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
+    kv = KVCacheManager(num_blocks=lazy.memory.num_kv_blocks, block_size=engine.block_size,
+                        enable_prefix_caching=True)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=engine.max_num_seqs,
+                            max_num_batched_tokens=engine.max_num_batched_tokens,
+                            enable_chunked_prefill=engine.enable_chunked_prefill,
+                            long_prefill_token_threshold=engine.long_prefill_token_threshold)
+    (seq,) = np.random.SeedSequence(sc.seed).spawn(1)
+    states = [RequestState(request_id=s.request_id, prompt_tokens=s.prompt_tokens, output_tokens=s.output_tokens,
+                           arrival_s=s.arrival_s, segments=s.segments,
+                           keys=kv.prompt_block_keys(s.segments, s.request_id, s.prompt_tokens))
+              for s in generate(sc.workload, np.random.default_rng(seq))]
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
+    sim = Simulation(replicas=[sched], pricer=pricer, router=engine.router, max_concurrency=None,
+                     limits=SimLimits())
+    assert tuple(sim.run(states)) == lazy.records
+
+
+# -- pricer parts ------------------------------------------------------------------------------
+
+
+def _reference_step_s(sc: Scenario, key: StepKey, cost: StepCostModel) -> float:
+    """The step price from the whole kernel graph, as the pricer computed it before it had parts."""
+    prefills, num_decode, mean = key
+    batch = BatchShape(prefills=tuple(PrefillChunk(new_tokens=n, context_tokens=c, samples=s) for n, c, s in prefills),
+                       decode_context_tokens=(mean,) * num_decode)
+    graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
+    timing = cost.cost(graph)
+    host = load_host_params("vllm")
+    mode = sc.engine.effective_launch_mode()
+    gap = sum(max(0.0, host.eager_launch_s - k.estimate.time_s) * k.repeat for k in timing.kernels)
+    assert sc.engine.max_cudagraph_capture_size is not None
+    hc = host_cost(params=host, mode=mode, num_seqs=batch.num_sequences(), num_sampled=batch.num_sampled(),
+                   is_decode_only=not prefills, max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size,
+                   num_launches=graph.num_launches(), num_layers=sc.model.num_layers,
+                   short_kernel_gap_s=gap if mode == "eager" else 0.0)
+    return step_time_s(device_s=timing.device_s(), host=hc, async_scheduling=sc.engine.async_scheduling)
+
+
+@pytest.mark.parametrize("model, engine", [
+    ("meta-llama/Llama-3.1-8B", {}),
+    ("meta-llama/Llama-3.1-8B", {"enforce_eager": True, "tensor_parallel_size": 2}),
+    ("Qwen/Qwen3-30B-A3B", {"tensor_parallel_size": 2, "async_scheduling": True}),
+    ("openai/gpt-oss-120b", {"tensor_parallel_size": 2}),
+])
+def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[str, object]) -> None:
+    sc = scenario_from_dict(scenario_dict(model={"name": model}, engine={"max_model_len": 4096, **engine}),
+                            source="t")
+    cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
+    keys: list[StepKey] = [
+        (((300, 0, True),), 0, 0),
+        ((), 1, 16),
+        ((), 37, 512),
+        (((128, 0, False), (128, 0, False), (64, 256, True)), 12, 1024),
+        (((1, 40, True),), 200, 2048),
+    ]
+    for key in keys:
+        assert pricer.step_s(key) == pytest.approx(_reference_step_s(sc, key, cost), rel=1e-12), key
