@@ -150,11 +150,19 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
 
 
 def cmd_fit_cross_generation(args: Namespace) -> int:
-    from sim.calibration.calibrate import cross_generation_artifact
+    from sim.calibration.accuracy import TRAIN_GPUS
+    from sim.calibration.calibrate import cross_generation_artifact, shipped_calibration_artifact
 
-    art = cross_generation_artifact(_data_root(args.data))
+    root = _data_root(args.data)
+    art = cross_generation_artifact(root)
     art.save(Path(args.out))
     sys.stderr.write(f"wrote cross-generation model fitted on {', '.join(art.fitted_on)} to {args.out}\n")
+    if args.calibrations:
+        for gpu in TRAIN_GPUS:
+            cal = shipped_calibration_artifact(root, gpu, art)
+            path = Path(args.out).parent / f"{gpu}.json"
+            cal.save(path)
+            sys.stderr.write(f"wrote target-measured calibration of {gpu} to {path}\n")
     return 0
 
 
@@ -194,4 +202,7 @@ def register(sub: Any) -> None:
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")
     fx.add_argument("--data", help="shared data root (default ../shared/data)")
     fx.add_argument("--out", default=str(CALIBRATION_DIR / CROSS_GENERATION_FILE))
+    fx.add_argument("--calibrations", action="store_true",
+                    help="also refit the shipped target-measured calibrations of the training GPUs "
+                         "(on their microbench-plan points), next to --out")
     fx.set_defaults(func=cmd_fit_cross_generation)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.calibration.batch import family_batches, predict_latency_s
 from sim.calibration.fit import fit_correction, fit_cross_generation
-from sim.calibration.plan import PLAN_KEYS, microbench_plan, plan_key_family
+from sim.calibration.plan import DEFAULT_GRID, PLAN_KEYS, PlanGrid, microbench_plan, plan_key_family
 from sim.calibration.tables import (
     FAMILY_OF_KERNEL,
     Exclusion,
@@ -71,9 +71,9 @@ def _keys(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.Series:
     return out
 
 
-def plan_mask(rows: pd.DataFrame, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+def plan_mask(rows: pd.DataFrame, hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> tuple[np.ndarray, np.ndarray]:
     """(rows at plan points, rows in a plan unit) for one GPU's rows."""
-    plan = pd.DataFrame(microbench_plan(hw))
+    plan = pd.DataFrame(microbench_plan(hw, grid))
     at = np.zeros(len(rows), dtype=bool)
     kfam = rows.kernel.map(plan_key_family)
     for fam, cols in PLAN_KEYS.items():
@@ -86,6 +86,14 @@ def plan_mask(rows: pd.DataFrame, hw: HardwareSpec) -> tuple[np.ndarray, np.ndar
     units = set(rows.loc[at, "kernel"].map(FAMILY_OF_KERNEL) + ":" + rows.loc[at, "unit"].astype(str))
     in_unit = (rows.kernel.map(FAMILY_OF_KERNEL) + ":" + rows.unit.astype(str)).isin(units).to_numpy()
     return at, in_unit
+
+
+def full_rows(data_root: Path, gpu: str) -> pd.DataFrame:
+    """Every usable measured row of one GPU: its AIConfigurator tables plus its Vidur small kernels
+    (as the pointwise.csv a sweep would write)."""
+    df, _, _ = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
+    vidur = read_vidur_pointwise(data_root / "vidur" / "compute_mlp_ops.csv.gz")
+    return pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
 
 
 def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True) -> Loaded:
@@ -153,7 +161,7 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
         result["calibration_points"] = 0
         return result
     # Target-measured: calibrate on the plan's points of the full table, score outside plan units.
-    full, _, _ = read_microbench_dir(data_root / "aiconfigurator" / held_gpu, held_gpu)
+    full = full_rows(data_root, held_gpu)
     at_plan, _ = plan_mask(full, hw)
     calibrated = fit_correction(base, full[at_plan], hw)
     _, in_unit = plan_mask(held, hw)
