@@ -63,9 +63,14 @@ def _text(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray, default: s
     return out
 
 
+def _labels(values: np.ndarray) -> list[str]:
+    """Distinct labels of an object array (hashing, not sorting: cheap on large batches)."""
+    return sorted(set(values.tolist()))
+
+
 def _per_dtype(values: np.ndarray, fn: dict[str, float]) -> np.ndarray:
     out = np.empty(len(values))
-    for label in np.unique(values):
+    for label in _labels(values):
         if label not in fn:
             raise ValueError(f"dtype={label!r}: must be one of {', '.join(sorted(fn))}")
         out[values == label] = fn[label]

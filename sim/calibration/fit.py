@@ -65,9 +65,9 @@ CORRECTION_NOISE: Final[dict[str, float]] = {
     "custom_allreduce": 0.01,
 }
 """Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
-MAX_GROUP_POINTS: Final = 400
-"""Distinct points kept per correction group (deterministic subsample above): bounds artifact size
-and prediction cost (each row is compared with its group's points)."""
+MAX_CENTERS: Final = 128
+"""Kernel centres per correction group: bounds artifact size and prediction cost (each row is
+compared with its group's centres)."""
 _FASTER_THAN_ROOFLINE: Final = float(np.log(0.95))
 
 
@@ -185,20 +185,43 @@ class CorrectionSettings:
     noise: Mapping[str, float]
 
 
-def _group(key: tuple[str, ...], z: np.ndarray, r: np.ndarray, noise: float) -> CorrectionGroup:
-    """GP posterior-mean weights of one group's points (duplicates of a point averaged)."""
+def _farthest_points(z: np.ndarray, m: int) -> np.ndarray:
+    """Indices of `m` points spread over `z` (greedy farthest-point order from the first point)."""
+    chosen = [0]
+    d2 = ((z - z[0]) ** 2).sum(1)
+    for _ in range(m - 1):
+        i = int(np.argmax(d2))
+        chosen.append(i)
+        d2 = np.minimum(d2, ((z - z[i]) ** 2).sum(1))
+    return np.array(sorted(chosen))
+
+
+def _group(key: tuple[str, ...], z: np.ndarray, r: np.ndarray, noise: float,
+           max_centers: int = MAX_CENTERS) -> CorrectionGroup:
+    """GP posterior-mean weights of one group's points (duplicates of a point averaged).
+
+    Up to `max_centers` distinct points: the exact posterior mean. Beyond: the subset-of-regressors
+    approximation on `max_centers` farthest-point centres (all points still inform the weights),
+    which bounds the prediction cost per row.
+    """
     uniq, inverse = np.unique(np.round(z, 9), axis=0, return_inverse=True)
     inverse = inverse.ravel()
     counts = np.bincount(inverse, minlength=len(uniq)).astype(float)
     rm = np.bincount(inverse, weights=r, minlength=len(uniq)) / counts
-    if len(uniq) > MAX_GROUP_POINTS:
-        keep = np.sort(np.random.default_rng(0).choice(len(uniq), MAX_GROUP_POINTS, replace=False))
-        uniq, rm, counts = uniq[keep], rm[keep], counts[keep]
     offset = float(np.average(rm, weights=counts))
-    d2 = ((uniq[:, None, :] - uniq[None, :, :]) ** 2).sum(-1)
-    k = np.exp(-0.5 * d2) + np.diag(noise / counts)
-    alpha = np.linalg.solve(k, rm - offset)
-    return CorrectionGroup(key=key, offset=offset, points=tuple(tuple(float(v) for v in p) for p in uniq),
+    resid = rm - offset
+    if len(uniq) <= max_centers:
+        d2 = ((uniq[:, None, :] - uniq[None, :, :]) ** 2).sum(-1)
+        alpha = np.linalg.solve(np.exp(-0.5 * d2) + np.diag(noise / counts), resid)
+        centres = uniq
+    else:
+        centres = uniq[_farthest_points(uniq, max_centers)]
+        k_cx = np.exp(-0.5 * ((centres[:, None, :] - uniq[None, :, :]) ** 2).sum(-1))
+        k_cc = np.exp(-0.5 * ((centres[:, None, :] - centres[None, :, :]) ** 2).sum(-1))
+        prec = counts / noise
+        a = (k_cx * prec) @ k_cx.T + k_cc + 1e-9 * np.eye(len(centres))
+        alpha = np.linalg.solve(a, (k_cx * prec) @ resid)
+    return CorrectionGroup(key=key, offset=offset, points=tuple(tuple(float(v) for v in p) for p in centres),
                            alpha=tuple(float(a) for a in alpha))
 
 

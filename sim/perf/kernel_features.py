@@ -149,9 +149,10 @@ CORRECTION_COORDINATES: Final[dict[str, tuple[str, ...]]] = {
 """Shape coordinates over which the target-measured correction interpolates, per family."""
 
 
-def correction_coordinates(family: str, p: dict[str, Any]) -> np.ndarray:
-    """The family's correction coordinates (n x d) from array primitives."""
-    lg = VECTOR.log
+def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> Any:
+    """The family's correction coordinates: (n x d) from array primitives, or a list of d floats
+    from scalar ones (`xp=SCALAR`)."""
+    lg = xp.log
     if family == "gemm":
         cols = [lg(p["m"]), lg(p["n"]), lg(p["k"])]
     elif family in ("attn_prefill", "attn_decode"):
@@ -162,6 +163,8 @@ def correction_coordinates(family: str, p: dict[str, Any]) -> np.ndarray:
         cols = [lg(p["tokens"]), lg(p["width"])]
     else:
         cols = [lg(p["msg"]), lg(p["group"])]
+    if not xp.vectorised:
+        return [float(c) for c in cols]
     n = len(next(iter(p.values())))
     return np.column_stack([np.broadcast_to(np.asarray(c, dtype=float), (n,)) for c in cols])
 

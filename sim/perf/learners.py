@@ -40,8 +40,8 @@ class MlpParams:
     def arrays(self) -> MlpArrays:
         return MlpArrays(
             mean=np.asarray(self.mean), scale=np.asarray(self.scale), lo=np.asarray(self.lo),
-            hi=np.asarray(self.hi), weights=tuple(np.asarray(w, dtype=float) for w in self.weights),
-            biases=tuple(np.asarray(b, dtype=float) for b in self.biases))
+            hi=np.asarray(self.hi), weights=tuple(np.asarray(w, dtype=np.float32) for w in self.weights),
+            biases=tuple(np.asarray(b, dtype=np.float32) for b in self.biases))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +55,36 @@ class MlpArrays:
 
 
 def silu(z: np.ndarray) -> np.ndarray:
-    out: np.ndarray = z / (1.0 + np.exp(-np.clip(z, -60.0, 60.0)))
+    """z * sigmoid(z), in place (exp overflow for very negative z gives the right limit, -0)."""
+    s = np.negative(z)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
+    s += 1.0
+    out: np.ndarray = np.divide(z, s, out=s)
+    return out
+
+
+def clamp(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """min(max(x, lo), hi) into a new array (np.clip's dispatch overhead dominates on big batches)."""
+    out: np.ndarray = np.maximum(x, lo)
+    np.minimum(out, hi, out=out)
     return out
 
 
 def mlp_forward(p: MlpArrays, x: np.ndarray) -> np.ndarray:
-    """Network output for inputs `x` (n x p)."""
-    h = (np.clip(x, p.lo, p.hi) - p.mean) / p.scale
+    """Network output for inputs `x` (n x p, or one row of p). Hidden layers in float32 (the
+    weights' precision): ~1e-6 relative, far below the model's error, twice as fast."""
+    h = clamp(x, p.lo, p.hi)
+    h -= p.mean
+    h /= p.scale
+    h = h.astype(np.float32)
     last = len(p.weights) - 1
     for i, (w, b) in enumerate(zip(p.weights, p.biases, strict=True)):
-        h = h @ w + b
+        h = h @ w
+        h += b
         if i < last:
             h = silu(h)
-    out: np.ndarray = h[:, 0]
+    out: np.ndarray = h[..., 0].astype(float)
     return out
 
 
@@ -97,23 +114,39 @@ class CorrectionParams:
     """Measured points the correction was fitted on."""
 
     def arrays(self) -> CorrectionArrays:
-        return CorrectionArrays(
-            length_scales=np.asarray(self.length_scales, dtype=float),
-            groups={g.key: (g.offset, np.asarray(g.points, dtype=float).reshape(len(g.alpha), -1),
-                            np.asarray(g.alpha, dtype=float)) for g in self.groups})
+        groups = {}
+        for g in self.groups:
+            pts = np.asarray(g.points, dtype=float).reshape(len(g.alpha), -1)
+            groups[g.key] = (g.offset, pts, np.asarray(g.alpha, dtype=float), (pts * pts).sum(1))
+        return CorrectionArrays(length_scales=np.asarray(self.length_scales, dtype=float), groups=groups)
 
 
 @dataclass(frozen=True, slots=True)
 class CorrectionArrays:
     length_scales: np.ndarray
-    groups: dict[tuple[str, ...], tuple[float, np.ndarray, np.ndarray]]
+    groups: dict[tuple[str, ...], tuple[float, np.ndarray, np.ndarray, np.ndarray]]
+    """key -> (offset, points, alpha, squared norms of the points)."""
 
 
-def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """sum_j alpha_j exp(-|z - z_j|^2 / 2) for each row of `z` (coordinates already scaled)."""
-    d2 = (z * z).sum(1)[:, None] + (points * points).sum(1)[None, :] - 2.0 * (z @ points.T)
-    out: np.ndarray = np.exp(-0.5 * np.maximum(d2, 0.0)) @ alpha
+def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray, sq: np.ndarray | None = None) -> np.ndarray:
+    """sum_j alpha_j exp(-|z - z_j|^2 / 2) for each row of `z` (coordinates already scaled), in
+    float32 (~1e-6 relative: |z|^2 stays below ~1e3 for real shapes)."""
+    p32 = points.astype(np.float32)
+    z32 = z.astype(np.float32)
+    sq32 = ((points * points).sum(1) if sq is None else sq).astype(np.float32)
+    k = z32 @ (-2.0 * p32.T)
+    k += (z32 * z32).sum(1)[:, None]
+    k += sq32[None, :]
+    np.maximum(k, 0.0, out=k)
+    k *= -0.5
+    np.exp(k, out=k)
+    out: np.ndarray = (k @ alpha.astype(np.float32)).astype(float)
     return out
+
+
+def _codes(values: np.ndarray, levels: dict[str, int]) -> np.ndarray:
+    """Integer code of each value (-1 when not a level), by hashing rather than string compares."""
+    return np.fromiter((levels.get(v, -1) for v in values.tolist()), dtype=np.int64, count=len(values))
 
 
 def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.ndarray]
@@ -127,16 +160,34 @@ def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.n
     out = np.zeros(n)
     done = np.zeros(n, dtype=bool)
     z = coords / c.length_scales
+    levels = [{v: j for j, v in enumerate(sorted({k[i] for k in c.groups} - {POOLED}))} for i in range(len(keys))]
+    codes = [_codes(col, lv) for col, lv in zip(keys, levels, strict=True)]
     # Exact groups first, then pooled fallbacks (keys with POOLED entries) for rows still open.
     for key in sorted(c.groups, key=lambda k: sum(v == POOLED for v in k)):
-        offset, points, alpha = c.groups[key]
+        offset, points, alpha, sq = c.groups[key]
         hit = ~done
-        for col, value in zip(keys, key, strict=True):
+        for code, lv, value in zip(codes, levels, key, strict=True):
             if value != POOLED:
-                hit &= col == value
+                hit &= code == lv[value]
         if not hit.any():
             continue
         idx = np.flatnonzero(hit)
-        out[idx] = offset + rbf_mean(points, alpha, z[idx])
+        out[idx] = offset + rbf_mean(points, alpha, z[idx], sq)
         done[idx] = True
     return out, done
+
+
+def correction_one(c: CorrectionArrays, coords: np.ndarray, key: tuple[str, ...]) -> float | None:
+    """The correction of one row (coordinates `coords`, categorical values `key`), or None when no
+    group serves it: the exact group, else the one pooled at the first differing categorical."""
+    group = c.groups.get(key)
+    if group is None:
+        for i in range(len(key)):
+            group = c.groups.get((*key[:i], POOLED, *key[i + 1:]))
+            if group is not None:
+                break
+    if group is None:
+        return None
+    offset, points, alpha, _ = group
+    diff = points - coords / c.length_scales
+    return offset + float(np.exp(-0.5 * np.einsum("ij,ij->i", diff, diff)) @ alpha)

@@ -15,7 +15,7 @@ from sim.calibration.artifact import CalibrationArtifact, from_json, load_artifa
 from sim.calibration.batch import family_batches, predict_latency_s
 from sim.calibration.fit import LEARNER, CorrectionSettings, Design, fit_correction_family
 from sim.calibration.plan import MAX_POINTS, microbench_plan
-from sim.calibration.rows import ROW_COLUMNS, row_to_work
+from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
 from sim.calibration.select import CALIBRATION_DIR, efficiency_model_for, load_for_tier
 from sim.calibration.tables import columns_of, read_vidur_pointwise
 from sim.errors import ConfigError
@@ -61,7 +61,7 @@ def test_vectorised_roofline_matches_row_to_work() -> None:
     lat, prov = predict_latency_s(cols, H100, None)
     for i, row in enumerate(ROWS):
         expected = roofline(row_to_work(row, number=i + 1, source="t"), H100).time_s()
-        assert lat[i] == pytest.approx(expected, rel=1e-9), row
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row  # float32 hidden layers and kernels
     assert set(prov.tolist()) == {int(Provenance.ROOFLINE)}
 
 
@@ -120,7 +120,7 @@ def test_scalar_and_vectorised_paths_agree() -> None:
         if row.get("backend"):
             continue
         expected = roofline(work, H100).time_s() / model.efficiency(work, H100).value
-        assert lat[i] == pytest.approx(expected, rel=1e-9), row
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row  # float32 hidden layers and kernels
 
 
 def test_artifact_json_round_trip(tmp_path: Path) -> None:
@@ -215,7 +215,7 @@ def test_simulator_norm_is_priced_as_vectorised_streaming_kernel() -> None:
     for tier in ("cross-generation", "target-measured"):
         model = efficiency_model_for(H100, tier=tier)  # type: ignore[arg-type]
         eff = model.efficiency(work, H100)
-        assert 41e-6 < roof / eff.value < 60e-6, (tier, roof / eff.value)
+        assert roof <= roof / eff.value < 1.4 * roof, (tier, roof / eff.value)
         assert eff.provenance is Provenance.EXTRAPOLATED
         # Same numbers as an `add`-variant row with the same bytes through the vectorised path.
         row = {"kernel": "elementwise", "variant": "fused_add_rms_norm", "dtype": "bfloat16", "m": "2112",
@@ -357,3 +357,54 @@ def test_vidur_ops_map_to_what_they_time() -> None:
     lat = v[v.gpu == "h100_sxm"].latency_s.to_numpy()
     big = roof > 20e-6
     assert np.quantile(roof[big] / lat[big], 0.99) < 1.05
+
+
+def _write_csv(path: Path, rows: list[dict[str, str]], columns: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows([{c: r.get(c, "") for c in columns} for r in rows])
+
+
+@pytest.mark.parametrize(("column", "value", "rule"), [
+    ("m", "1.5", "integer"), ("m", "0", "integer >= 1"), ("k", "", "required"), ("n", "abc", "integer")])
+def test_predict_kernels_names_bad_row_and_column(tmp_path: Path, column: str, value: str, rule: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "rows.csv"
+    bad = {"kernel": "gemm", "dtype": "bfloat16", "m": "8", "n": "64", "k": "64", column: value}
+    _write_csv(src, [ROWS[0], ROWS[2], bad], list(ROW_COLUMNS))
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "target-measured", "--in", str(src),
+                 "--out", str(tmp_path / "o.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "row 3" in err and f"{column}=" in err and rule in err
+
+
+def test_predict_kernels_gqa_mismatch_is_a_bad_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "rows.csv"
+    _write_csv(src, [ROWS[4], {**ROWS[4], "num_kv_heads": "5"}], list(ROW_COLUMNS))
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(src),
+                 "--out", str(tmp_path / "o.csv")]) == 2
+    assert "row 2" in capsys.readouterr().err
+
+
+def test_predict_kernels_fast_and_row_by_row_paths_write_the_same(tmp_path: Path) -> None:
+    cols = ["kernel", "m", "n", "k", "dtype", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads",
+            "head_dim", "num_gpus", "message_bytes", "variant", "window_size", "kv_cache_dtype"]
+    fast, slow = tmp_path / "fast.csv", tmp_path / "slow.csv"
+    _write_csv(fast, ROWS, cols)
+    # A padded number is valid for the row reader but not for the typed fast reader.
+    _write_csv(slow, [*ROWS[:-1], {**ROWS[-1], "m": " 512"}], cols)
+    outs = []
+    for src in (fast, slow):
+        out = src.with_suffix(".pred.csv")
+        assert main(["predict-kernels", "--hardware", "l40s", "--tier", "target-measured", "--in", str(src),
+                     "--out", str(out)]) == 0
+        with out.open() as f:
+            outs.append(list(csv.DictReader(f)))
+    a, b = outs
+    assert len(a) == len(b) == len(ROWS)
+    assert list(a[0]) == list(PREDICTION_COLUMNS)
+    for ra, rb in zip(a, b, strict=True):
+        assert float(ra["predicted_latency_ms"]) == pytest.approx(float(rb["predicted_latency_ms"]), rel=1e-5)
+        assert ra["provenance"] == rb["provenance"]
+    assert a[0]["m"] == "128" and a[0]["backend"] == ""  # copied as given; absent columns blank
