@@ -37,7 +37,7 @@ CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
     "custom_allreduce": ("variant",),
 }
 LEARNER: Final[dict[str, str]] = {
-    "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "ridge", "nccl": "mlp",
+    "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "mlp", "nccl": "mlp",
     "custom_allreduce": "ridge",
 }
 """Cross-generation learner per family, chosen by leave-one-GPU-out (docs/kernel-model.md)."""
@@ -50,7 +50,7 @@ CORRECTION_CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
     "gemm": ("backend", "dtype"), "attn_prefill": ("backend", "dtype"), "attn_decode": ("backend", "dtype"),
     "pointwise": ("op",), "nccl": ("op",), "custom_allreduce": ("variant",),
 }
-"""Categoricals whose levels get their own correction group (the first one also gets a pooled group)."""
+"""Categoricals whose levels get their own correction group (a leading `backend` also gets a pooled group)."""
 LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
     "gemm": (1.0, 1.0, 1.0),
     "attn_prefill": (1.5, 1.5, 1.5, 1.5, 1.5, 1.5),
@@ -245,8 +245,9 @@ def fit_correction_family(family: str, d: Design, prior: np.ndarray,
     for key in exact:
         sel = key_arr == "\x1f".join(key)
         groups.append(_group(key, z[sel], r[sel], settings.noise[family]))
-    # Pooled over the first categorical (e.g. any backend): the fallback for unmeasured levels.
-    rest = sorted({k[1:] for k in keys})
+    # Pooled over backends: the fallback for a backend the sweep did not measure (the same
+    # operation in another framework). Operations are never pooled: their residuals differ.
+    rest = sorted({k[1:] for k in keys}) if names[0] == "backend" else []
     for tail in rest:
         sel = np.array([k[1:] == tail for k in keys])
         groups.append(_group((POOLED, *tail), z[sel], r[sel], settings.noise[family]))
