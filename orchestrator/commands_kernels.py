@@ -10,7 +10,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -29,6 +29,20 @@ _DEFAULT_DATA = ("../shared/data", "/work/shared/data")
 _ACCURACY_MD = Path("docs/accuracy.md")
 
 
+_NUMERIC: Final = ("m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
+                   "window_size", "num_gpus", "message_bytes")
+_REQUIRED: Final[dict[str, tuple[str, ...]]] = {
+    "gemm": ("m", "n", "k"), "context_attention": ("batch_size", "seq_len", "num_heads", "head_dim"),
+    "generation_attention": ("batch_size", "kv_len", "num_heads", "head_dim"),
+    **dict.fromkeys(("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_alltoall",
+                     "custom_allreduce"), ("num_gpus", "message_bytes")),
+    **dict.fromkeys(("norm", "elementwise", "embedding", "sampling"), ("m", "n")),
+}
+"""Numeric cells each kernel needs (integers >= 1); the fast path checks them before predicting."""
+_MODEL_TEXT: Final = ("kernel", "backend", "dtype", "attn_dtype", "kv_cache_dtype", "variant")
+"""Text columns the model reads (the others are only copied to the output)."""
+
+
 def _columns(rows: list[list[str]], header: list[str]) -> dict[str, np.ndarray]:
     cols = list(zip(*rows, strict=True)) if rows else [() for _ in header]
     return {h: np.array(c, dtype=object) for h, c in zip(header, cols, strict=True)}
@@ -44,41 +58,145 @@ def predict_columns(cols: dict[str, np.ndarray], hw: HardwareSpec, tier: str,
     return predict_latency_s(cols, hw, model)
 
 
-def _raise_first_bad_row(rows: list[list[str]], header: list[str], src: Path, exc: ValueError) -> None:
-    """Name the first malformed row and column: the vectorised path only knows that one is bad."""
+def _read_header(src: Path) -> list[str]:
+    with src.open(newline="") as f:
+        header = next(csv.reader(f), None)
+    if not header or "kernel" not in header:
+        raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
+    return header
+
+
+def _read_fast(src: Path, header: list[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+    """(text columns as Arrow arrays, model columns) via Arrow's CSV reader, or None when any cell
+    needs the row-by-row reader (unparseable or invalid numbers, missing required cells)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pacsv
+    except ImportError:
+        return None
+    if len(set(header)) != len(header):
+        return None
+    try:
+        table = pacsv.read_csv(
+            src, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+            convert_options=pacsv.ConvertOptions(column_types={h: pa.string() for h in header},
+                                                 strings_can_be_null=False, quoted_strings_can_be_null=False))
+    except pa.ArrowInvalid:
+        return None
+    text = {h: table.column(h).combine_chunks() for h in header}
+    cols: dict[str, np.ndarray] = {}
+    null = pa.scalar(None, type=pa.string())
+    try:
+        for h in header:
+            if h in _NUMERIC:
+                c = text[h]
+                cols[h] = pc.cast(pc.if_else(pc.equal(c, ""), null, c), pa.float64()).to_numpy(zero_copy_only=False)
+            elif h in _MODEL_TEXT:
+                cols[h] = text[h].to_numpy(zero_copy_only=False).astype(object)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if not _valid_numbers(cols):
+        return None
+    return text, cols
+
+
+def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
+    kernel = cols["kernel"]
+    for name, required in _REQUIRED.items():
+        sel = kernel == name
+        if not sel.any():
+            continue
+        for c in required:
+            v = cols.get(c)
+            if v is None or not np.all((v[sel] >= 1) & (v[sel] == np.floor(v[sel]))):
+                return False
+    for c in _NUMERIC:
+        v = cols.get(c)
+        if v is None:
+            continue
+        ok = np.isnan(v) | ((v == np.floor(v)) & (v >= (0 if c == "window_size" else 1)))
+        if not ok.all():
+            return False
+    heads, kv = cols.get("num_heads"), cols.get("num_kv_heads")
+    if heads is not None and kv is not None:
+        both = ~np.isnan(heads) & ~np.isnan(kv)
+        if np.any(np.mod(heads[both], kv[both]) != 0):
+            return False
+    return set(kernel.tolist()) <= set(_REQUIRED)
+
+
+def _validate_rows(src: Path) -> tuple[list[str], list[list[str]]]:
+    """Row-by-row reading: names the first malformed row and column (ConfigError)."""
+    with src.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None) or []
+        rows = list(reader)
     for number, row in enumerate(rows, start=1):
         row_to_work(dict(zip(header, row, strict=False)), number=number, source=str(src))
-    raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
+    return header, rows
+
+
+def _six_significant(x: np.ndarray) -> np.ndarray:
+    """`x` rounded to 6 significant digits (so the shortest decimal form is at most 6 digits)."""
+    out = x.copy()
+    finite = np.isfinite(x) & (x > 0)
+    exp10 = np.zeros(len(x), dtype=int)
+    exp10[finite] = np.floor(np.log10(x[finite])).astype(int)
+    for e in set(exp10[finite].tolist()):
+        sel = finite & (exp10 == e)
+        out[sel] = np.round(x[sel], 5 - e)
+    return out
+
+
+def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, prov: np.ndarray) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    labels = np.array([p.label() for p in sorted(Provenance)], dtype=object)
+    blank = pa.array([""] * n, type=pa.string()) if any(c not in text for c in ROW_COLUMNS) else None
+    arrays = [text.get(c, blank) for c in ROW_COLUMNS]
+    arrays.append(pc.cast(pa.array(_six_significant(latency_s * 1e3)), pa.string()))
+    arrays.append(pa.array(labels[prov], type=pa.string()))
+    pacsv.write_csv(pa.table(arrays, names=list(PREDICTION_COLUMNS)), out,
+                    write_options=pacsv.WriteOptions(quoting_style="needed"))
 
 
 def cmd_predict_kernels(args: Namespace) -> int:
     hw = load_hardware(args.hardware)
     src = Path(args.input)
-    with src.open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header or "kernel" not in header:
-            raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
-        rows = list(reader)
-    cols = _columns(rows, header)
+    header = _read_header(src)
+    fast = _read_fast(src, header)
+    rows: list[list[str]] = []
+    if fast is not None:
+        text, cols = fast
+        n = len(cols["kernel"])
+    else:
+        header, rows = _validate_rows(src)
+        cols, n = _columns(rows, header), len(rows)
     try:
         latency_s, prov = predict_columns(cols, hw, args.tier, args.calibration)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
-        _raise_first_bad_row(rows, header, src, exc)
-    labels = {int(p): p.label() for p in Provenance}
-    pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
+        _validate_rows(src)
+        raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(PREDICTION_COLUMNS)
-        for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
-            writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
+    if fast is not None:
+        _write_fast(tmp, text, n, latency_s, prov)
+    else:
+        labels = {int(p): p.label() for p in Provenance}
+        pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
+        with tmp.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(PREDICTION_COLUMNS)
+            for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
+                writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
     tmp.replace(out)
-    sys.stderr.write(f"wrote {len(rows)} predictions ({args.tier}) to {out}\n")
+    sys.stderr.write(f"wrote {n} predictions ({args.tier}) to {out}\n")
     return 0
 
 
@@ -150,11 +268,19 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
 
 
 def cmd_fit_cross_generation(args: Namespace) -> int:
-    from sim.calibration.calibrate import cross_generation_artifact
+    from sim.calibration.accuracy import TRAIN_GPUS
+    from sim.calibration.calibrate import cross_generation_artifact, shipped_calibration_artifact
 
-    art = cross_generation_artifact(_data_root(args.data))
+    root = _data_root(args.data)
+    art = cross_generation_artifact(root)
     art.save(Path(args.out))
     sys.stderr.write(f"wrote cross-generation model fitted on {', '.join(art.fitted_on)} to {args.out}\n")
+    if args.calibrations:
+        for gpu in TRAIN_GPUS:
+            cal = shipped_calibration_artifact(root, gpu, art)
+            path = Path(args.out).parent / f"{gpu}.json"
+            cal.save(path)
+            sys.stderr.write(f"wrote target-measured calibration of {gpu} to {path}\n")
     return 0
 
 
@@ -197,4 +323,7 @@ def register(sub: Any) -> None:
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")
     fx.add_argument("--data", help="shared data root (default ../shared/data)")
     fx.add_argument("--out", default=str(CALIBRATION_DIR / CROSS_GENERATION_FILE))
+    fx.add_argument("--calibrations", action="store_true",
+                    help="also refit the shipped target-measured calibrations of the training GPUs "
+                         "(on their microbench-plan points), next to --out")
     fx.set_defaults(func=cmd_fit_cross_generation)

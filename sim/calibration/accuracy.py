@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.calibration.batch import family_batches, predict_latency_s
 from sim.calibration.fit import fit_correction, fit_cross_generation
-from sim.calibration.plan import PLAN_KEYS, microbench_plan, plan_key_family
+from sim.calibration.plan import DEFAULT_GRID, PLAN_KEYS, PlanGrid, microbench_plan, plan_key_family
 from sim.calibration.tables import (
     FAMILY_OF_KERNEL,
     Exclusion,
@@ -50,8 +50,11 @@ TIERS: Final = ("roofline", "naive", "cross-generation", "target-measured")
 @dataclass(frozen=True, slots=True)
 class Loaded:
     rows: dict[str, pd.DataFrame]
+    """Per GPU, the rows scored (shape-hash subsample) with their roofline time."""
     exclusions: list[Exclusion]
     sha256: dict[str, str]
+    plan_rows: dict[str, pd.DataFrame]
+    """Per training GPU, every measured row at a microbenchmark-plan point (the calibration data)."""
 
 
 def _keys(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.Series:
@@ -71,9 +74,9 @@ def _keys(df: pd.DataFrame, cols: tuple[str, ...]) -> pd.Series:
     return out
 
 
-def plan_mask(rows: pd.DataFrame, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+def plan_mask(rows: pd.DataFrame, hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> tuple[np.ndarray, np.ndarray]:
     """(rows at plan points, rows in a plan unit) for one GPU's rows."""
-    plan = pd.DataFrame(microbench_plan(hw))
+    plan = pd.DataFrame(microbench_plan(hw, grid))
     at = np.zeros(len(rows), dtype=bool)
     kfam = rows.kernel.map(plan_key_family)
     for fam, cols in PLAN_KEYS.items():
@@ -88,14 +91,26 @@ def plan_mask(rows: pd.DataFrame, hw: HardwareSpec) -> tuple[np.ndarray, np.ndar
     return at, in_unit
 
 
+def full_rows(data_root: Path, gpu: str) -> pd.DataFrame:
+    """Every usable measured row of one GPU: its AIConfigurator tables plus its Vidur small kernels
+    (as the pointwise.csv a sweep would write)."""
+    df, _, _ = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
+    vidur = read_vidur_pointwise(data_root / "vidur" / "compute_mlp_ops.csv.gz")
+    return pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
+
+
 def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True) -> Loaded:
     rows: dict[str, pd.DataFrame] = {}
     excl: list[Exclusion] = []
     sha: dict[str, str] = {}
+    plan_rows: dict[str, pd.DataFrame] = {}
     vidur = read_vidur_pointwise(data_root / "vidur" / "compute_mlp_ops.csv.gz")
     for gpu in gpus:
         df, ex, digest = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
         df = pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
+        if gpu in TRAIN_GPUS:
+            at_plan, _ = plan_mask(df, load_hardware(gpu))
+            plan_rows[gpu] = df[at_plan].reset_index(drop=True)
         df["family"] = df.kernel.map(FAMILY_OF_KERNEL)
         if subsample:
             h = pd.util.hash_pandas_object(_keys(df, SHAPE_COLS), index=False).to_numpy()
@@ -108,7 +123,7 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True) -> L
         df["roofline_s"] = roof
         rows[gpu], sha[gpu] = df, digest
         excl += ex
-    return Loaded(rows, excl, sha)
+    return Loaded(rows, excl, sha, plan_rows)
 
 
 def _naive(train: Mapping[str, pd.DataFrame], held: pd.DataFrame) -> np.ndarray:
@@ -153,14 +168,13 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
         result["calibration_points"] = 0
         return result
     # Target-measured: calibrate on the plan's points of the full table, score outside plan units.
-    full, _, _ = read_microbench_dir(data_root / "aiconfigurator" / held_gpu, held_gpu)
-    at_plan, _ = plan_mask(full, hw)
-    calibrated = fit_correction(base, full[at_plan], hw)
+    calibrated = fit_correction(base, loaded.plan_rows[held_gpu], hw)
     _, in_unit = plan_mask(held, hw)
     target, _ = predict_latency_s(cols, hw, FittedEfficiency(calibrated))
     result["tiers"]["target-measured"] = _scores(held, target, ~in_unit)
     result["tiers"]["cross-generation (same rows as target)"] = _scores(held, cross, ~in_unit)
-    result["calibration_points"] = int(at_plan.sum())
+    result["calibration_points"] = len(loaded.plan_rows[held_gpu])
+    result["plan_points"] = len(microbench_plan(hw))
     return result
 
 

@@ -13,7 +13,7 @@ from typing import Final
 
 import numpy as np
 
-from sim.calibration.rows import POINTWISE_KERNELS
+from sim.calibration.rows import DEFAULT_OP, POINTWISE_KERNELS, POINTWISE_PASSES
 from sim.dtypes import DType
 from sim.perf.fitted import FittedEfficiency
 from sim.provenance import Provenance
@@ -63,9 +63,14 @@ def _text(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray, default: s
     return out
 
 
+def _labels(values: np.ndarray) -> list[str]:
+    """Distinct labels of an object array (hashing, not sorting: cheap on large batches)."""
+    return sorted(set(values.tolist()))
+
+
 def _per_dtype(values: np.ndarray, fn: dict[str, float]) -> np.ndarray:
     out = np.empty(len(values))
-    for label in np.unique(values):
+    for label in _labels(values):
         if label not in fn:
             raise ValueError(f"dtype={label!r}: must be one of {', '.join(sorted(fn))}")
         out[values == label] = fn[label]
@@ -136,12 +141,17 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
         t, w = _num(cols, "m", idx, 1.0), _num(cols, "n", idx, 1.0)
         dt = _text(cols, "dtype", idx, "bfloat16")
         variant = _text(cols, "variant", idx, "")
-        passes = np.where(np.isin(variant, ["add", "silu_and_mul", "residual_add"]), 3.0, 2.0)
+        op = variant.copy()
+        for name, default in DEFAULT_OP.items():
+            op[(op == "") & (kernel[idx] == name)] = default
+        passes = np.full(len(idx), 2.0)
+        for name, value in POINTWISE_PASSES.items():
+            passes[op == name] = value
         nbytes = passes * t * w * _per_dtype(dt, bytes_of)
         tc, tm = t * w / _per_dtype(dt, peak_of), nbytes / bw
         out.append(FamilyBatch("pointwise", idx, np.maximum(tc, tm),
                                {"compute_s": tc, "memory_s": tm, "bytes": nbytes, "tokens": t, "width": w},
-                               {"op": kernel[idx], "backend": _text(cols, "backend", idx, "")}))
+                               {"op": op, "backend": _text(cols, "backend", idx, "")}))
 
     for family, names in (("nccl", [k for k in _NCCL_OPS if k.startswith("nccl")]),
                           ("custom_allreduce", ["custom_allreduce"])):
@@ -176,10 +186,10 @@ def predict_latency_s(cols: Mapping[str, np.ndarray], hw: HardwareSpec, model: F
         if model is None or fb.family not in model.families():
             latency[fb.index] = fb.roofline_s
             continue
-        y, outside = model.predict_log_slowdown(fb.family, fb.prims, fb.cats, hw)
+        y, outside, corrected = model.predict_log_slowdown(fb.family, fb.prims, fb.cats, hw)
         latency[fb.index] = fb.roofline_s * np.exp(y)
-        base = model.families()[fb.family].provenance()
-        prov[fb.index] = np.where(outside, int(Provenance.EXTRAPOLATED), int(base))
+        prov[fb.index] = np.where(outside, int(Provenance.EXTRAPOLATED),
+                                  np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
     if not known.all():
         bad = int(np.flatnonzero(~known)[0])
         raise ValueError(f"row {bad + 1}: kernel={cols['kernel'][bad]!r} is not a known kernel")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.calibration.accuracy import TRAIN_GPUS
+from sim.calibration.accuracy import TRAIN_GPUS, full_rows, plan_mask
 from sim.calibration.artifact import CalibrationArtifact
-from sim.calibration.fit import fit_correction, fit_cross_generation
-from sim.calibration.tables import file_sha256, read_microbench_dir, read_vidur_pointwise
+from sim.calibration.fit import LEARNER, fit_correction, fit_cross_generation
+from sim.calibration.tables import TABLE_FILES, Exclusion, file_sha256, read_microbench_dir, read_vidur_pointwise
 from sim.errors import ConfigError
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
@@ -31,7 +31,8 @@ def cross_generation_artifact(data_root: Path, gpus: tuple[str, ...] = TRAIN_GPU
     families = fit_cross_generation(rows, {g: load_hardware(g) for g in gpus})
     return CalibrationArtifact(tier="cross-generation", hardware=None, fitted_on=tuple(gpus),
                                data_sha256=sha, families=families,
-                               notes="ridge in log space with level interactions; see docs/kernel-model.md")
+                               notes="learners per family: " + ", ".join(f"{f} {LEARNER[f]}" for f in sorted(families))
+                               + "; see docs/kernel-model.md")
 
 
 def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact) -> CalibrationArtifact:
@@ -39,13 +40,35 @@ def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact) 
     rows, excluded, digest = read_microbench_dir(directory, hw.name)
     if not len(rows):
         raise ConfigError(source=str(directory), key="--microbench", value=str(directory),
-                          rule="holds none of gemm.csv.gz, context_attention.csv.gz, "
-                               "generation_attention.csv.gz, nccl.csv, custom_allreduce.csv")
+                          rule="holds none of " + ", ".join(TABLE_FILES))
+    return calibrate_rows(hw, rows, base, excluded=excluded, digests={f"microbench/{hw.name}": digest})
+
+
+def calibrate_rows(hw: HardwareSpec, rows: pd.DataFrame, base: CalibrationArtifact, *,
+                   excluded: list[Exclusion], digests: dict[str, str]) -> CalibrationArtifact:
+    if base.tier != "cross-generation":
+        raise ConfigError(source="calibrate", key="--base", value=base.tier, rule="must be a cross-generation model")
     families = fit_correction(base.families, rows, hw)
     corrected = sorted(f for f, p in families.items() if p.correction is not None)
     notes = (f"corrected families: {', '.join(corrected)}; rows: {len(rows)}; excluded: "
              + "; ".join(f"{e.table} {e.what} ({e.num_rows})" for e in excluded))
     return CalibrationArtifact(tier="target-measured", hardware=hw.name,
                                fitted_on=(*base.fitted_on, f"{hw.name} (correction)"),
-                               data_sha256={**base.data_sha256, f"microbench/{hw.name}": digest},
+                               data_sha256={**base.data_sha256, **digests},
                                families=families, notes=notes)
+
+
+def shipped_calibration_artifact(data_root: Path, gpu: str, base: CalibrationArtifact) -> CalibrationArtifact:
+    """The shipped target-measured calibration of a training GPU: `base` corrected on the rows of
+    shared/data at `kernelsight microbench plan` points (what a sweep of that GPU would measure)."""
+    if gpu not in TRAIN_GPUS:
+        raise ConfigError(source="shipped_calibration_artifact", key="gpu", value=gpu,
+                          rule=f"must be one of {', '.join(TRAIN_GPUS)} (b200_sxm is evaluation-only)")
+    hw = load_hardware(gpu)
+    rows = full_rows(data_root, gpu)
+    at_plan, _ = plan_mask(rows, hw)
+    _, excluded, digest = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
+    vidur = data_root / "vidur" / "compute_mlp_ops.csv.gz"
+    return calibrate_rows(hw, rows[at_plan].reset_index(drop=True), base, excluded=excluded,
+                          digests={f"aiconfigurator/{gpu} (plan points)": digest,
+                                   "vidur/compute_mlp_ops.csv.gz": file_sha256([vidur])})

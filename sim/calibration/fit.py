@@ -1,14 +1,17 @@
-"""Fitting the efficiency model: ridge regression in log space, per kernel family.
+"""Fitting the efficiency model in log space, per kernel family.
 
 Target: y = log(measured latency / roofline time) = -log(efficiency). Features: `kernel_features`
-plus one-hot categoricals. Columns are standardised for the penalty and the scaling folded back
-into raw-feature coefficients; the intercept is not penalised. Each GPU gets the same total
-weight inside a family so GPUs with larger tables do not dominate. Rows measured faster than
-0.95 x roofline (L2-resident benchmark artefacts, see the data README) are left out of fits.
+plus one-hot categoricals. Each GPU gets the same total weight inside a family so GPUs with larger
+tables do not dominate. Rows measured faster than 0.95 x roofline (L2-resident benchmark
+artefacts, see the data README) are left out of fits.
 
-Cross-generation: `fit_cross_generation` over several GPUs' rows. Target-measured:
-`fit_correction` fits an additive correction (same layout, stronger penalty) on the residuals
-of a base model on one GPU's microbenchmark rows.
+Cross-generation (`fit_cross_generation`, several GPUs' rows): a ridge model (columns
+standardised for the penalty, scaling folded back, intercept unpenalised) for every family, plus
+an MLP (`mlp_fit`) for the families where leave-one-GPU-out chose it (`LEARNER`). Target-measured
+(`fit_correction`, one GPU's microbenchmark rows): the residual of the cross-generation prediction
+is interpolated over log-shape coordinates by a Gaussian-process posterior mean (fixed RBF kernel,
+length scales and noise chosen by leave-one-GPU-out), one group per backend/dtype/op level plus a
+pooled group as fallback (`sim.perf.learners.CorrectionParams`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import numpy as np
 import pandas as pd
 
 from sim.calibration.batch import FamilyBatch, family_batches
+from sim.calibration.mlp_fit import fit_mlp
 from sim.calibration.tables import columns_of
-from sim.perf.fitted import NUM_INTERACTED, FamilyParams
-from sim.perf.kernel_features import VECTOR, features
+from sim.perf.fitted import NUM_INTERACTED, FamilyParams, FittedEfficiency
+from sim.perf.kernel_features import CORRECTION_COORDINATES, VECTOR, correction_coordinates, features
+from sim.perf.learners import POOLED, CorrectionGroup, CorrectionParams
 from sim.specs.hardware import HardwareSpec
 
 CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
@@ -31,10 +36,38 @@ CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
     "attn_decode": ("dtype", "backend"), "pointwise": ("op",), "nccl": ("op",),
     "custom_allreduce": ("variant",),
 }
+LEARNER: Final[dict[str, str]] = {
+    "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "mlp", "nccl": "mlp",
+    "custom_allreduce": "ridge",
+}
+"""Cross-generation learner per family, chosen by leave-one-GPU-out (docs/kernel-model.md)."""
 CROSS_LAMBDA: Final = 1.0
-CORRECTION_LAMBDA: Final = 30.0
 MAX_FIT_ROWS: Final = 25_000
-"""Rows per (GPU, family) used in a fit; a deterministic subsample above that."""
+"""Rows per (GPU, family) used in a ridge fit; a deterministic subsample above that."""
+MAX_MLP_ROWS: Final = 15_000
+"""Rows per (GPU, family) used to train an MLP."""
+CORRECTION_CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
+    "gemm": ("backend", "dtype"), "attn_prefill": ("backend", "dtype"), "attn_decode": ("backend", "dtype"),
+    "pointwise": ("op",), "nccl": ("op",), "custom_allreduce": ("variant",),
+}
+"""Categoricals whose levels get their own correction group (a leading `backend` also gets a pooled group)."""
+LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
+    "gemm": (1.0, 1.0, 1.0),
+    "attn_prefill": (1.5, 1.5, 1.5, 1.5, 1.5, 1.5),
+    "attn_decode": (1.5, 1.5, 1.5, 1.5, 1.5, 1.5),
+    "pointwise": (1.0, 1.0),
+    "nccl": (1.5, 1.5),
+    "custom_allreduce": (1.5, 1.5),
+}
+"""RBF length scales of the correction per coordinate (log units), chosen by leave-one-GPU-out."""
+CORRECTION_NOISE: Final[dict[str, float]] = {
+    "gemm": 0.05, "attn_prefill": 0.05, "attn_decode": 0.05, "pointwise": 0.05, "nccl": 0.01,
+    "custom_allreduce": 0.01,
+}
+"""Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
+MAX_CENTERS: Final = 128
+"""Kernel centres per correction group: bounds artifact size and prediction cost (each row is
+compared with its group's centres)."""
 _FASTER_THAN_ROOFLINE: Final = float(np.log(0.95))
 
 
@@ -44,6 +77,7 @@ class Design:
     """Continuous features (n x p), without intercept or one-hots."""
     cats: dict[str, np.ndarray]
     y: np.ndarray
+    prims: dict[str, np.ndarray]
 
 
 def design(fb: FamilyBatch, latency_s: np.ndarray, hw: HardwareSpec) -> Design:
@@ -51,17 +85,21 @@ def design(fb: FamilyBatch, latency_s: np.ndarray, hw: HardwareSpec) -> Design:
     n = len(fb.index)
     x = np.column_stack([np.broadcast_to(np.asarray(c, dtype=float), (n,)) for c in cont])
     y = np.log(latency_s / np.maximum(fb.roofline_s, 1e-15))
-    return Design(x, fb.cats, y)
+    return Design(x, fb.cats, y, fb.prims)
 
 
 def _one_hot(cats: Mapping[str, np.ndarray], levels: tuple[tuple[str, tuple[str, ...]], ...],
-             x: np.ndarray) -> np.ndarray:
-    """One-hot columns, then each level's products with the leading continuous features."""
+             x: np.ndarray, *, interactions: bool = True) -> np.ndarray:
+    """One-hot columns, then (ridge) each level's products with the leading continuous features."""
     n = len(x)
     cols = [(cats[name] == level).astype(float) if name in cats else np.zeros(n)
             for name, lv in levels for level in lv]
+    if not cols:
+        return np.zeros((n, 0))
+    if not interactions:
+        return np.column_stack(cols)
     inter = [c[:, None] * x[:, :NUM_INTERACTED] for c in cols]
-    return np.hstack([np.column_stack(cols), *inter]) if cols else np.zeros((n, 0))
+    return np.hstack([np.column_stack(cols), *inter])
 
 
 def ridge(x: np.ndarray, y: np.ndarray, w: np.ndarray, lam: float) -> np.ndarray:
@@ -93,16 +131,24 @@ def gpu_designs(rows_by_gpu: Mapping[str, pd.DataFrame], hw_by_gpu: Mapping[str,
     return out
 
 
+def _take(d: Design, idx: np.ndarray) -> Design:
+    return Design(d.x[idx], {k: v[idx] for k, v in d.cats.items()}, d.y[idx],
+                  {k: np.asarray(v)[idx] if np.ndim(v) else v for k, v in d.prims.items()})
+
+
 def _subsample(d: Design, limit: int) -> Design:
-    keep = d.y > _FASTER_THAN_ROOFLINE
-    idx = np.flatnonzero(keep)
+    idx = np.flatnonzero(d.y > _FASTER_THAN_ROOFLINE)
     if len(idx) > limit:
         idx = np.sort(np.random.default_rng(0).choice(idx, size=limit, replace=False))
-    return Design(d.x[idx], {k: v[idx] for k, v in d.cats.items()}, d.y[idx])
+    return _take(d, idx)
 
 
-def fit_family(family: str, parts: list[Design], lam: float = CROSS_LAMBDA) -> FamilyParams:
-    parts = [_subsample(d, MAX_FIT_ROWS) for d in parts]
+def fit_family(family: str, parts: list[Design], lam: float = CROSS_LAMBDA,
+               learner: str | None = None) -> FamilyParams:
+    """Cross-generation parameters of one family from several GPUs' designs."""
+    learner = learner or LEARNER.get(family, "ridge")
+    full = [d for d in parts if len(d.y)]
+    parts = [_subsample(d, MAX_FIT_ROWS) for d in full]
     parts = [d for d in parts if len(d.y)]
     if not parts:
         raise ValueError(f"no usable rows to fit family {family!r}")
@@ -114,35 +160,112 @@ def fit_family(family: str, parts: list[Design], lam: float = CROSS_LAMBDA) -> F
     coef = ridge(x, y, w, lam)
     cont = np.vstack([d.x for d in parts])
     ranges = tuple((float(lo), float(hi)) for lo, hi in zip(cont.min(0), cont.max(0), strict=True))
-    return FamilyParams(family=family, categoricals=levels, coef=tuple(float(c) for c in coef),
-                        ranges=ranges)
+    params = FamilyParams(family=family, categoricals=levels, coef=tuple(float(c) for c in coef),
+                          ranges=ranges)
+    if learner == "mlp":
+        small = [_subsample(d, MAX_MLP_ROWS) for d in full]
+        small = [d for d in small if len(d.y)]
+        xm = np.vstack([np.hstack([d.x, _one_hot(d.cats, levels, d.x, interactions=False)]) for d in small])
+        ym = np.concatenate([d.y for d in small])
+        wm = np.concatenate([np.full(len(d.y), 1.0 / len(d.y)) for d in small])
+        params = replace(params, mlp=fit_mlp(xm, ym, wm))
+    return params
 
 
-def fit_cross_generation(rows_by_gpu: Mapping[str, pd.DataFrame],
-                         hw_by_gpu: Mapping[str, HardwareSpec]) -> dict[str, FamilyParams]:
-    return {fam: fit_family(fam, [d for _, d in parts])
+def fit_cross_generation(rows_by_gpu: Mapping[str, pd.DataFrame], hw_by_gpu: Mapping[str, HardwareSpec],
+                         learners: Mapping[str, str] | None = None) -> dict[str, FamilyParams]:
+    learners = learners or LEARNER
+    return {fam: fit_family(fam, [d for _, d in parts], learner=learners.get(fam, "ridge"))
             for fam, parts in gpu_designs(rows_by_gpu, hw_by_gpu).items()}
 
 
-def linear_prediction(params: FamilyParams, d: Design) -> np.ndarray:
-    x = np.hstack([np.ones((len(d.y), 1)), d.x, _one_hot(d.cats, params.categoricals, d.x)])
-    pred: np.ndarray = x @ np.asarray(params.coef)
-    return pred
+@dataclass(frozen=True, slots=True)
+class CorrectionSettings:
+    length_scales: Mapping[str, tuple[float, ...]]
+    noise: Mapping[str, float]
+
+
+def _farthest_points(z: np.ndarray, m: int) -> np.ndarray:
+    """Indices of `m` points spread over `z` (greedy farthest-point order from the first point)."""
+    chosen = [0]
+    d2 = ((z - z[0]) ** 2).sum(1)
+    for _ in range(m - 1):
+        i = int(np.argmax(d2))
+        chosen.append(i)
+        d2 = np.minimum(d2, ((z - z[i]) ** 2).sum(1))
+    return np.array(sorted(chosen))
+
+
+def _group(key: tuple[str, ...], z: np.ndarray, r: np.ndarray, noise: float,
+           max_centers: int = MAX_CENTERS) -> CorrectionGroup:
+    """GP posterior-mean weights of one group's points (duplicates of a point averaged).
+
+    Up to `max_centers` distinct points: the exact posterior mean. Beyond: the subset-of-regressors
+    approximation on `max_centers` farthest-point centres (all points still inform the weights),
+    which bounds the prediction cost per row.
+    """
+    uniq, inverse = np.unique(np.round(z, 9), axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    counts = np.bincount(inverse, minlength=len(uniq)).astype(float)
+    rm = np.bincount(inverse, weights=r, minlength=len(uniq)) / counts
+    offset = float(np.average(rm, weights=counts))
+    resid = rm - offset
+    if len(uniq) <= max_centers:
+        d2 = ((uniq[:, None, :] - uniq[None, :, :]) ** 2).sum(-1)
+        alpha = np.linalg.solve(np.exp(-0.5 * d2) + np.diag(noise / counts), resid)
+        centres = uniq
+    else:
+        centres = uniq[_farthest_points(uniq, max_centers)]
+        k_cx = np.exp(-0.5 * ((centres[:, None, :] - uniq[None, :, :]) ** 2).sum(-1))
+        k_cc = np.exp(-0.5 * ((centres[:, None, :] - centres[None, :, :]) ** 2).sum(-1))
+        prec = counts / noise
+        a = (k_cx * prec) @ k_cx.T + k_cc + 1e-9 * np.eye(len(centres))
+        alpha = np.linalg.solve(a, (k_cx * prec) @ resid)
+    return CorrectionGroup(key=key, offset=offset, points=tuple(tuple(float(v) for v in p) for p in centres),
+                           alpha=tuple(float(a) for a in alpha))
+
+
+def fit_correction_family(family: str, d: Design, prior: np.ndarray,
+                          settings: CorrectionSettings | None = None) -> CorrectionParams | None:
+    """The target-measured correction of one family from one GPU's design and its prior prediction."""
+    settings = settings or CorrectionSettings(LENGTH_SCALES, CORRECTION_NOISE)
+    keep = d.y > _FASTER_THAN_ROOFLINE
+    if keep.sum() < 2:
+        return None
+    scales = np.asarray(settings.length_scales[family], dtype=float)
+    z = correction_coordinates(family, d.prims)[keep] / scales
+    r = (d.y - prior)[keep]
+    names = CORRECTION_CATEGORICALS[family]
+    cols = [np.asarray(d.cats[c], dtype=object)[keep] if c in d.cats else np.full(int(keep.sum()), "", dtype=object)
+            for c in names]
+    keys = list(zip(*[c.astype(str) for c in cols], strict=True))
+    groups: list[CorrectionGroup] = []
+    exact = sorted(set(keys))
+    key_arr = np.array(["\x1f".join(k) for k in keys], dtype=object)
+    for key in exact:
+        sel = key_arr == "\x1f".join(key)
+        groups.append(_group(key, z[sel], r[sel], settings.noise[family]))
+    # Pooled over backends: the fallback for a backend the sweep did not measure (the same
+    # operation in another framework). Operations are never pooled: their residuals differ.
+    rest = sorted({k[1:] for k in keys}) if names[0] == "backend" else []
+    for tail in rest:
+        sel = np.array([k[1:] == tail for k in keys])
+        groups.append(_group((POOLED, *tail), z[sel], r[sel], settings.noise[family]))
+    return CorrectionParams(coordinates=CORRECTION_COORDINATES[family], length_scales=tuple(float(s) for s in scales),
+                            categoricals=names, groups=tuple(groups), num_points=int(keep.sum()))
 
 
 def fit_correction(base: Mapping[str, FamilyParams], rows: pd.DataFrame, hw: HardwareSpec,
-                   lam: float = CORRECTION_LAMBDA) -> dict[str, FamilyParams]:
+                   settings: CorrectionSettings | None = None) -> dict[str, FamilyParams]:
     """Base families with a correction fitted on `rows` of the target (families without rows unchanged)."""
-    out = dict(base)
+    out = {f: replace(p, correction=None) for f, p in base.items()}
+    model = FittedEfficiency(out)
     for fam, parts in gpu_designs({hw.name: rows}, {hw.name: hw}).items():
         if fam not in base:
             continue
-        d = _subsample(parts[0][1], MAX_FIT_ROWS)
-        if len(d.y) < 4:
-            continue
-        p = base[fam]
-        resid = d.y - linear_prediction(p, d)
-        x = np.hstack([d.x, _one_hot(d.cats, p.categoricals, d.x)])
-        corr = ridge(x, resid, np.ones(len(resid)), lam)
-        out[fam] = replace(p, correction=tuple(float(c) for c in corr))
+        d = parts[0][1]
+        prior, _ = model.prior_log_slowdown(fam, d.prims, d.cats, hw)
+        corr = fit_correction_family(fam, d, prior, settings)
+        if corr is not None:
+            out[fam] = replace(out[fam], correction=corr)
     return out

@@ -1,39 +1,74 @@
 """The model-agnostic microbenchmark sweep a target GPU measures for the target-measured tier.
 
-A fixed grid of kernel shapes that does not depend on any LLM: GEMM at a few (n, k) sites over
-the whole token range, attention at three head configurations (GQA 8:1, GQA 4:1, MHA) over
-batch and length, and collectives at a handful of message sizes per group size. Every point uses
-values present in the AIConfigurator collector grids, so a sweep can also be cut out of an
-existing table. The GPU-time estimate assumes 30 calls per point at the
-cross-generation prediction (5 warm-up plus 25 timed calls), plus 0.15 s of setup per point.
+A fixed grid of kernel shapes that does not depend on any LLM: GEMM on a 6 x 6 grid of (n, k)
+sites (log-spaced, 128 .. 65536) over the token range, per dtype; attention at eleven head
+configurations (GQA ratios 1..64, head dims 64/128/256, one sliding window) over batch and
+length, per KV dtype; collectives at ten message sizes (1 KiB .. 256 MiB) per group size; and
+the small memory-bound kernels (norm, add, silu_and_mul, rope, embedding) at a few widths. One
+sweep per backend (the framework whose kernels the simulator prices). Every point uses values
+present in the AIConfigurator collector grids (and Vidur's model shapes for the small kernels),
+so a sweep can also be cut out of an existing table; the grids were chosen by leave-one-GPU-out
+on the five training GPUs (docs/kernel-model.md). The GPU-time estimate assumes 30 calls per
+point at the cross-generation prediction (5 warm-up plus 25 timed calls), plus 0.15 s of setup
+per point.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from sim.calibration.rows import ROW_COLUMNS
 from sim.specs.hardware import HardwareSpec
 
-GEMM_SITES: Final[tuple[tuple[int, int], ...]] = (
-    (1024, 1024), (4096, 4096), (8192, 8192), (1536, 6144), (6144, 1536), (3072, 12288),
-    (12288, 3072), (16384, 4096))
-"""(n, k) pairs: square, wide, tall and an LM-head-like site."""
-GEMM_TOKENS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-HEAD_CONFIGS: Final[tuple[tuple[int, int, int], ...]] = ((8, 1, 128), (32, 8, 128), (64, 64, 128))
+GEMM_NK: Final = (128, 512, 2048, 6144, 16384, 65536)
+"""n and k values of the GEMM sites (every pair: a 6 x 6 grid in log space)."""
+GEMM_TOKENS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+MAX_GEMM_FLOPS: Final = 5.0e11
+"""Largest GEMM point (2mnk) measured: keeps the sweep inside its GPU-time budget."""
+HEAD_CONFIGS: Final[tuple[tuple[int, int, int, int], ...]] = (
+    (2, 1, 128, 0), (8, 1, 128, 0), (64, 1, 128, 0), (12, 4, 128, 0), (32, 8, 128, 0), (96, 8, 128, 0),
+    (64, 64, 128, 0), (16, 2, 64, 0), (4, 4, 256, 0), (32, 4, 256, 0), (32, 4, 64, 128))
+"""(heads, kv_heads, head_dim, window) per GPU: GQA ratios 1..64, head dims 64..256, one sliding window."""
 PREFILL_BATCH: Final = (1, 4, 16, 64)
-PREFILL_SEQ: Final = (16, 128, 512, 1024, 2048, 4096, 8192)
+PREFILL_SEQ: Final = (16, 128, 1024, 8192)
 MAX_PREFILL_TOKENS: Final = 32768
+DECODE_BATCH: Final = (1, 8, 64, 512)
+DECODE_KV: Final = (15, 255, 2047, 16383)
 MAX_DECODE_KV_BYTES: Final = 4 * 2**30
-DECODE_BATCH: Final = (1, 8, 32, 128, 512)
-DECODE_KV: Final = (15, 127, 1023, 4095, 16383)
-MESSAGE_BYTES: Final = (4096, 65536, 1048576, 16777216, 67108864)
+MESSAGE_BYTES: Final = (1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864, 268435456)
+POINTWISE_OPS: Final[tuple[tuple[str, str, tuple[int, ...]], ...]] = (
+    ("norm", "rms_norm", (4096, 8192)), ("elementwise", "add", (4096, 8192)),
+    ("elementwise", "silu_and_mul", (3584, 14336)), ("elementwise", "rope", (1024, 4096, 16384)),
+    ("embedding", "", (4096, 8192)))
+"""(kernel, variant, widths) of the small memory-bound kernels (pointwise.csv)."""
+POINTWISE_TOKENS: Final = (1, 8, 64, 256, 1024, 4096)
 NCCL_KERNELS: Final = ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_alltoall")
 MAX_POINTS: Final = 2000
 MAX_GPU_S: Final = 15 * 60.0
 CALLS_PER_POINT: Final = 30
 SETUP_S_PER_POINT: Final = 0.15
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanGrid:
+    """The sweep's grids (the defaults are the shipped plan)."""
+
+    gemm_nk: tuple[int, ...] = GEMM_NK
+    gemm_tokens: tuple[int, ...] = GEMM_TOKENS
+    max_gemm_flops: float = MAX_GEMM_FLOPS
+    head_configs: tuple[tuple[int, int, int, int], ...] = HEAD_CONFIGS
+    prefill_batch: tuple[int, ...] = PREFILL_BATCH
+    prefill_seq: tuple[int, ...] = PREFILL_SEQ
+    decode_batch: tuple[int, ...] = DECODE_BATCH
+    decode_kv: tuple[int, ...] = DECODE_KV
+    message_bytes: tuple[int, ...] = MESSAGE_BYTES
+    pointwise_ops: tuple[tuple[str, str, tuple[int, ...]], ...] = POINTWISE_OPS
+    pointwise_tokens: tuple[int, ...] = POINTWISE_TOKENS
+
+
+DEFAULT_GRID: Final = PlanGrid()
 
 
 def _row(**values: object) -> dict[str, str]:
@@ -49,28 +84,44 @@ def gemm_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
-def microbench_plan(hw: HardwareSpec) -> list[dict[str, str]]:
-    """The sweep's rows in the `predict-kernels` schema (backend left blank: the one simulated)."""
+def prefill_dtypes(hw: HardwareSpec) -> tuple[tuple[str, str], ...]:
+    """(attn_dtype, kv_cache_dtype) of prefill points: bf16, and fp8 KV / fp8 compute where supported."""
+    if "fp8" not in hw.peak_flops_per_s:
+        return (("bfloat16", "bfloat16"),)
+    return (("bfloat16", "bfloat16"), ("bfloat16", "fp8"), ("fp8", "fp8"))
+
+
+def decode_kv_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
+    return ("bfloat16", "fp8") if "fp8" in hw.peak_flops_per_s else ("bfloat16",)
+
+
+def microbench_plan(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> list[dict[str, str]]:
+    """The sweep's rows in the `predict-kernels` schema (backend left blank: one sweep per backend)."""
     rows: list[dict[str, str]] = []
     for dtype in gemm_dtypes(hw):
-        for n, k in GEMM_SITES:
-            rows += [_row(kernel="gemm", dtype=dtype, m=m, n=n, k=k) for m in GEMM_TOKENS]
-    kv_dtypes = ("bfloat16", "fp8") if "fp8" in hw.peak_flops_per_s else ("bfloat16",)
-    for heads, kv_heads, head_dim in HEAD_CONFIGS:
-        for kvd in kv_dtypes:
-            common = {"attn_dtype": "bfloat16", "kv_cache_dtype": kvd, "num_heads": heads,
-                      "num_kv_heads": kv_heads, "head_dim": head_dim, "window_size": 0}
-            rows += [_row(kernel="context_attention", batch_size=b, seq_len=s, **common)
-                     for b in PREFILL_BATCH for s in PREFILL_SEQ if b * s <= MAX_PREFILL_TOKENS]
+        rows += [_row(kernel="gemm", dtype=dtype, m=m, n=n, k=k)
+                 for n in grid.gemm_nk for k in grid.gemm_nk for m in grid.gemm_tokens
+                 if 2.0 * m * n * k <= grid.max_gemm_flops]
+    for heads, kv_heads, head_dim, window in grid.head_configs:
+        shape = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim, "window_size": window}
+        for act, kvd in prefill_dtypes(hw):
+            rows += [_row(kernel="context_attention", batch_size=b, seq_len=s, attn_dtype=act,
+                          kv_cache_dtype=kvd, **shape)
+                     for b in grid.prefill_batch for s in grid.prefill_seq if b * s <= MAX_PREFILL_TOKENS]
+        for kvd in decode_kv_dtypes(hw):
             kv_bytes_per_token = 2 * kv_heads * head_dim * (1 if kvd == "fp8" else 2)
-            rows += [_row(kernel="generation_attention", batch_size=b, kv_len=kv, **common)
-                     for b in DECODE_BATCH for kv in DECODE_KV
+            rows += [_row(kernel="generation_attention", batch_size=b, kv_len=kv, attn_dtype="bfloat16",
+                          kv_cache_dtype=kvd, **shape)
+                     for b in grid.decode_batch for kv in grid.decode_kv
                      if b * (kv + 1) * kv_bytes_per_token <= MAX_DECODE_KV_BYTES]
     groups = [g for g in (2, 4, 8) if g <= hw.num_gpus_per_node]
     for g in groups:
-        for msg in MESSAGE_BYTES:
+        for msg in grid.message_bytes:
             rows += [_row(kernel=k, num_gpus=g, message_bytes=msg) for k in NCCL_KERNELS]
             rows.append(_row(kernel="custom_allreduce", num_gpus=g, message_bytes=msg))
+    for kernel, variant, widths in grid.pointwise_ops:
+        rows += [_row(kernel=kernel, variant=variant, dtype="bfloat16", m=t, n=w)
+                 for w in widths for t in grid.pointwise_tokens]
     return rows
 
 
@@ -87,11 +138,14 @@ PLAN_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "generation_attention": ("kernel", "attn_dtype", "kv_cache_dtype", "batch_size", "kv_len",
                              "num_heads", "num_kv_heads", "head_dim", "window_size"),
     "collective": ("kernel", "num_gpus", "message_bytes"),
+    "pointwise": ("kernel", "variant", "m", "n"),
 }
 """Columns that identify a plan point (backend-independent)."""
 
 
 def plan_key_family(kernel: str) -> str:
+    if kernel in ("norm", "elementwise", "embedding", "sampling"):
+        return "pointwise"
     return kernel if kernel in PLAN_KEYS else "collective"
 
 

@@ -16,14 +16,15 @@ def _pct(x: float) -> str:
 
 def _headline_table(result: Mapping[str, Any]) -> list[str]:
     lines = ["| held-out GPU | roofline | naive transfer | cross-generation | target-measured "
-             "| cross-gen on target's rows | calibration points |",
+             "| cross-gen on target's rows | plan points / calibration rows |",
              "|---|---|---|---|---|---|---|"]
     for g in result["gpus"]:
         t = g["tiers"]
         name = g["gpu"] + (" (evaluation only)" if g["gpu"] == "b200_sxm" else "")
         lines.append(f"| {name} | " + " | ".join(_pct(headline(t[c])) for c in TIER_COLUMNS)
                      + f" | {_pct(headline(t['cross-generation (same rows as target)']))}"
-                     + f" | {g['calibration_points'] or 'none (evaluation only)'} |")
+                     + " | " + (f"{g['plan_points']} / {g['calibration_points']}" if g["calibration_points"]
+                                else "none (evaluation only)") + " |")
     logo = [g for g in result["gpus"] if g["gpu"] != "b200_sxm"]
     if logo:
         means = [sum(headline(g["tiers"][c]) for g in logo) / len(logo) for c in TIER_COLUMNS]

@@ -43,16 +43,32 @@ KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_atte
                                    *POINTWISE_KERNELS)
 
 
+POINTWISE_PASSES: Final[dict[str, float]] = {
+    "add": 3.0, "silu_and_mul": 3.0, "gelu_and_mul": 3.0, "residual_add": 3.0, "fused_add_rms_norm": 4.0,
+    "add3": 6.0,
+}
+"""Tensors of tokens x width a pointwise variant reads plus writes; any other variant reads one and
+writes one (2). `add3` is a three-way sum done as two binary adds (Vidur's parallel-block models)."""
+DEFAULT_OP: Final[dict[str, str]] = {"norm": "rms_norm", "elementwise": "add", "embedding": "embedding",
+                                     "sampling": "sampling"}
+"""Operation a pointwise row means when its `variant` is blank."""
+
+
 def pointwise_passes(variant: str) -> float:
-    """Tensors of tokens x width a pointwise kernel reads plus writes (binary ops read two)."""
-    return 3.0 if variant in ("add", "silu_and_mul", "residual_add") else 2.0
+    return POINTWISE_PASSES.get(variant, 2.0)
+
+
+def pointwise_op(kernel: str, variant: str) -> str:
+    """The operation label the efficiency model keys on (`variant`, or the kernel's default)."""
+    return variant or DEFAULT_OP.get(kernel, kernel)
 
 
 def pointwise_work(kernel: str, tokens: int, width: int, dtype: DType, variant: str = "") -> KernelWork:
     """A small memory-bound kernel as a row describes it (one FLOP per element)."""
-    return KernelWork(kind=POINTWISE_KERNELS[kernel], name=kernel, dtype=dtype,
+    op = pointwise_op(kernel, variant)
+    return KernelWork(kind=POINTWISE_KERNELS[kernel], name=op, dtype=dtype,
                       flops=float(tokens * width),
-                      activation_bytes=pointwise_passes(variant) * tokens * width * dtype.bytes_per_element(),
+                      activation_bytes=pointwise_passes(op) * tokens * width * dtype.bytes_per_element(),
                       shape=(tokens, width))
 
 

@@ -2,7 +2,9 @@
 
 Reads a directory in the layout of shared/data/aiconfigurator/<system>/ (any subset of
 gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz, nccl.csv,
-custom_allreduce.csv) and Vidur's compute_mlp_ops.csv.gz (small memory-bound kernels).
+custom_allreduce.csv, plus an optional pointwise.csv of small memory-bound kernels in the
+`predict-kernels` row schema with a latency_ms column) and Vidur's compute_mlp_ops.csv.gz
+(small memory-bound kernels, mapped to the same schema by `read_vidur_pointwise`).
 Exclusions follow shared/data/README.md: broken context-attention series as a whole, rows
 flagged as exceeding peak FLOPs or DRAM bandwidth, and GEMM formats outside this model's scope.
 Fitting-time only (pandas).
@@ -13,17 +15,20 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
+from sim.errors import ConfigError
+
 TABLE_FILES: Final[tuple[str, ...]] = (
     "gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
     "custom_allreduce.csv", "pointwise.csv")
-"""`pointwise.csv` (not an AIConfigurator table; written by `microbench run`): backend,
-backend_version, kernel_source, kernel (norm/elementwise/embedding/sampling), variant, dtype,
-m (tokens), n (width), latency_ms."""
+POINTWISE_COLUMNS: Final = ("kernel", "variant", "dtype", "m", "n", "latency_ms")
+"""Required columns of `pointwise.csv` (not an AIConfigurator table; written by `microbench run`):
+kernel (norm/elementwise/embedding/sampling), variant, dtype, m (tokens), n (width), latency_ms.
+Optional: backend, backend_version, kernel_source."""
 BROKEN_CONTEXT_SERIES: Final[tuple[tuple[str, str, str, str], ...]] = (
     ("b200_sxm", "sglang", "0.5.10", "trtllm_mha"),
     ("rtx_pro_6000_server", "vllm", "0.19.0", "vllm_flashinfer"),
@@ -36,7 +41,7 @@ FAMILY_OF_KERNEL: Final[dict[str, str]] = {
     "gemm": "gemm", "context_attention": "attn_prefill", "generation_attention": "attn_decode",
     "nccl_all_reduce": "nccl", "nccl_all_gather": "nccl", "nccl_reduce_scatter": "nccl",
     "nccl_alltoall": "nccl", "custom_allreduce": "custom_allreduce", "norm": "pointwise",
-    "elementwise": "pointwise", "embedding": "pointwise",
+    "elementwise": "pointwise", "embedding": "pointwise", "sampling": "pointwise",
 }
 
 
@@ -114,13 +119,6 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
             parts.append(g)
         elif name in ("context_attention", "generation_attention"):
             parts.append(_attention(df, name, system, excl))
-        elif name == "pointwise":
-            p = pd.DataFrame({
-                "kernel": df.kernel, "backend": df.backend, "backend_version": df.backend_version.astype(str),
-                "kernel_source": df.kernel_source, "variant": df.variant.fillna(""), "dtype": df.dtype,
-                "m": df.m, "n": df.n, "latency_s": df.latency_ms * 1e-3})
-            p["unit"] = df.n.astype(str)
-            parts.append(p)
         elif name == "nccl":
             per = np.where(df.nccl_dtype == "int8", 1, 2)
             msg = df.message_elems * per
@@ -128,6 +126,23 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
                 "kernel": "nccl_" + df.op, "backend": "nccl", "backend_version": df.nccl_version.astype(str),
                 "message_bytes": msg, "num_gpus": df.num_gpus, "latency_s": df.latency_ms * 1e-3,
                 "unit": msg.astype(str)}))
+        elif name == "pointwise":
+            missing = [c for c in POINTWISE_COLUMNS if c not in df]
+            if missing:
+                raise ConfigError(source=str(path), key=missing[0], value=None, rule="column is required")
+            bad = ~df.kernel.isin(["norm", "elementwise", "embedding", "sampling"])
+            if bad.any():
+                row = int(np.flatnonzero(bad.to_numpy())[0])
+                raise ConfigError(source=f"{path} row {row + 1}", key="kernel", value=df.kernel.iloc[row],
+                                  rule="must be norm, elementwise, embedding or sampling")
+            p = pd.DataFrame({"kernel": df.kernel, "backend": df.backend if "backend" in df else "",
+                              "variant": df.variant.fillna("").astype(str), "dtype": df.dtype,
+                              "m": df.m, "n": df.n, "latency_s": df.latency_ms * 1e-3})
+            for optional in ("backend_version", "kernel_source"):
+                if optional in df:
+                    p[optional] = df[optional].astype(str)
+            p["unit"] = df.n.astype(str)
+            parts.append(p)
         else:
             msg = df.message_elems * 2
             parts.append(pd.DataFrame({
@@ -141,19 +156,32 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
 
 
 def read_vidur_pointwise(path: Path) -> pd.DataFrame:
-    """Vidur's small memory-bound ops as pointwise rows, with a `gpu` column (catalog names)."""
+    """Vidur's small memory-bound ops as pointwise rows, with a `gpu` column (catalog names).
+
+    What each Vidur op times (vidur/profiling/mlp/mlp_impl.py, Sarathi layers, fp16): the norms are
+    Sarathi's RMSNorm kernel (torch LayerNorm for phi-2), 2 passes over tokens x hidden; `mlp_act`
+    is SiluAndMul over 2 x width in, width out (3 passes, width = intermediate / tp) for gated MLPs
+    and torch GELU (2 passes) otherwise; `attn_rope` rotates q and k in place ((q + kv heads) / tp x
+    head_dim, 2 passes); `add` is residual + hidden (3 passes), or for parallel-block models
+    (no post-attention norm: phi-2) attn + mlp + residual as two adds (6 passes); `emb` is the
+    vocab-parallel lookup (2 passes; masking at tp > 1 is part of the timed region).
+    """
     v = pd.read_csv(path)
     v = v[v.gpu.isin(list(VIDUR_GPUS))]
     head_dim = v.n_embd // v.n_head
     q = np.maximum(v.n_head // v.tp, 1)
     kvh = np.maximum(v.n_kv_head // v.tp, 1)
-    spec = {
-        "emb": ("embedding", "", v.n_embd),
-        "input_layernorm": ("norm", "", v.n_embd),
-        "post_attention_layernorm": ("norm", "", v.n_embd),
-        "attn_rope": ("elementwise", "rope", (q + kvh) * head_dim),
-        "mlp_act": ("elementwise", "silu_and_mul", v.n_expanded_embd // v.tp),
-        "add": ("elementwise", "add", v.n_embd),
+    has_post_norm = v.groupby(["gpu", "model"]).op.transform(lambda s: (s == "post_attention_layernorm").any())
+    gated = v.use_gated_mlp.astype(str).str.lower().eq("true")
+    width_mlp = v.n_expanded_embd // v.tp
+    spec: dict[str, tuple[str, pd.Series, Any]] = {
+        "emb": ("embedding", pd.Series("", index=v.index), v.n_embd),
+        "input_layernorm": ("norm", pd.Series(np.where(has_post_norm, "rms_norm", "layer_norm"), index=v.index),
+                            v.n_embd),
+        "post_attention_layernorm": ("norm", pd.Series("rms_norm", index=v.index), v.n_embd),
+        "attn_rope": ("elementwise", pd.Series("rope", index=v.index), (q + kvh) * head_dim),
+        "mlp_act": ("elementwise", pd.Series(np.where(gated, "silu_and_mul", "gelu"), index=v.index), width_mlp),
+        "add": ("elementwise", pd.Series(np.where(has_post_norm, "add", "add3"), index=v.index), v.n_embd),
     }
     parts = []
     for op, (kernel, variant, width) in spec.items():
@@ -161,7 +189,7 @@ def read_vidur_pointwise(path: Path) -> pd.DataFrame:
         sub = v[sel]
         parts.append(pd.DataFrame({
             "gpu": sub.gpu.map(VIDUR_GPUS), "kernel": kernel, "backend": "vidur",
-            "variant": variant, "dtype": "float16", "m": sub.num_tokens,
+            "variant": variant[sel].to_numpy(), "dtype": "float16", "m": sub.num_tokens,
             "n": np.asarray(width)[sel], "latency_s": sub.median_ms * 1e-3}))
     out = pd.concat(parts, ignore_index=True)
     out["unit"] = out.n.astype(str)

@@ -1,10 +1,12 @@
-"""Learned efficiency over the roofline: a linear model in log space per kernel family.
+"""Learned efficiency over the roofline, per kernel family, in log space.
 
-For each family, log(measured / roofline) is a linear function of the device-normalised features
-of `sim.perf.kernel_features` plus one-hot categoricals (dtype, backend, collective op). The
-cross-generation tier uses coefficients fitted on other GPUs; the target-measured tier adds a
-correction (same layout) fitted on the target's microbenchmark sweep. Efficiency is
-exp(-max(0, prediction)), so it stays in (0, 1] and time never drops below the roofline.
+For each family, y = log(measured / roofline) is predicted from the device-normalised features of
+`sim.perf.kernel_features` plus one-hot categoricals (dtype, backend, collective op): by a ridge
+model with level-specific slopes, or by a small MLP where leave-one-GPU-out chose it
+(docs/kernel-model.md). That is the cross-generation tier (fitted on other GPUs). The
+target-measured tier adds a correction interpolated from the target's microbenchmark points
+(`sim.perf.learners.CorrectionParams`). Efficiency is exp(-max(0, y)), so it stays in (0, 1]
+and time never drops below the roofline.
 
 Parameters are plain numbers (see `sim.calibration.artifact` for the JSON form).
 """
@@ -14,14 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.perf.efficiency import Efficiency
-from sim.perf.kernel_features import COLLECTIVE_FAMILIES, SCALAR, VECTOR, features
+from sim.perf.kernel_features import COLLECTIVE_FAMILIES, SCALAR, VECTOR, correction_coordinates, features
+from sim.perf.learners import CorrectionParams, MlpParams, correction_one, correction_residual, mlp_forward
 from sim.perf.roofline import collective_wire_bytes
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
@@ -40,47 +43,49 @@ KIND_FAMILY: Final[dict[KernelKind, str]] = {
     KernelKind.REDUCE_SCATTER: "nccl", KernelKind.ALL_TO_ALL: "nccl", KernelKind.SEND_RECV: "nccl",
 }
 """Which family's model prices a kernel kind in the simulator."""
-_PROXY_KINDS: Final = frozenset({KernelKind.MOE_GEMM, KernelKind.SAMPLING, KernelKind.SEND_RECV})
-"""Kinds priced by a related family's model: always reported as extrapolated."""
+_PROXY_KINDS: Final = frozenset({KernelKind.MOE_GEMM, KernelKind.SAMPLING, KernelKind.SEND_RECV, KernelKind.NORM})
+"""Kinds priced by a related family's or operation's model: always reported as extrapolated."""
 KIND_OP: Final[dict[KernelKind, str]] = {
     KernelKind.ALL_REDUCE: "all_reduce", KernelKind.ALL_GATHER: "all_gather",
     KernelKind.REDUCE_SCATTER: "reduce_scatter", KernelKind.ALL_TO_ALL: "alltoall",
-    KernelKind.SEND_RECV: "all_gather", KernelKind.NORM: "norm",
-    KernelKind.ELEMENTWISE: "elementwise", KernelKind.EMBEDDING: "embedding",
-    KernelKind.SAMPLING: "elementwise",
+    KernelKind.SEND_RECV: "all_gather", KernelKind.NORM: "add",
+    KernelKind.ELEMENTWISE: "silu_and_mul", KernelKind.EMBEDDING: "embedding",
+    KernelKind.SAMPLING: "add",
 }
+"""Operation level the simulator's kernels take in the collective and pointwise models.
+
+Norms: vLLM's rms_norm / fused_add_rms_norm are vectorised single-pass streaming kernels (the graph
+counts the fused kernel's 4 passes). The only norm measured (Vidur's profile of Sarathi's RMSNorm,
+op `rms_norm`) is a scalar-load kernel that reaches ~0.35 of DRAM bandwidth at 2048 x 8192 on H100,
+not what vLLM runs, so norms are priced with the measured vectorised streaming kernel (`add`) and
+flagged extrapolated. The sampler is priced the same way (no measurement)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FamilyParams:
-    """Fitted coefficients of one family.
+    """Fitted parameters of one family.
 
-    Layout: [intercept, continuous features (p), one-hots (L), then for each one-hot level its
-    products with the first `NUM_INTERACTED` continuous features (L x NUM_INTERACTED)].
+    `coef` layout (ridge): [intercept, continuous features (p), one-hots (L), then for each one-hot
+    level its products with the first `NUM_INTERACTED` continuous features (L x NUM_INTERACTED)].
+    `mlp`, when present, replaces the ridge as the cross-generation prediction (its inputs are the
+    continuous features followed by the one-hots). `correction` is the target-measured part.
     """
 
     family: str
     categoricals: tuple[tuple[str, tuple[str, ...]], ...]
     """(name, levels) in coefficient order; an unseen or missing level contributes nothing."""
     coef: tuple[float, ...]
-    correction: tuple[float, ...] | None = None
-    """Target-measured additive correction in the same layout, or None (cross-generation)."""
+    mlp: MlpParams | None = None
+    correction: CorrectionParams | None = None
+    """Target-measured correction, or None (cross-generation)."""
     ranges: tuple[tuple[float, float], ...] = ()
     """(min, max) of each continuous feature in the fitting data, for the EXTRAPOLATED flag."""
 
     def num_levels(self) -> int:
         return sum(len(levels) for _, levels in self.categoricals)
 
-    def num_continuous(self) -> int:
-        return len(self.coef) - 1 - self.num_levels() * (1 + NUM_INTERACTED)
-
-    def weights(self) -> tuple[float, ...]:
-        if self.correction is None:
-            return self.coef
-        return tuple(a + b for a, b in zip(self.coef, self.correction, strict=True))
-
-    def provenance(self) -> Provenance:
-        return Provenance.TRANSFERRED if self.correction is None else Provenance.CALIBRATED
+    def learner(self) -> str:
+        return "mlp" if self.mlp is not None else "ridge"
 
 
 def _kv_dtype_label(work: KernelWork, batch: int, kv_heads: int, head_dim: int) -> str:
@@ -91,11 +96,18 @@ def _kv_dtype_label(work: KernelWork, batch: int, kv_heads: int, head_dim: int) 
 
 
 class FittedEfficiency:
-    """`EfficiencyModel` backed by fitted per-family parameters; pure and cheap per call."""
+    """`EfficiencyModel` backed by fitted per-family parameters; pure.
+
+    One implementation (the vectorised `predict_log_slowdown`) serves both the simulator's
+    one-kernel calls and `predict-kernels` batches, so both give the same numbers.
+    """
 
     def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None) -> None:
         self._families = dict(families)
-        self._weights = {f: p.weights() for f, p in self._families.items()}
+        self._coef = {f: np.asarray(p.coef, dtype=float) for f, p in self._families.items()}
+        self._mlp = {f: p.mlp.arrays() for f, p in self._families.items() if p.mlp is not None}
+        self._corr = {f: p.correction.arrays() for f, p in self._families.items() if p.correction is not None}
+        self._ranges = {f: np.asarray(p.ranges, dtype=float).reshape(-1, 2) for f, p in self._families.items()}
         self._backend = backend
 
     def families(self) -> Mapping[str, FamilyParams]:
@@ -108,33 +120,48 @@ class FittedEfficiency:
         if family is None or params is None:
             return Efficiency(1.0, Provenance.ROOFLINE)
         prims, cats = self._primitives(family, work, hw)
-        x = features(SCALAR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes))
-        outside = _outside(x, params.ranges)
-        if outside:
-            # Polynomial terms must not run away outside the data: hold features at the fitted range.
-            x = [min(max(xi, lo), hi) for xi, (lo, hi) in zip(x, params.ranges, strict=False)]
-        w = self._weights[family]
-        y = w[0]
-        for i, xi in enumerate(x, start=1):
-            y += w[i] * xi
-        j = 1 + len(x)
-        inter = j + params.num_levels()
-        for name, levels in params.categoricals:
-            value = cats.get(name)
-            for level in levels:
-                if level == value:
-                    y += w[j]
-                    for q in range(NUM_INTERACTED):
-                        y += w[inter + q] * x[q]
-                j += 1
-                inter += NUM_INTERACTED
-        prov = params.provenance()
+        y, outside, corrected = self._one(family, params, prims, cats, hw)
+        prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
             prov = Provenance.EXTRAPOLATED
-        return Efficiency(math.exp(-min(max(y, 0.0), _MAX_LOG_SLOWDOWN)), prov)
+        return Efficiency(math.exp(-y), prov)
+
+    def _one(self, family: str, params: FamilyParams, prims: dict[str, float], cats: dict[str, str | None],
+             hw: HardwareSpec) -> tuple[float, bool, bool]:
+        """`predict_log_slowdown` for one kernel with python scalars (the simulator's path: ~20x
+        fewer numpy calls than arrays of length one, same numbers)."""
+        x = np.array(features(SCALAR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes)))
+        outside = False
+        rng = self._ranges[family]
+        if len(rng):
+            slack = _RANGE_SLACK * (rng[:, 1] - rng[:, 0])
+            outside = bool(((x < rng[:, 0] - slack) | (x > rng[:, 1] + slack)).any())
+            x = np.clip(x, rng[:, 0], rng[:, 1])
+        hots = [1.0 if cats.get(name) == level else 0.0 for name, levels in params.categoricals for level in levels]
+        mlp = self._mlp.get(family)
+        if mlp is not None:
+            y = float(mlp_forward(mlp, np.concatenate([x, hots]) if hots else x))
+        else:
+            w = self._coef[family]
+            p = len(x)
+            y = float(w[0] + x @ w[1:1 + p])
+            inter = 1 + p + len(hots)
+            for j, hot in enumerate(hots):
+                if hot:
+                    y += float(w[1 + p + j] + x[:NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
+                                                                    inter + (j + 1) * NUM_INTERACTED])
+        corrected = False
+        corr = self._corr.get(family)
+        if corr is not None and params.correction is not None:
+            key = tuple(cats.get(c) or "" for c in params.correction.categoricals)
+            delta = correction_one(corr, np.array(correction_coordinates(family, prims, SCALAR)), key)
+            if delta is not None:
+                y += delta
+                corrected = True
+        return min(max(y, 0.0), _MAX_LOG_SLOWDOWN), outside, corrected
 
     def _primitives(self, family: str, work: KernelWork, hw: HardwareSpec
-                    ) -> tuple[dict[str, Any], dict[str, str | None]]:
+                    ) -> tuple[dict[str, float], dict[str, str | None]]:
         if family in COLLECTIVE_FAMILIES:
             link = hw.link_for_group(work.group_size)
             wire = collective_wire_bytes(work.kind, work.comm_bytes, work.group_size)
@@ -142,8 +169,8 @@ class FittedEfficiency:
                      "group": float(max(work.group_size, 2)),
                      "nvlink": 1.0 if link.kind == "nvlink" else 0.0,
                      "link_bw": link.bandwidth_bytes_per_s},
-                    {"op": KIND_OP.get(work.kind)})
-        p: dict[str, Any] = {
+                    {"op": KIND_OP.get(work.kind), "variant": None})
+        p: dict[str, float] = {
             "compute_s": work.flops / hw.peak_flops_for(work.dtype),
             "memory_s": work.bytes_moved() / hw.hbm_bandwidth_bytes_per_s,
             "bytes": max(work.bytes_moved(), 1.0),
@@ -164,49 +191,66 @@ class FittedEfficiency:
             cats["dtype"] = f"{act}/{_kv_dtype_label(work, batch, kv_heads, head_dim)}"
         else:
             p.update(tokens=float(max(s[0], 1)), width=float(max(s[1], 1)))
+            # Pointwise rows are fitted at one FLOP per element (`pointwise_work`): keep the features'
+            # intensity on that convention whatever arithmetic the graph counts for the kernel.
+            p["compute_s"] = p["tokens"] * p["width"] / hw.peak_flops_for(work.dtype)
             cats["op"] = KIND_OP.get(work.kind)
         return p, cats
 
     # -- vectorised ----------------------------------------------------------------------------
     def predict_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],
                              cats: Mapping[str, np.ndarray], hw: HardwareSpec
-                             ) -> tuple[np.ndarray, np.ndarray]:
-        """log(time / roofline) (>= 0) and an extrapolation mask for arrays of one family."""
-        params = self._families.get(family)
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """log(time / roofline) (>= 0), an extrapolation mask and a calibrated mask, for arrays of
+        one family's rows."""
         n = len(next(iter(prims.values())))
+        params = self._families.get(family)
         if params is None:
-            return np.zeros(n), np.zeros(n, dtype=bool)
-        x = features(VECTOR, family, dict(prims), float(hw.num_sms), float(hw.l2_cache_bytes))
-        w = self._weights[family]
-        y = np.full(n, w[0])
+            return np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        y, outside = self.prior_log_slowdown(family, prims, cats, hw)
+        corrected = np.zeros(n, dtype=bool)
+        corr = self._corr.get(family)
+        if corr is not None and params.correction is not None:
+            keys = [np.asarray(cats[c], dtype=object) if c in cats else np.full(n, "", dtype=object)
+                    for c in params.correction.categoricals]
+            delta, corrected = correction_residual(corr, correction_coordinates(family, dict(prims)), keys)
+            y = y + delta
+        return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside, corrected
+
+    def prior_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],
+                           cats: Mapping[str, np.ndarray], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+        """The cross-generation part, unclipped (what a target-measured correction is fitted
+        against), and the extrapolation mask."""
+        params = self._families[family]
+        n = len(next(iter(prims.values())))
+        cont = features(VECTOR, family, dict(prims), float(hw.num_sms), float(hw.l2_cache_bytes))
+        hots = [(values == level) if (values := cats.get(name)) is not None else np.zeros(n, dtype=bool)
+                for name, levels in params.categoricals for level in levels]
+        p = len(cont)
+        x_all = np.empty((n, p + len(hots)))
+        for i, c in enumerate(cont):
+            x_all[:, i] = c
+        for j, hot in enumerate(hots):
+            x_all[:, p + j] = hot
+        x = x_all[:, :p]
         outside = np.zeros(n, dtype=bool)
-        for i, xi in enumerate(x, start=1):
-            col = np.broadcast_to(np.asarray(xi, dtype=float), (n,))
-            if params.ranges:
-                lo, hi = params.ranges[i - 1]
-                slack = _RANGE_SLACK * (hi - lo)
-                outside |= (col < lo - slack) | (col > hi + slack)
-                col = np.clip(col, lo, hi)
-                x[i - 1] = col
-            y += w[i] * col
-        j = 1 + len(x)
-        inter = j + params.num_levels()
-        lead = [np.broadcast_to(np.asarray(xi, dtype=float), (n,)) for xi in x[:NUM_INTERACTED]]
-        for name, levels in params.categoricals:
-            values = cats.get(name)
-            for level in levels:
-                if values is not None:
-                    hit = values == level
-                    if hit.any():
-                        y += hit * (w[j] + sum(w[inter + q] * lead[q] for q in range(NUM_INTERACTED)))
-                j += 1
-                inter += NUM_INTERACTED
-        return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside
-
-
-def _outside(x: list[float], ranges: tuple[tuple[float, float], ...]) -> bool:
-    for xi, (lo, hi) in zip(x, ranges, strict=False):
-        slack = _RANGE_SLACK * (hi - lo)
-        if xi < lo - slack or xi > hi + slack:
-            return True
-    return False
+        rng = self._ranges[family]
+        if len(rng):
+            slack = _RANGE_SLACK * (rng[:, 1] - rng[:, 0])
+            outside = ((x < rng[:, 0] - slack) | (x > rng[:, 1] + slack)).any(1)
+            # Polynomial terms must not run away outside the data: hold features at the fitted range.
+            np.maximum(x, rng[:, 0], out=x)
+            np.minimum(x, rng[:, 1], out=x)
+        mlp = self._mlp.get(family)
+        if mlp is not None:
+            y: np.ndarray = mlp_forward(mlp, x_all)
+            return y, outside
+        w = self._coef[family]
+        y = w[0] + x @ w[1:1 + p]
+        lead = x[:, :NUM_INTERACTED]
+        inter = 1 + p + len(hots)
+        for j, hot in enumerate(hots):
+            if hot.any():
+                slopes = w[inter + j * NUM_INTERACTED: inter + (j + 1) * NUM_INTERACTED]
+                y = y + hot * (w[1 + p + j] + lead @ slopes)
+        return y, outside

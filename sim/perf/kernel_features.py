@@ -138,6 +138,37 @@ def collective_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
     return [a, lm, *knees, lg, nvl, xp.log(p["link_bw"] / 1e11), lg * lm, nvl * lm, a * a, fl]
 
 
+CORRECTION_COORDINATES: Final[dict[str, tuple[str, ...]]] = {
+    "gemm": ("log_m", "log_n", "log_k"),
+    "attn_prefill": ("log_batch", "log_seq", "log_heads", "log_kv_heads", "log_head_dim", "windowed"),
+    "attn_decode": ("log_batch", "log_kv", "log_heads", "log_kv_heads", "log_head_dim", "windowed"),
+    "pointwise": ("log_tokens", "log_width"),
+    "nccl": ("log_msg", "log_group"),
+    "custom_allreduce": ("log_msg", "log_group"),
+}
+"""Shape coordinates over which the target-measured correction interpolates, per family."""
+
+
+def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> Any:
+    """The family's correction coordinates: (n x d) from array primitives, or a list of d floats
+    from scalar ones (`xp=SCALAR`)."""
+    lg = xp.log
+    if family == "gemm":
+        cols = [lg(p["m"]), lg(p["n"]), lg(p["k"])]
+    elif family in ("attn_prefill", "attn_decode"):
+        length = p["seq"] if family == "attn_prefill" else p["kv"]
+        cols = [lg(p["batch"]), lg(length), lg(p["heads"]), lg(p["kv_heads"]), lg(p["head_dim"]),
+                p["windowed"]]
+    elif family == "pointwise":
+        cols = [lg(p["tokens"]), lg(p["width"])]
+    else:
+        cols = [lg(p["msg"]), lg(p["group"])]
+    if not xp.vectorised:
+        return [float(c) for c in cols]
+    n = len(next(iter(p.values())))
+    return np.column_stack([np.broadcast_to(np.asarray(c, dtype=float), (n,)) for c in cols])
+
+
 def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float) -> list[Any]:
     if family in COLLECTIVE_FAMILIES:
         return collective_features(xp, p)

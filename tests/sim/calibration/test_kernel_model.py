@@ -13,12 +13,22 @@ import pytest
 from orchestrator.cli import main
 from sim.calibration.artifact import CalibrationArtifact, from_json, load_artifact
 from sim.calibration.batch import family_batches, predict_latency_s
+from sim.calibration.fit import LEARNER, CorrectionSettings, Design, fit_correction_family
 from sim.calibration.plan import MAX_POINTS, microbench_plan
-from sim.calibration.rows import ROW_COLUMNS, row_to_work
+from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
 from sim.calibration.select import CALIBRATION_DIR, efficiency_model_for, load_for_tier
+from sim.calibration.tables import columns_of, read_vidur_pointwise
 from sim.errors import ConfigError
 from sim.perf.fitted import NUM_INTERACTED, FamilyParams, FittedEfficiency
-from sim.perf.kernel_features import feature_names
+from sim.perf.kernel_features import correction_coordinates, feature_names
+from sim.perf.learners import (
+    POOLED,
+    CorrectionGroup,
+    CorrectionParams,
+    MlpParams,
+    correction_residual,
+    mlp_forward,
+)
 from sim.perf.roofline import roofline
 from sim.provenance import Provenance
 from sim.specs.catalog import list_hardware, load_hardware
@@ -51,7 +61,7 @@ def test_vectorised_roofline_matches_row_to_work() -> None:
     lat, prov = predict_latency_s(cols, H100, None)
     for i, row in enumerate(ROWS):
         expected = roofline(row_to_work(row, number=i + 1, source="t"), H100).time_s()
-        assert lat[i] == pytest.approx(expected, rel=1e-9), row
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row  # float32 hidden layers and kernels
     assert set(prov.tolist()) == {int(Provenance.ROOFLINE)}
 
 
@@ -102,13 +112,15 @@ def test_scalar_and_vectorised_paths_agree() -> None:
     assert isinstance(model, FittedEfficiency)
     lat, _ = predict_latency_s(_cols(ROWS), H100, model)
     for i, row in enumerate(ROWS):
-        if row["kernel"] in ("custom_allreduce",):
+        # Custom all-reduce rows and pointwise rows name their variant; the simulator's kernels take
+        # the NCCL model and the KIND_OP proxies instead (tested separately below).
+        if row["kernel"] in ("custom_allreduce", "norm", "elementwise"):
             continue
         work = row_to_work({**row, "backend": ""}, number=i + 1, source="t")
         if row.get("backend"):
             continue
         expected = roofline(work, H100).time_s() / model.efficiency(work, H100).value
-        assert lat[i] == pytest.approx(expected, rel=1e-9), row
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row  # float32 hidden layers and kernels
 
 
 def test_artifact_json_round_trip(tmp_path: Path) -> None:
@@ -187,3 +199,213 @@ def test_partial_table_calibrate(tmp_path: Path) -> None:
 def test_family_batches_cover_every_row() -> None:
     got = sorted(int(i) for fb in family_batches(_cols(ROWS), H100) for i in fb.index)
     assert got == list(range(len(ROWS)))
+
+
+def test_simulator_norm_is_priced_as_vectorised_streaming_kernel() -> None:
+    """Llama-3-70B TP4 input_layernorm (fused add + RMSNorm, 2112 x 8192 bf16) on H100: 4 passes,
+    41 us at the DRAM roofline; vLLM's vectorised kernel runs near it (not at the ~0.35 efficiency
+    of the scalar Sarathi RMSNorm that Vidur measured)."""
+    from sim.dtypes import DType
+    from sim.graph.kernels import KernelKind, KernelWork
+
+    work = KernelWork(kind=KernelKind.NORM, name="input_layernorm", dtype=DType.BFLOAT16,
+                      flops=4.0 * 2112 * 8192, activation_bytes=4.0 * 2112 * 8192 * 2, shape=(2112, 8192))
+    roof = roofline(work, H100).time_s()
+    assert roof == pytest.approx(4 * 2112 * 8192 * 2 / 3.35e12)
+    for tier in ("cross-generation", "target-measured"):
+        model = efficiency_model_for(H100, tier=tier)  # type: ignore[arg-type]
+        eff = model.efficiency(work, H100)
+        assert roof <= roof / eff.value < 1.4 * roof, (tier, roof / eff.value)
+        assert eff.provenance is Provenance.EXTRAPOLATED
+        # Same numbers as an `add`-variant row with the same bytes through the vectorised path.
+        row = {"kernel": "elementwise", "variant": "fused_add_rms_norm", "dtype": "bfloat16", "m": "2112",
+               "n": "8192"}
+        lat_norm, _ = predict_latency_s(_cols([row]), H100, None)
+        assert lat_norm[0] == pytest.approx(roof)
+
+
+def _toy_correction(points: list[tuple[float, ...]], alpha: list[float], offset: float,
+                    key: tuple[str, ...] = ("sglang", "bfloat16")) -> CorrectionParams:
+    return CorrectionParams(coordinates=("log_m", "log_n", "log_k"), length_scales=(1.0, 1.0, 1.0),
+                            categoricals=("backend", "dtype"),
+                            groups=(CorrectionGroup(key=key, offset=offset, points=tuple(points),
+                                                    alpha=tuple(alpha)),))
+
+
+def test_correction_is_an_rbf_sum_around_the_group_offset() -> None:
+    c = _toy_correction([(0.0, 0.0, 0.0)], [0.5], 0.1).arrays()
+    coords = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [50.0, 0.0, 0.0]])
+    keys = [np.array(["sglang"] * 3, dtype=object), np.array(["bfloat16", "bfloat16", "fp8"], dtype=object)]
+    delta, hit = correction_residual(c, coords, keys)
+    assert hit.tolist() == [True, True, False]
+    assert delta[0] == pytest.approx(0.6)
+    assert delta[1] == pytest.approx(0.1 + 0.5 * math.exp(-0.5))
+    assert delta[2] == 0.0
+
+
+def test_correction_falls_back_to_the_pooled_group() -> None:
+    params = CorrectionParams(
+        coordinates=("log_msg", "log_group"), length_scales=(1.0, 1.0), categoricals=("backend", "dtype"),
+        groups=(CorrectionGroup(key=("vllm", "bfloat16"), offset=1.0, points=((0.0, 0.0),), alpha=(0.0,)),
+                CorrectionGroup(key=(POOLED, "bfloat16"), offset=2.0, points=((0.0, 0.0),), alpha=(0.0,))))
+    keys = [np.array(["vllm", "trtllm", "trtllm"], dtype=object),
+            np.array(["bfloat16", "bfloat16", "fp8"], dtype=object)]
+    delta, hit = correction_residual(params.arrays(), np.zeros((3, 2)), keys)
+    assert delta.tolist() == [1.0, 2.0, 0.0]
+    assert hit.tolist() == [True, True, False]
+
+
+def test_fitted_correction_interpolates_measured_points_and_decays_far_away() -> None:
+    rng = np.random.default_rng(0)
+    m = np.array([1.0, 16.0, 256.0, 4096.0] * 4)
+    n = np.repeat([512.0, 4096.0], 8)
+    k = np.tile(np.repeat([512.0, 8192.0], 4), 2)
+    prims = {"m": m, "n": n, "k": k}
+    resid = rng.normal(0.3, 0.2, len(m))
+    d = Design(np.zeros((len(m), 1)), {"backend": np.array(["vllm"] * len(m), dtype=object),
+                                       "dtype": np.array(["bfloat16"] * len(m), dtype=object)},
+               resid + 1.0, prims)
+    settings = CorrectionSettings({"gemm": (1.0, 1.0, 1.0)}, {"gemm": 1e-9})
+    corr = fit_correction_family("gemm", d, np.ones(len(m)), settings)
+    assert corr is not None and corr.num_points == len(m)
+    arrays = corr.arrays()
+    keys = [d.cats["backend"], d.cats["dtype"]]
+    got, hit = correction_residual(arrays, correction_coordinates("gemm", prims), keys)
+    assert hit.all()
+    np.testing.assert_allclose(got, resid, atol=1e-5)
+    far = {"m": np.array([1e12]), "n": np.array([512.0]), "k": np.array([512.0])}
+    got_far, _ = correction_residual(arrays, correction_coordinates("gemm", far),
+                                     [np.array(["vllm"], dtype=object), np.array(["bfloat16"], dtype=object)])
+    assert got_far[0] == pytest.approx(resid.mean())
+    # The pooled (any backend) group serves a backend the sweep did not measure.
+    got_other, hit_other = correction_residual(
+        arrays, correction_coordinates("gemm", {"m": m[:1], "n": n[:1], "k": k[:1]}),
+        [np.array(["sglang"], dtype=object), np.array(["bfloat16"], dtype=object)])
+    assert hit_other[0] and got_other[0] == pytest.approx(resid[0], abs=1e-5)
+
+
+def test_mlp_forward_hand_computed() -> None:
+    params = MlpParams(mean=(1.0, 0.0), scale=(2.0, 1.0), lo=(-10.0, -10.0), hi=(3.0, 10.0),
+                       weights=(((1.0,), (0.0,)), ((2.0,),)), biases=((0.0,), (0.5,)))
+    z = (3.0 - 1.0) / 2.0
+    expected = 2.0 * z / (1.0 + math.exp(-z)) + 0.5
+    got = mlp_forward(params.arrays(), np.array([[3.0, 5.0], [9.0, 5.0]]))
+    assert got[0] == pytest.approx(expected)
+    assert got[1] == pytest.approx(expected)  # held at the fitted range (hi = 3)
+
+
+def test_artifact_rejects_a_broken_mlp(tmp_path: Path) -> None:
+    data = json.loads((CALIBRATION_DIR / "cross_generation.json").read_text())
+    fam = next(f for f, p in data["families"].items() if p["mlp"] is not None)
+    data["families"][fam]["mlp"]["biases"] = data["families"][fam]["mlp"]["biases"][:-1]
+    with pytest.raises(ConfigError, match="biases"):
+        from_json(data, "t")
+
+
+def test_shipped_artifacts_record_learners_and_plan_calibration() -> None:
+    cross = load_artifact(CALIBRATION_DIR / "cross_generation.json")
+    assert "b200_sxm" not in cross.fitted_on
+    assert {f: p.learner() for f, p in cross.families.items()} == {f: LEARNER[f] for f in cross.families}
+    for gpu in ("a100_sxm", "l40s", "h100_sxm", "h200_sxm", "rtx_pro_6000_server"):
+        cal = load_artifact(CALIBRATION_DIR / f"{gpu}.json")
+        assert cal.tier == "target-measured" and cal.hardware == gpu
+        plan_points = len(microbench_plan(load_hardware(gpu)))
+        for fam, p in cal.families.items():
+            # Small memory-bound kernels are measured (Vidur) on a100 and h100 only.
+            assert (p.correction is not None) == (fam != "pointwise" or gpu in ("a100_sxm", "h100_sxm")), (gpu, fam)
+            if p.correction is None:
+                continue
+            for g in p.correction.groups:
+                assert len(g.points) <= plan_points
+
+
+def test_pointwise_table_calibrates_the_pointwise_family(tmp_path: Path) -> None:
+    d = tmp_path / "mb"
+    d.mkdir()
+    with (d / "pointwise.csv").open("w") as f:
+        f.write("kernel,variant,dtype,m,n,latency_ms\n")
+        for t in (1, 64, 1024, 4096):
+            f.write(f"norm,rms_norm,bfloat16,{t},8192,{0.004 + t * 2.6e-5}\n")
+            f.write(f"elementwise,add,bfloat16,{t},8192,{0.003 + t * 1.6e-5}\n")
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(d), "--out", str(out)]) == 0
+    art = load_artifact(out)
+    pw = art.families["pointwise"].correction
+    assert pw is not None and {g.key for g in pw.groups} == {("rms_norm",), ("add",)}  # ops never pooled
+    assert art.families["gemm"].correction is None
+    model = FittedEfficiency(art.families)
+    lat, prov = predict_latency_s(_cols([{"kernel": "norm", "variant": "rms_norm", "dtype": "bfloat16",
+                                          "m": "1024", "n": "8192"}]), H100, model)
+    assert lat[0] == pytest.approx((0.004 + 1024 * 2.6e-5) * 1e-3, rel=0.05)
+    assert prov[0] == int(Provenance.CALIBRATED)
+    (d / "pointwise.csv").write_text("kernel,variant,dtype,m,n,latency_ms\ngemm,,bfloat16,1,2,0.1\n")
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(d), "--out", str(out)]) == 2
+
+
+def test_vidur_ops_map_to_what_they_time() -> None:
+    found = [p / "vidur" / "compute_mlp_ops.csv.gz" for p in (Path("../shared/data"), Path("/work/shared/data"))]
+    data = next((p for p in found if p.is_file()), None)
+    if data is None:
+        pytest.skip("shared data not mounted")
+    v = read_vidur_pointwise(data)
+    phi = v[(v.gpu == "h100_sxm") & (v.n == 2560) & (v.kernel == "elementwise")]
+    assert {"add3"} <= set(phi.variant)  # phi-2: attn + mlp + residual, two adds
+    assert set(v[v.kernel == "norm"].variant) == {"rms_norm", "layer_norm"}
+    assert "gelu" in set(v.variant) and "silu_and_mul" in set(v.variant)
+    # A correct mapping never makes a measurement faster than its DRAM roofline by more than noise.
+    cols = columns_of(v[v.gpu == "h100_sxm"].drop(columns="gpu"))
+    roof, _ = predict_latency_s(cols, H100, None)
+    lat = v[v.gpu == "h100_sxm"].latency_s.to_numpy()
+    big = roof > 20e-6
+    assert np.quantile(roof[big] / lat[big], 0.99) < 1.05
+
+
+def _write_csv(path: Path, rows: list[dict[str, str]], columns: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows([{c: r.get(c, "") for c in columns} for r in rows])
+
+
+@pytest.mark.parametrize(("column", "value", "rule"), [
+    ("m", "1.5", "integer"), ("m", "0", "integer >= 1"), ("k", "", "required"), ("n", "abc", "integer")])
+def test_predict_kernels_names_bad_row_and_column(tmp_path: Path, column: str, value: str, rule: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "rows.csv"
+    bad = {"kernel": "gemm", "dtype": "bfloat16", "m": "8", "n": "64", "k": "64", column: value}
+    _write_csv(src, [ROWS[0], ROWS[2], bad], list(ROW_COLUMNS))
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "target-measured", "--in", str(src),
+                 "--out", str(tmp_path / "o.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "row 3" in err and f"{column}=" in err and rule in err
+
+
+def test_predict_kernels_gqa_mismatch_is_a_bad_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "rows.csv"
+    _write_csv(src, [ROWS[4], {**ROWS[4], "num_kv_heads": "5"}], list(ROW_COLUMNS))
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(src),
+                 "--out", str(tmp_path / "o.csv")]) == 2
+    assert "row 2" in capsys.readouterr().err
+
+
+def test_predict_kernels_fast_and_row_by_row_paths_write_the_same(tmp_path: Path) -> None:
+    cols = ["kernel", "m", "n", "k", "dtype", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads",
+            "head_dim", "num_gpus", "message_bytes", "variant", "window_size", "kv_cache_dtype"]
+    fast, slow = tmp_path / "fast.csv", tmp_path / "slow.csv"
+    _write_csv(fast, ROWS, cols)
+    # A padded number is valid for the row reader but not for the typed fast reader.
+    _write_csv(slow, [*ROWS[:-1], {**ROWS[-1], "m": " 512"}], cols)
+    outs = []
+    for src in (fast, slow):
+        out = src.with_suffix(".pred.csv")
+        assert main(["predict-kernels", "--hardware", "l40s", "--tier", "target-measured", "--in", str(src),
+                     "--out", str(out)]) == 0
+        with out.open() as f:
+            outs.append(list(csv.DictReader(f)))
+    a, b = outs
+    assert len(a) == len(b) == len(ROWS)
+    assert list(a[0]) == list(PREDICTION_COLUMNS)
+    for ra, rb in zip(a, b, strict=True):
+        assert float(ra["predicted_latency_ms"]) == pytest.approx(float(rb["predicted_latency_ms"]), rel=1e-5)
+        assert ra["provenance"] == rb["provenance"]
+    assert a[0]["m"] == "128" and a[0]["backend"] == ""  # copied as given; absent columns blank
