@@ -86,7 +86,7 @@ def cmd_validate(args: Namespace) -> int:
     e2e = _e2e_dir(args.data)
     profiles = _profiles()
     sources: tuple[Source, ...] | None = tuple(args.source) if args.source else None
-    rows = load_rows(e2e, profiles, sources=sources, closed_loop_waves=args.waves, offline_waves=args.offline_waves)
+    rows = load_rows(e2e, profiles, sources=sources)
     if args.suite != "all":
         rows = [r for r in rows if r.suite == args.suite]
     if args.limit:
@@ -115,7 +115,7 @@ def _limit(rows: list[ValidationRow], n: int) -> list[ValidationRow]:
     """At most `n` simulatable rows per (suite, source), cheapest-first by simulated requests (smoke runs)."""
     keep: list[ValidationRow] = []
     counts: dict[tuple[str, str], int] = {}
-    for r in sorted(rows, key=lambda r: (r.skipped, r.replay.simulated_num_requests if r.replay else 0, r.row_id)):
+    for r in sorted(rows, key=lambda r: (r.skipped, r.replay.num_requests if r.replay else 0, r.row_id)):
         key = (r.suite, r.source)
         if r.skipped or counts.get(key, 0) < n:
             keep.append(r)
@@ -133,12 +133,13 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
     result: dict[str, Any] = {
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
         "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
-        "max_row_s": args.max_row_s, "closed_loop_waves": args.waves, "offline_waves": args.offline_waves,
+        "max_row_s": args.max_row_s,
         "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s},
     }
-    write_doc = not args.no_doc and args.suite == "all" and not args.tier and not args.source and not args.limit
+    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit
+    write_doc = not args.no_doc and (full_run or args.doc is not None)
     plots: list[str] = []
-    doc = Path(args.doc)
+    doc = Path(args.doc or "docs/accuracy.md")
     if write_doc:
         plots = _plots(rows, results, tiers, doc.parent / "img")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +188,9 @@ def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str
     from sim.validation.fit import fit_host, profile_toml
     from sim.validation.rows import require_dev
 
-    dev = require_dev([r for r in rows if r.suite == "dev" and not r.skipped], purpose="fitting engine profiles")
+    # --suite all fits on its dev rows; --suite eval asks for evaluation rows and is refused.
+    wanted = [r for r in rows if not r.skipped and (args.suite != "all" or r.suite == "dev")]
+    dev = require_dev(wanted, purpose="fitting engine profiles")
     cost = measure_cost_model()
     work = Path(tempfile.mkdtemp(prefix="kernelsight-fit-"))
     backends = [args.backend] if args.backend else list(BACKENDS)
@@ -230,11 +233,10 @@ def register(sub: Any) -> None:
     v.add_argument("--budget-s", type=float, default=660.0,
                    help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")
     v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
-    v.add_argument("--waves", type=int, default=3, help="closed-loop waves of C requests to simulate (10 = all)")
-    v.add_argument("--offline-waves", type=int, default=2, help="steady batches simulated for offline runs")
     v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")
     v.add_argument("--out", metavar="DIR", help="where validate.json and trace files go (default: a temp dir)")
-    v.add_argument("--doc", default="docs/accuracy.md", help="document whose End-to-end section is rewritten")
+    v.add_argument("--doc", help="document whose End-to-end section is rewritten (default docs/accuracy.md, "
+                                 "written only by a full run: all suites, both tiers, every source)")
     v.add_argument("--no-doc", action="store_true", help="do not touch the document")
     v.add_argument("--fit-profiles", action="store_true",
                    help="fit each backend's host overheads on dev rows and rewrite sim/data/host/<backend>.toml")

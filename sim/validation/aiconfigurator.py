@@ -11,9 +11,6 @@ the file, told apart by the row's provenance:
   recorded; simulated with fixed lengths and the same C x 10 closed loop (an assumption, noted on
   each row).
 Engine settings the row does not record come from the backend's profile (`[defaults]`).
-
-Closed loops are simulated with `waves x C` requests instead of `10 x C` when `waves < 10`
-(`sim.validation.estimate.closed_loop_means` re-weights the first, middle and last waves).
 """
 
 from __future__ import annotations
@@ -48,13 +45,12 @@ def _int(raw: str, default: int) -> int:
     return default if math.isnan(x) or x <= 0 else int(x)
 
 
-def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache, *,
-                        waves: int = 10) -> list[ValidationRow]:
+def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
     with path.open(newline="", encoding="utf-8") as f:
-        return [_row(r, profiles, cache, waves) for r in csv.DictReader(f)]
+        return [_row(r, profiles, cache) for r in csv.DictReader(f)]
 
 
-def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCache, waves: int) -> ValidationRow:
+def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCache) -> ValidationRow:
     model, system, backend = r["model_path"], r["system"], r["backend"]
     tp, pp = _int(r["tp_size"], 1), _int(r["pp_size"], 1)
     dp = _int(r["attention_dp_size"], 1)
@@ -116,7 +112,7 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
     profile = profiles[backend]
     engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=conc), **engine_extra}
     engine["max_model_len"] = min(isl + osl + 16, spec.max_position_embeddings)
-    simulated = min(REQUESTS_PER_CONCURRENCY * conc, max(waves, 2) * conc)
+    num_requests = REQUESTS_PER_CONCURRENCY * conc
     if inferencex:
         centre = round(0.9 * isl), round(0.9 * osl)
         workload: dict[str, Any] = {
@@ -124,8 +120,7 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
             "random_range_ratio": min(isl / centre[0] - 1, osl / centre[1] - 1) if min(centre) > 0 else 0.0}
     else:
         workload = {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl}
-    workload.update(num_prompts=simulated, request_rate=math.inf, max_concurrency=conc, ignore_eos=True)
+    workload.update(num_prompts=num_requests, request_rate=math.inf, max_concurrency=conc, ignore_eos=True)
     sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine, "workload": workload}
-    replay = Replay(kind="closed_loop", measured_num_requests=REQUESTS_PER_CONCURRENCY * conc,
-                    simulated_num_requests=simulated, concurrency=conc)
+    replay = Replay(kind="closed_loop", num_requests=num_requests, concurrency=conc)
     return ValidationRow(**base, sections=sections, replay=replay)

@@ -4,9 +4,11 @@ Simulation time is close to `per_step_s x steps + per_request_step_s x (running 
 over steps)`; `measure_cost_model` times two small runs on this machine to get both constants,
 so the selection follows the simulator's speed wherever it runs. `select_rows` then keeps
 (1) every trace and static-batch row (they are few and cheap), (2) closed-loop and offline rows
-in round-robin over (suite, source), in a fixed hash order within each, while the estimated
-wall time over `jobs` workers stays within `budget_s`. A row whose own estimate exceeds
+of each (suite, source) in a fixed hash order, while the estimated wall time over `jobs` workers
+stays within `budget_s`. A row whose own estimate exceeds
 `max_row_s` is deferred with that reason; the rest that did not fit are deferred as over budget.
+The budget is split evenly over (suite, source) groups (water-filling: a group that cannot use its
+share passes it on), so each source and suite is sampled, at random with respect to the rows.
 `budget_s <= 0` keeps every row.
 """
 
@@ -40,7 +42,7 @@ def work_of(row: ValidationRow) -> tuple[float, float]:
         return 0.0, 0.0
     engine, work = sec["engine"], sec["workload"]
     budget = float(engine.get("max_num_batched_tokens", 8192))
-    n = rep.simulated_num_requests
+    n = rep.num_requests
     if rep.kind == "trace":
         out = sum(t.output_tokens for t in rep.trace)
         inp = sum(t.input_tokens for t in rep.trace)
@@ -86,39 +88,48 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
     live = [r for r in rows if not r.skipped and tiers_per_row.get(r.row_id, 0) > 0]
     if budget_s <= 0:
         return live, {}
-    capacity = budget_s * max(jobs, 1)
-    chosen: list[ValidationRow] = []
-    deferred: dict[str, str] = {}
-    spent = 0.0
 
     def row_cost(r: ValidationRow) -> float:
         return cost.estimate_s(r) * tiers_per_row[r.row_id]
 
-    always = [r for r in live if r.replay is not None and r.replay.kind in ("trace", "static_batch", "single_request")]
-    for r in always:
-        chosen.append(r)
-        spent += row_cost(r)
-    groups: dict[tuple[str, str], list[ValidationRow]] = {}
+    chosen: list[ValidationRow] = []
+    deferred: dict[str, str] = {}
+    remaining = budget_s * max(jobs, 1)
+    queues: dict[tuple[str, str], list[ValidationRow]] = {}
     for r in live:
-        if r not in always:
-            groups.setdefault((r.suite, r.source), []).append(r)
-    queues = [sorted(g, key=lambda r: _hash_key(r.row_id)) for _, g in sorted(groups.items())]
-    index = 0
-    while any(queues):
-        queue = queues[index % len(queues)]
-        index += 1
-        if not queue:
-            continue
-        r = queue.pop(0)
-        c = row_cost(r)
-        if max_row_s > 0 and c / tiers_per_row[r.row_id] > max_row_s:
-            deferred[r.row_id] = f"estimated {c:.0f} s of simulation, over the per-row cap of {max_row_s:.0f} s"
-        elif spent + c > capacity:
-            deferred[r.row_id] = (f"over the time budget ({budget_s:.0f} s x {jobs} workers); "
-                                  "rerun with a larger --budget-s or --budget-s 0 for every row")
-        else:
+        if r.replay is not None and r.replay.kind in ("trace", "static_batch", "single_request"):
             chosen.append(r)
-            spent += c
+            remaining -= row_cost(r)
+        elif max_row_s > 0 and cost.estimate_s(r) > max_row_s:
+            deferred[r.row_id] = (f"estimated {cost.estimate_s(r):.0f} s of simulation per tier, over the per-row "
+                                  f"cap of {max_row_s:.0f} s")
+        else:
+            queues.setdefault((r.suite, r.source), []).append(r)
+    for key in queues:
+        queues[key].sort(key=lambda r: _hash_key(r.row_id))
+    # Water-filling: each group gets an equal share of what is left; a group that cannot use its
+    # share returns it to the others.
+    active = sorted(queues)
+    while active and remaining > 0:
+        share = remaining / len(active)
+        progressed = False
+        for key in list(active):
+            spent = 0.0
+            queue = queues[key]
+            while queue and spent + row_cost(queue[0]) <= share:
+                r = queue.pop(0)
+                spent += row_cost(r)
+                chosen.append(r)
+                progressed = True
+            remaining -= spent
+            if not queue:
+                active.remove(key)
+        if not progressed:
+            break
+    for queue in queues.values():
+        for r in queue:
+            deferred[r.row_id] = (f"over the time budget ({budget_s:.0f} s x {jobs} workers); rerun with a larger "
+                                  "--budget-s, or --budget-s 0 for every row")
     return chosen, deferred
 
 

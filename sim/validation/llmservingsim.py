@@ -3,7 +3,8 @@
 Each run is replayed exactly: every request's server-side queue time (`queued_rel_s`, the point
 TTFT counts from), prompt and output length, with the engine arguments `runs.csv` records (TP,
 DP, expert parallelism, max_num_seqs, max_num_batched_tokens, max_model_len, dtype, memory
-fraction, prefix caching); arguments it leaves empty take vLLM's defaults. Measured: TTFT, TPOT
+fraction, prefix caching); arguments it leaves empty take vLLM's defaults (async scheduling from
+the vllm profile). Measured: TTFT, TPOT
 and E2E latency (mean, median, p90 over requests; TPOT over requests with more than one output
 token) and output throughput (output tokens / (last token - first queue time)).
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.perf.profile import EngineProfile
 from sim.validation.finalize import TRACE_PLACEHOLDER
 from sim.validation.names import GPU_NAMES, MODEL_NAMES
 from sim.validation.rows import Replay, TraceRequest, ValidationRow, suite_of
@@ -34,16 +36,16 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
             f"{prefix}_p90_s": float(np.percentile(values, 90))}
 
 
-def read_llmservingsim(directory: Path) -> list[ValidationRow]:
+def read_llmservingsim(directory: Path, profile: EngineProfile) -> list[ValidationRow]:
     with (directory / "requests.csv").open(newline="", encoding="utf-8") as f:
         by_run: dict[str, list[dict[str, str]]] = defaultdict(list)
         for r in csv.DictReader(f):
             by_run[r["run_id"]].append(r)
     with (directory / "runs.csv").open(newline="", encoding="utf-8") as f:
-        return [_row(run, by_run[run["run_id"]]) for run in csv.DictReader(f)]
+        return [_row(run, by_run[run["run_id"]], profile) for run in csv.DictReader(f)]
 
 
-def _row(run: dict[str, str], reqs: list[dict[str, str]]) -> ValidationRow:
+def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile) -> ValidationRow:
     model, gpu = run["model"], run["hardware"]
     hw = GPU_NAMES.get(gpu, gpu)
     queued = np.array([float(r["queued_rel_s"]) for r in reqs])
@@ -77,6 +79,7 @@ def _row(run: dict[str, str], reqs: list[dict[str, str]]) -> ValidationRow:
         "dtype": run["dtype"] or "auto", "kv_cache_dtype": run["kv_cache_dtype"] or "auto",
         "gpu_memory_utilization": _opt(run["gpu_memory_utilization"]) or 0.9,
         "enable_prefix_caching": run["enable_prefix_caching"] != "False",
+        "async_scheduling": profile.defaults.async_scheduling,
     }
     max_len = _opt(run["max_model_len"])
     if max_len:
@@ -84,5 +87,5 @@ def _row(run: dict[str, str], reqs: list[dict[str, str]]) -> ValidationRow:
     sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
                 "workload": {"dataset_name": "trace", "dataset_path": TRACE_PLACEHOLDER, "num_prompts": len(trace),
                              "request_rate": math.inf}}
-    replay = Replay(kind="trace", measured_num_requests=len(trace), simulated_num_requests=len(trace), trace=trace)
+    replay = Replay(kind="trace", num_requests=len(trace), trace=trace)
     return ValidationRow(**base, sections=sections, replay=replay)

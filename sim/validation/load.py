@@ -29,8 +29,8 @@ def data_sha256(e2e_dir: Path) -> str:
     return h.hexdigest()
 
 
-def load_rows(e2e_dir: Path, profiles: Mapping[str, EngineProfile], *, sources: tuple[Source, ...] | None = None,
-              closed_loop_waves: int = 10, offline_waves: int = 4) -> list[ValidationRow]:
+def load_rows(e2e_dir: Path, profiles: Mapping[str, EngineProfile], *,
+              sources: tuple[Source, ...] | None = None) -> list[ValidationRow]:
     """Every row of the selected sources, finalized (scenario checked; skipped rows keep their reason)."""
     if not e2e_dir.is_dir():
         raise ConfigError(source=str(e2e_dir), key="--data", value=str(e2e_dir), rule="e2e data directory not found")
@@ -38,11 +38,11 @@ def load_rows(e2e_dir: Path, profiles: Mapping[str, EngineProfile], *, sources: 
     cache = SpecCache()
     rows: list[ValidationRow] = []
     if wanted is None or "aiconfigurator" in wanted:
-        rows += read_aiconfigurator(e2e_dir / AIC_FILE, profiles, cache, waves=closed_loop_waves)
+        rows += read_aiconfigurator(e2e_dir / AIC_FILE, profiles, cache)
     if wanted is None or "llmservingsim" in wanted:
-        rows += read_llmservingsim(e2e_dir / LSS_DIR)
+        rows += read_llmservingsim(e2e_dir / LSS_DIR, profiles["vllm"])
     if wanted is None or "trtllm_throughput" in wanted:
-        rows += read_trtllm_throughput(e2e_dir / THROUGHPUT_FILE, profiles, cache, waves=offline_waves)
+        rows += read_trtllm_throughput(e2e_dir / THROUGHPUT_FILE, profiles, cache)
     if wanted is None or "trtllm_static" in wanted:
         rows += read_trtllm_static(e2e_dir / STATIC_FILE, profiles, cache)
     return [finalize(r, profiles, cache) for r in rows]

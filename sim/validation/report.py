@@ -182,9 +182,10 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker "
            f"(cost model {result['cost_model']['per_step_s'] * 1e6:.1f} us per step + "
            f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step, measured at "
-           f"start), per-row cap {result['max_row_s']:.0f} s; closed loops simulate {result['closed_loop_waves']} "
-           f"waves of C requests, offline runs {result['offline_waves']} steady batches. Rows over the budget are "
-           "listed as deferred, never dropped; `--budget-s 0` simulates all of them.", "",
+           f"start), per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
+           "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split evenly "
+           "over (suite, source) groups and rows are taken in a fixed hash order, so a deferred row is a random "
+           "one, not a hard one; `--budget-s 0` simulates all of them.", "",
            "### Eval suite against the targets", "", *headline_table(groups), "",
            "### Per suite x tier x source", "", *groups_table(groups), ""]
     trace = trace_table(rows, results)

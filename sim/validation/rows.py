@@ -65,12 +65,11 @@ class Replay:
     """How the simulated run stands for the measured one."""
 
     kind: ReplayKind
-    measured_num_requests: int
-    """Requests in the measured run."""
-    simulated_num_requests: int
-    """Requests simulated (fewer than measured when capped for time; see sim.validation.estimate)."""
+    num_requests: int
+    """Requests of the measured run; every one is simulated."""
     concurrency: int = 0
-    """Client concurrency of a closed loop (0 otherwise)."""
+    """Client concurrency of a closed loop, batch size of a static batch, estimated steady batch of an
+    offline run (used only to estimate simulation cost)."""
     trace: tuple[TraceRequest, ...] = ()
 
 

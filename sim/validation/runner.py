@@ -14,9 +14,9 @@ from typing import Any, Literal
 from sim.api import simulate
 from sim.calibration.select import shipped_calibration
 from sim.errors import ConfigError
+from sim.metrics.summary import SimSummary
 from sim.perf.profile import EngineProfile
 from sim.specs.scenario import scenario_from_dict
-from sim.validation.estimate import closed_loop_means, offline_throughput
 from sim.validation.rows import Replay, ValidationRow
 
 Tier = Literal["cross-generation", "target-measured"]
@@ -83,7 +83,7 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     except ConfigError as exc:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=f"{exc.key}={exc.value}: {exc.rule}")
     s = result.summary
-    predicted = _predicted(row.replay, result.records, s)
+    predicted = _predicted(row.replay, s)
     status: Status = "scored" if all(math.isfinite(v) for v in predicted.values()) else "failed"
     return RowResult(
         row_id=row.row_id, tier=tier, status=status, predicted=predicted,
@@ -94,19 +94,14 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     )
 
 
-def _predicted(replay: Replay, records: Any, s: Any) -> dict[str, float]:
-    if replay.kind == "closed_loop":
-        out = closed_loop_means(records, concurrency=replay.concurrency, num_simulated=replay.simulated_num_requests,
-                                num_measured=replay.measured_num_requests)
-        out["output_throughput_tokens_per_s"] = s.output_throughput_tokens_per_s
-        return out
+def _predicted(replay: Replay, s: SimSummary) -> dict[str, float]:
+    """What the row measured, from the simulated run's summary (plus output throughput for reference)."""
+    out = {"output_throughput_tokens_per_s": s.output_throughput_tokens_per_s}
     if replay.kind == "trace":
-        keys = [f"{m}_{q}_s" for m in ("ttft", "tpot", "e2el") for q in ("mean", "median", "p90")]
-        return {**{k: float(getattr(s, k)) for k in keys},
-                "output_throughput_tokens_per_s": s.output_throughput_tokens_per_s}
-    if replay.kind == "offline":
-        return {"output_throughput_tokens_per_s": offline_throughput(
-            records, batch=replay.concurrency, num_measured=replay.measured_num_requests)}
-    if replay.kind == "static_batch":
-        return {"output_throughput_tokens_per_s": s.output_throughput_tokens_per_s}
-    return {"ttft_mean_s": s.ttft_mean_s}
+        out.update({f"{m}_{q}_s": float(getattr(s, f"{m}_{q}_s")) for m in ("ttft", "tpot", "e2el")
+                    for q in ("mean", "median", "p90")})
+    elif replay.kind in ("closed_loop", "single_request"):
+        out.update(ttft_mean_s=s.ttft_mean_s, tpot_mean_s=s.tpot_mean_s)
+    if replay.kind == "single_request":
+        del out["tpot_mean_s"]
+    return out

@@ -3,9 +3,8 @@
 `trtllm_perf_overview_throughput.csv`: `trtllm-bench throughput`, every request queued at t=0,
 fixed ISL/OSL, measured total output tokens/s. The engine's max batch size and token budget are
 what `trtllm-bench` derives from the dataset (`engine_args.trtllm_bench_settings`); the KV cache
-takes the profile's fraction of the memory left after weights. Runs of thousands of requests are
-simulated with `waves x` the steady batch (`estimate.offline_throughput` extrapolates the rest at
-the simulated steady completion rate).
+takes the profile's fraction of the memory left after weights. Every request of the dataset is
+simulated.
 
 `trtllm_static_batch_v0.9.csv` (gptSessionBenchmark, static batching): `peak_throughput` rows
 run one batch of `batch_size` requests (all prompts in one context step, then every output in
@@ -52,8 +51,8 @@ def _resolve(model: str, gpu: str, cache: SpecCache) -> tuple[str | None, str | 
     return arch, hw, None
 
 
-def read_trtllm_throughput(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache, *,
-                           waves: int = 4) -> list[ValidationRow]:
+def read_trtllm_throughput(path: Path, profiles: Mapping[str, EngineProfile],
+                           cache: SpecCache) -> list[ValidationRow]:
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     out: list[ValidationRow] = []
@@ -64,12 +63,11 @@ def read_trtllm_throughput(path: Path, profiles: Mapping[str, EngineProfile], ca
         seen[key] = seen.get(key, 0) + 1
         if seen[key] > 1:
             key += f"#{seen[key]}"
-        out.append(_throughput_row(r, key, profiles["trtllm"], cache, waves))
+        out.append(_throughput_row(r, key, profiles["trtllm"], cache))
     return out
 
 
-def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: SpecCache,
-                    waves: int) -> ValidationRow:
+def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: SpecCache) -> ValidationRow:
     tp, pp, isl, osl = int(r["tp"]), int(r["pp"]), int(r["isl"]), int(r["osl"])
     n = int(float(r["num_requests"])) if r["num_requests"].strip() else 0
     arch, hw, reason = _resolve(r["model"], r["gpu"], cache)
@@ -106,9 +104,7 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     max_bs = min(max_bs, max_tokens)
     engine.update(max_num_seqs=max_bs, max_num_batched_tokens=max_tokens)
     steady = max(1, min(max_bs, _kv_requests(mem, isl, osl)))
-    simulated = min(n, max(waves, 1) * steady)
-    sections["workload"]["num_prompts"] = simulated
-    replay = Replay(kind="offline", measured_num_requests=n, simulated_num_requests=simulated, concurrency=steady)
+    replay = Replay(kind="offline", num_requests=n, concurrency=steady)
     return ValidationRow(**base, sections=sections, replay=replay)
 
 
@@ -151,6 +147,5 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
     sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
                 "workload": {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl,
                              "num_prompts": batch, "request_rate": math.inf, "ignore_eos": True}}
-    replay = Replay(kind="single_request" if bs1 else "static_batch", measured_num_requests=batch,
-                    simulated_num_requests=batch, concurrency=batch)
+    replay = Replay(kind="single_request" if bs1 else "static_batch", num_requests=batch, concurrency=batch)
     return ValidationRow(**base, sections=sections, replay=replay)
