@@ -23,7 +23,7 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
-from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows
+from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
 from sim.validation.rows import SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
 
@@ -112,10 +112,10 @@ def cmd_validate(args: Namespace) -> int:
 
 
 def _limit(rows: list[ValidationRow], n: int) -> list[ValidationRow]:
-    """At most `n` simulatable rows per (suite, source), cheapest-first by simulated requests (smoke runs)."""
+    """At most `n` simulatable rows per (suite, source), cheapest first (smoke runs)."""
     keep: list[ValidationRow] = []
     counts: dict[tuple[str, str], int] = {}
-    for r in sorted(rows, key=lambda r: (r.skipped, r.replay.num_requests if r.replay else 0, r.row_id)):
+    for r in sorted(rows, key=lambda r: (r.skipped, work_of(r)[1], r.row_id)):
         key = (r.suite, r.source)
         if r.skipped or counts.get(key, 0) < n:
             keep.append(r)
@@ -230,7 +230,7 @@ def register(sub: Any) -> None:
     v.add_argument("--json", action="store_true", help="scores as JSON on stdout")
     v.add_argument("--data", help="shared data root holding e2e/ (default ../shared/data)")
     v.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
-    v.add_argument("--budget-s", type=float, default=660.0,
+    v.add_argument("--budget-s", type=float, default=600.0,
                    help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")
     v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
     v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")

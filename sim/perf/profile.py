@@ -17,6 +17,7 @@ A profile has three parts:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,6 +45,8 @@ class EngineDefaults:
     async_scheduling: bool = False
     """CPU work of step n+1 overlaps GPU work of step n (vLLM --async-scheduling, SGLang and
     TensorRT-LLM overlap schedulers)."""
+    async_scheduling_since: str | None = None
+    """First engine release with `async_scheduling` on by default; older releases run synchronously."""
     kv_cache_fp8_with_quantized_weights: bool = False
     """The KV cache is FP8 when the checkpoint's weights are FP8/FP4 (TensorRT-LLM reads the
     checkpoint's kv_cache_quant_algo)."""
@@ -55,12 +58,25 @@ class EngineDefaults:
     max_cudagraph_capture_size: int | None = None
     """Largest decode batch replayed from a CUDA graph; None = vLLM's min(2 x max_num_seqs, 512)."""
 
+    def async_for(self, version: str) -> bool:
+        """`async_scheduling` of engine release `version` (unknown versions count as recent)."""
+        if not self.async_scheduling or self.async_scheduling_since is None:
+            return self.async_scheduling
+        since, got = _release(self.async_scheduling_since), _release(version)
+        return got is None or since is None or got >= since
+
     def __post_init__(self) -> None:
         require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         require(0.0 < self.kv_memory_fraction <= 1.0, "kv_memory_fraction", self.kv_memory_fraction,
                 "must be in (0, 1]")
         cap = self.max_cudagraph_capture_size
         require(cap is None or cap >= 1, "max_cudagraph_capture_size", cap, "must be >= 1")
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """(major, minor) of '0.12.0', 'v0.19.0-cu130'; None when the string names no release."""
+    parts = re.findall(r"\d+", version.split("-")[0])
+    return tuple(int(p) for p in parts[:2]) if len(parts) >= 2 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

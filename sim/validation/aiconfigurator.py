@@ -110,7 +110,10 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
     elif dp > 1:
         return skip(f"attention data parallelism ({dp}) for a dense model is not modelled")
     profile = profiles[backend]
-    engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=conc), **engine_extra}
+    engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=conc, version=r["backend_version"]),
+              **engine_extra}
+    if inferencex and backend == "vllm":
+        engine["async_scheduling"] = True  # InferenceX vLLM recipes pass --async-scheduling
     engine["max_model_len"] = min(isl + osl + 16, spec.max_position_embeddings)
     num_requests = REQUESTS_PER_CONCURRENCY * conc
     if inferencex:

@@ -7,8 +7,9 @@ so the selection follows the simulator's speed wherever it runs. `select_rows` t
 of each (suite, source) in a fixed hash order, while the estimated wall time over `jobs` workers
 stays within `budget_s`. A row whose own estimate exceeds
 `max_row_s` is deferred with that reason; the rest that did not fit are deferred as over budget.
-The budget is split evenly over (suite, source) groups (water-filling: a group that cannot use its
-share passes it on), so each source and suite is sampled, at random with respect to the rows.
+The budget is split over (suite, source) groups, an eval group weighing `EVAL_WEIGHT` dev groups
+(water-filling: a group that cannot use its share passes it on), so each source and suite is
+sampled, at random with respect to the rows.
 `budget_s <= 0` keeps every row.
 """
 
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from sim.api import simulate
 from sim.specs.scenario import scenario_from_dict
 from sim.validation.rows import ValidationRow
+
+EVAL_WEIGHT = 2.0
+"""An evaluation (suite, source) group gets twice a dev group's share: eval carries the headline."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,13 +111,15 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
             queues.setdefault((r.suite, r.source), []).append(r)
     for key in queues:
         queues[key].sort(key=lambda r: _hash_key(r.row_id))
-    # Water-filling: each group gets an equal share of what is left; a group that cannot use its
-    # share returns it to the others.
+    # Water-filling: each round gives every group its weighted share of what is left; a group
+    # that cannot use it passes the rest on to the next round.
     active = sorted(queues)
     while active and remaining > 0:
-        share = remaining / len(active)
+        total_weight = sum(EVAL_WEIGHT if suite == "eval" else 1.0 for suite, _ in active)
+        shares = {key: remaining * (EVAL_WEIGHT if key[0] == "eval" else 1.0) / total_weight for key in active}
         progressed = False
         for key in list(active):
+            share = shares[key]
             spent = 0.0
             queue = queues[key]
             while queue and spent + row_cost(queue[0]) <= share:

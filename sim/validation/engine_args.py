@@ -19,8 +19,9 @@ from sim.validation.specs_cache import SpecCache
 _QUANTIZED = ("fp8", "fp8_block", "nvfp4", "mxfp4")
 
 
-def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int) -> dict[str, Any]:
-    """Engine keys a benchmark leaves at the engine's defaults."""
+def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int,
+                   version: str = "") -> dict[str, Any]:
+    """Engine keys a benchmark leaves at the defaults of the engine release `version`."""
     d = profile.defaults
     engine: dict[str, Any] = {
         "backend": profile.backend,
@@ -28,7 +29,7 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
         "max_num_batched_tokens": max(d.max_num_batched_tokens, max_num_seqs),
         "enable_chunked_prefill": d.enable_chunked_prefill,
         "enable_prefix_caching": False,
-        "async_scheduling": d.async_scheduling,
+        "async_scheduling": d.async_for(version),
     }
     if d.max_cudagraph_capture_size is not None:
         engine["max_cudagraph_capture_size"] = d.max_cudagraph_capture_size

@@ -99,6 +99,11 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
                 s = score(trial)
                 if s < best - 1e-12:
                     best, params = s, trial
+    spread = max(cache.values()) - min(cache.values())
+    verdict = (f"mean clipped |log error| {before:.3f} with the previous profile, {best:.3f} fitted"
+               if spread > 1e-9 else
+               f"not identifiable: every candidate scored {best:.3f} (the CPU work is hidden behind the GPU on "
+               "these rows), so the starting values are kept")
     fitted = dataclasses.replace(
         profile,
         host=host_params(params["base_s"], params["per_seq_s"], params["graph_launch_s"], eager_launch_s=eager,
@@ -108,7 +113,7 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
             method=("coordinate descent over fixed grids of (base_s, per_seq_s, graph_launch_s) minimising the mean "
                     f"over rows of min(|log(pred/measured)|, {CLIP}) of TTFT, TPOT and throughput"),
             data_sha256=data_sha256, num_rows=len(rows), rows=describe_rows(rows),
-            metrics=f"mean clipped |log error| {before:.3f} with the previous profile, {best:.3f} fitted",
+            metrics=verdict,
         ))
     return FitResult(profile=fitted, params=params, loss_before=before, loss_after=best,
                      num_evaluations=len(cache) + 1)

@@ -79,7 +79,7 @@ def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile
         "dtype": run["dtype"] or "auto", "kv_cache_dtype": run["kv_cache_dtype"] or "auto",
         "gpu_memory_utilization": _opt(run["gpu_memory_utilization"]) or 0.9,
         "enable_prefix_caching": run["enable_prefix_caching"] != "False",
-        "async_scheduling": profile.defaults.async_scheduling,
+        "async_scheduling": profile.defaults.async_for(run["engine_version"]),
     }
     max_len = _opt(run["max_model_len"])
     if max_len:

@@ -91,13 +91,13 @@ def breakdown_tables(rows: Sequence[ValidationRow], results: Sequence[RowResult]
     """Signed error by backend and by load regime, and where simulated time goes (evidence for the analysis)."""
     by_id = {r.row_id: r for r in rows if r.suite == suite}
     out: list[str] = []
-    for title, keyer in (("backend", _backend_key), ("load regime", _regime_key)):
+    for title, keyer in (("backend", _backend_key), ("load regime", _regime_key), ("KV-cache state", _kv_key)):
         buckets: dict[tuple[str, str], list[tuple[ValidationRow, RowResult]]] = {}
         for res in results:
             row = by_id.get(res.row_id)
             if row is None or res.status != "scored":
                 continue
-            buckets.setdefault((res.tier, keyer(row)), []).append((row, res))
+            buckets.setdefault((res.tier, keyer(row, res)), []).append((row, res))
         out += [f"#### {suite} suite: signed median error (and p50 APE) by {title}", "",
                 f"| tier | {title} | rows | TTFT | TPOT | throughput | host share | GEMM share | attention share "
                 "| comm share |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -116,16 +116,50 @@ def breakdown_tables(rows: Sequence[ValidationRow], results: Sequence[RowResult]
     return out
 
 
+def worst_rows_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, suite: str,
+                     limit: int = 12) -> list[str]:
+    """The rows with the largest errors (any headline metric), with where their simulated time went."""
+    by_id = {r.row_id: r for r in rows if r.suite == suite}
+    scored: list[tuple[float, ValidationRow, RowResult]] = []
+    for res in results:
+        row = by_id.get(res.row_id)
+        if row is None or res.status != "scored":
+            continue
+        errs = [abs(math.log(res.predicted[k] / row.measured[k])) for k in HEADLINE_METRICS.values()
+                if k in row.measured and res.predicted.get(k, 0) > 0 and row.measured[k] > 0]
+        if errs:
+            scored.append((max(errs), row, res))
+    scored.sort(key=lambda t: -t[0])
+    lines = [f"#### {suite} suite: largest errors, per row", "",
+             "| row | tier | TTFT pred / meas | TPOT pred / meas | tok/s pred / meas | GEMM | attention | comm "
+             "| host | KV peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, row, res in scored[:limit]:
+        cells = []
+        for key, scale, fmt in (("ttft_mean_s", 1e3, "{:.0f} / {:.0f} ms"), ("tpot_mean_s", 1e3, "{:.1f} / {:.1f} ms"),
+                                ("output_throughput_tokens_per_s", 1.0, "{:.0f} / {:.0f}")):
+            m = row.measured.get(key)
+            cells.append("-" if m is None else fmt.format(res.predicted.get(key, math.nan) * scale, m * scale))
+        shares = [_pct(sum(res.time_share.get(k, 0.0) for k in kinds)) for kinds in KIND_GROUPS.values()]
+        lines.append(f"| {row.label} | {res.tier} | " + " | ".join(cells) + " | " + " | ".join(shares)
+                     + f" | {res.kv_usage_max_frac:.0%} |")
+    return [*lines, ""]
+
+
 def _share(items: Sequence[tuple[ValidationRow, RowResult]], kinds: tuple[str, ...]) -> float:
     vals = [sum(r.time_share.get(k, 0.0) for k in kinds) for _, r in items if r.time_share]
     return float(np.mean(vals)) if vals else math.nan
 
 
-def _backend_key(row: ValidationRow) -> str:
+def _backend_key(row: ValidationRow, _: RowResult) -> str:
     return f"{row.backend} ({row.source})"
 
 
-def _regime_key(row: ValidationRow) -> str:
+def _kv_key(_: ValidationRow, res: RowResult) -> str:
+    """Saturated: the simulated KV cache filled up (peak use >= 95% or a preemption)."""
+    return "saturated (KV full)" if res.kv_usage_max_frac >= 0.95 or res.num_preemptions else "KV headroom"
+
+
+def _regime_key(row: ValidationRow, _: RowResult) -> str:
     rep = row.replay
     if rep is None:
         return "n/a"
@@ -184,7 +218,8 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step, measured at "
            f"start), per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
            "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split evenly "
-           "over (suite, source) groups and rows are taken in a fixed hash order, so a deferred row is a random "
+           "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
+           "order, so a deferred row is a random "
            "one, not a hard one; `--budget-s 0` simulates all of them.", "",
            "### Eval suite against the targets", "", *headline_table(groups), "",
            "### Per suite x tier x source", "", *groups_table(groups), ""]
@@ -198,6 +233,7 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
     for suite in ("eval", "dev"):
         if any(r.suite == suite for r in rows):
             out += breakdown_tables(rows, results, suite=suite)
+            out += worst_rows_table(rows, results, suite=suite)
     out += ["### Skipped and deferred rows", "", *skipped_table(rows, results, deferred), ""]
     return "\n".join(out) + "\n"
 

@@ -114,3 +114,9 @@ def test_simulate_selects_the_profile_from_the_backend() -> None:
     default = simulate(sc).summary
     assert default == simulate(sc, profile=load_engine_profile("sglang")).summary
     assert default != simulate(sc, profile=load_engine_profile("vllm")).summary
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.12.0", False), ("0.11.2", False), ("0.14.0", True),
+                                                   ("v0.19.0-cu130", True), ("nightly-5b8c30d", True)])
+def test_vllm_async_scheduling_is_on_by_default_from_0_14(version: str, expected: bool) -> None:
+    assert load_engine_profile("vllm").defaults.async_for(version) is expected

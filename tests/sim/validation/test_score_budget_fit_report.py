@@ -62,14 +62,14 @@ def test_work_of_closed_loop() -> None:
     assert steps == pytest.approx(10 * 100 / 5 + 10 * 500 / 1000)
 
 
-def test_select_rows_respects_the_budget_splits_it_over_groups_and_is_deterministic() -> None:
+def test_select_rows_respects_the_budget_weights_eval_groups_and_is_deterministic() -> None:
     cost = CostModel(per_step_s=0.0, per_request_step_s=1e-3)  # a row of 10 x 100 costs 1 s
     rows = ([_row(f"dev{i}") for i in range(10)] + [_row(f"ev{i}", suite="eval") for i in range(10)]
             + [_row("big", osl=100_000)])
     tiers = {r.row_id: 1 for r in rows}
     chosen, deferred = select_rows(rows, tiers_per_row=tiers, cost=cost, budget_s=3, jobs=2, max_row_s=100)
     assert len(chosen) == 6
-    assert sum(r.suite == "eval" for r in chosen) == 3
+    assert sum(r.suite == "eval" for r in chosen) == 4  # an eval group weighs two dev groups
     assert "per-row cap" in deferred["big"]
     assert len(deferred) == len(rows) - 6
     again, _ = select_rows(list(reversed(rows)), tiers_per_row=tiers, cost=cost, budget_s=3, jobs=2, max_row_s=100)
