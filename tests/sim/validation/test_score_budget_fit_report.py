@@ -117,3 +117,15 @@ def test_regenerating_the_section_keeps_other_sections_and_the_hand_written_anal
     new = replace_section(old, HEADING, HEADING + "\n\nnew numbers\n\n" + analysis)
     assert "kernel table" in new and "keep me" in new and "people wrote this" in new
     assert "old numbers" not in new and "old list" not in new
+
+
+def test_fit_reports_host_numbers_it_cannot_identify() -> None:
+    """An engine whose CPU work never shows (overlap scheduling): every candidate scores the same."""
+    rows = [_row("r", measured={"tpot_mean_s": 0.02})]
+
+    def evaluate(profile: EngineProfile, rs: Sequence[ValidationRow]) -> list[RowResult]:
+        return [RowResult(row_id=r.row_id, tier="t", status="scored", predicted={"tpot_mean_s": 0.03}) for r in rs]
+
+    fitted = fit_host(load_engine_profile("sglang"), rows, evaluate, data_sha256="x")
+    assert fitted.num_evaluations <= 4
+    assert fitted.profile.fit is not None and "not identifiable" in fitted.profile.fit.metrics
