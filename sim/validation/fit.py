@@ -105,7 +105,9 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
                 s = score(trial)
                 if s < best - 1e-12:
                     best, params = s, trial
-    verdict = (f"mean clipped |log error| {before:.3f} with the previous profile, {best:.3f} fitted"
+    ties = sum(1 for v in cache.values() if abs(v - best) <= 1e-9)
+    verdict = (f"mean clipped |log error| {before:.3f} with the previous profile, {best:.3f} fitted; {ties} of "
+               f"{len(cache)} candidates tie at the best (ties keep the values met first)"
                if identifiable else
                f"not identifiable: the cheapest and the dearest host on the grids both score {best:.3f} (the CPU "
                "work is hidden behind the GPU on these rows), so the starting values are kept")
