@@ -217,7 +217,7 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            f"(cost model {result['cost_model']['per_step_s'] * 1e6:.1f} us per step + "
            f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step, measured at "
            f"start), per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
-           "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split evenly "
+           "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
            "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
            "order, so a deferred row is a random "
            "one, not a hard one; `--budget-s 0` simulates all of them.", "",
