@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator import commands_kernels
 
     commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, accuracy, fit-cross-generation
+    __import__("orchestrator.commands_validate", fromlist=["register"]).register(sub)  # validate
     return parser
 
 

@@ -26,6 +26,7 @@ from sim.graph.transformer import build_step_graph
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
+from sim.perf.profile import PROFILE_TABLES, EngineDefaults, EngineProfile, FitRecord, SchedulingPolicy
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
@@ -111,10 +112,26 @@ class SimResult:
 
 def load_host_params(backend: str) -> HostOverheadParams:
     """Shipped host-overhead parameters of an engine profile (`sim/data/host/<backend>.toml`)."""
-    path = Path(str(resources.files("sim") / "data" / "host" / f"{backend}.toml"))
-    if not path.exists():
-        path = Path(str(resources.files("sim") / "data" / "host" / "vllm.toml"))
-    return build(HostOverheadParams, read_toml(path), source=str(path))
+    return load_engine_profile(backend).host
+
+
+def load_engine_profile(backend: str, path: str | Path | None = None) -> EngineProfile:
+    """An engine profile: `path`, else the shipped `sim/data/host/<backend>.toml` (vllm.toml if none ships)."""
+    if path is None:
+        path = Path(str(resources.files("sim") / "data" / "host" / f"{backend}.toml"))
+        if not path.exists():
+            path = Path(str(resources.files("sim") / "data" / "host" / "vllm.toml"))
+    path = Path(path)
+    data = read_toml(path)
+    src = str(path)
+    host = build(HostOverheadParams, {k: v for k, v in data.items() if k not in PROFILE_TABLES}, source=src)
+    fit = build(FitRecord, data["fit"], source=src, prefix="fit") if "fit" in data else None
+    return EngineProfile(
+        backend=backend, host=host,
+        policy=build(SchedulingPolicy, data.get("policy", {}), source=src, prefix="policy"),
+        defaults=build(EngineDefaults, data.get("defaults", {}), source=src, prefix="defaults"),
+        fit=fit,
+    )
 
 
 def simulate(
@@ -123,12 +140,17 @@ def simulate(
     efficiency: EfficiencyModel | None = None,
     host: HostOverheadParams | None = None,
     limits: SimLimits | None = None,
+    profile: EngineProfile | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> SimResult:
-    """Replay the scenario's workload through its replicas; same scenario + seed, same result."""
+    """Replay the scenario's workload through its replicas; same scenario + seed, same result.
+
+    `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
+    """
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
+    profile = profile or load_engine_profile(engine.backend)
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq))
@@ -140,12 +162,14 @@ def simulate(
             enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
             bulk_decodes=limits.bulk_decode,
+            prefill_priority=profile.policy.prefill_priority,
+            reserve_full_output=profile.policy.reserve_full_output,
         )
         for _ in range(engine.data_parallel_size)
     ]
     states = request_states(specs, replicas[0].kv)
     pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario)),
-                        host or load_host_params(engine.backend))
+                        host or profile.host)
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                      max_concurrency=scenario.workload.max_concurrency, limits=limits,
                      progress=progress)

@@ -32,6 +32,16 @@ is preempted (see `RequestState.keys`): before that no lookup can hit them, so o
 shared prefix is indexed, which changes nothing but the eviction counter. A preempted request's
 computed blocks, generated tokens included, are indexed as it is preempted and hit when it
 resumes, as in vLLM; `recomputed_tokens` counts only what is computed again.
+
+Engine-profile policies (`sim.perf.profile.SchedulingPolicy`, both off by default):
+- `prefill_priority` (SGLang): when a prefill chunk can run (an ongoing chunked prefill or an
+  admissible waiting request), the step holds prefill chunks only and running decodes wait;
+  otherwise the step decodes every running request. Bulk decodes are off under this policy: a
+  decode that waits a step breaks the every-step rhythm they rely on.
+- `reserve_full_output` (TensorRT-LLM GUARANTEED_NO_EVICT): a waiting request is admitted only
+  when the KV blocks for its prompt plus all its output tokens fit next to those reserved by the
+  running requests, so the cache never runs out and nothing is preempted. It only changes
+  admission, so bulk decodes stay exact.
 """
 
 from __future__ import annotations
@@ -53,14 +63,18 @@ def _run_seq(request: RequestState) -> int:
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
-                 bulk_decodes: bool = True) -> None:
+                 bulk_decodes: bool = True, prefill_priority: bool = False,
+                 reserve_full_output: bool = False) -> None:
         self._kv = kv
+        self._prefill_priority = prefill_priority
+        self._reserve_full_output = reserve_full_output
+        self._reserved_blocks = 0
         self._max_num_seqs = max_num_seqs
         self._budget = max_num_batched_tokens
         self._chunked = enable_chunked_prefill
         self._threshold = long_prefill_token_threshold
         self._block_size = kv.block_size
-        self._bulk = bulk_decodes
+        self._bulk = bulk_decodes and not prefill_priority
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         """All running requests in running order (ascending `run_seq`)."""
@@ -105,6 +119,11 @@ class VllmV1Scheduler:
     def schedule(self) -> StepPlan | None:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
         resynced: tuple[RequestState, ...] = ()
+        if self._prefill_priority:
+            plan = self._prefill_only_step()
+            if plan is not None:
+                self._in_flight = True
+                return plan
         if self._num_bulk:
             plan = self._schedule_bulk()
             if plan is not None:
@@ -270,12 +289,43 @@ class VllmV1Scheduler:
         self._step_id += 1
         return StepPlan(self._step_id, tuple(chunks), hits, tuple(preempted), resynced=resynced)
 
+    def _full_blocks(self, req: RequestState) -> int:
+        return -(-(req.prompt_tokens + req.output_tokens) // self._block_size)
+
+    def _no_room_reserved(self, req: RequestState) -> bool:
+        """With `reserve_full_output`: the request's full-length blocks do not fit the reservations."""
+        return self._reserve_full_output and self._reserved_blocks + self._full_blocks(req) > self._kv.num_blocks
+
+    def _prefill_only_step(self) -> StepPlan | None:
+        """`prefill_priority`: ongoing chunked prefills, then waiting requests FCFS; None if none can run."""
+        budget = self._budget
+        chunks: list[ScheduledChunk] = []
+        for req in self._running:
+            if budget <= 0:
+                break
+            if req.num_pending() <= 1 and req.num_computed >= req.prompt_tokens:
+                continue  # a decode: it waits for a step without prefill work
+            num_new = self._cap(req.num_pending(), budget)
+            if not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
+                                     keys=req.keys, num_computed_tokens=req.num_computed):
+                break
+            chunks.append(ScheduledChunk(req, num_new, req.num_computed,
+                                         req.num_computed + num_new == req.num_known()))
+            budget -= num_new
+        hits, budget = self._admit(chunks, budget)
+        if not chunks:
+            return None
+        self._step_id += 1
+        return StepPlan(self._step_id, tuple(chunks), hits, ())
+
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> tuple[int, int]:
         """Admit waiting requests FCFS into the remaining budget; returns (prefix hit tokens, budget)."""
         hits = 0
         kv = self._kv
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
             req = self._waiting[0]
+            if self._no_room_reserved(req):
+                break
             hit = 0
             if req.num_computed == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
@@ -287,6 +337,8 @@ class VllmV1Scheduler:
                                num_computed_tokens=hit):
                 break
             self._waiting.popleft()
+            if self._reserve_full_output:
+                self._reserved_blocks += self._full_blocks(req)
             if req.num_preemptions == 0 and req.first_scheduled_s is None:
                 kv.record_prefix_query(req.prompt_tokens, hit)
                 req.prefix_hit_tokens = hit
@@ -316,6 +368,8 @@ class VllmV1Scheduler:
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.run_seq = -1
+        if self._reserve_full_output:
+            self._reserved_blocks -= self._full_blocks(victim)
         self.num_preemptions += 1
         self._waiting.appendleft(victim)
 
@@ -404,3 +458,5 @@ class VllmV1Scheduler:
             running.remove(req)
             self._kv.free(req.request_id)
             req.run_seq = -1
+            if self._reserve_full_output:
+                self._reserved_blocks -= self._full_blocks(req)

@@ -64,11 +64,13 @@ def _summary(plan: StepPlan) -> tuple[object, ...]:
     chunked=st.booleans(),
     threshold=st.sampled_from([0, 3, 8]),
     caching=st.booleans(),
+    reserve_full_output=st.booleans(),
     rnd=st.randoms(use_true_random=False),
 )
 def test_bulk_scheduler_matches_the_reference_step_by_step(
     lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
-    max_num_seqs: int, chunked: bool, threshold: int, caching: bool, rnd: random.Random,
+    max_num_seqs: int, chunked: bool, threshold: int, caching: bool, reserve_full_output: bool,
+    rnd: random.Random,
 ) -> None:
     # Feasible as scenarios require: the longest request fits the cache (and the budget unchunked).
     longest = max(p + o for p, o, _ in lengths)
@@ -80,7 +82,7 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
         kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
         scheds.append(VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                       enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-                                      bulk_decodes=bulk_decodes))
+                                      bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output))
         states.append({s.request_id: s for s in request_states(specs, kv)})
     bulk, ref = scheds
     finished: list[list[int]] = [[], []]

@@ -1,0 +1,246 @@
+"""`kernelsight validate`: simulate measured end-to-end rows, score them, regenerate the e2e accuracy report.
+
+Rows come from `shared/data/e2e` (sim.validation); each selected row is simulated under each
+requested kernel-model tier in a pool of worker processes. `--fit-profiles` instead fits the
+host overheads of each engine profile on dev rows and rewrites `sim/data/host/<backend>.toml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sim.errors import ConfigError
+from sim.perf.profile import EngineProfile
+from sim.serde import to_jsonable
+from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
+from sim.validation.rows import SOURCES, Source, ValidationRow
+from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
+
+_DEFAULT_DATA = ("../shared/data", "/work/shared/data")
+BACKENDS = ("vllm", "sglang", "trtllm")
+
+
+def _e2e_dir(arg: str | None) -> Path:
+    for cand in ([arg] if arg else list(_DEFAULT_DATA)):
+        if (Path(cand) / "e2e").is_dir():
+            return Path(cand) / "e2e"
+    raise ConfigError(source="validate", key="--data", value=arg, rule="must be the shared data root holding e2e/")
+
+
+def _profiles() -> dict[str, EngineProfile]:
+    from sim.api import load_engine_profile
+
+    return {b: load_engine_profile(b) for b in BACKENDS}
+
+
+def _evaluate(task: tuple[ValidationRow, Tier, Path, EngineProfile | None]) -> RowResult:
+    row, tier, work_dir, profile = task
+    return evaluate_row(row, tier, work_dir, profile=profile)
+
+
+def run_pool(tasks: Sequence[tuple[ValidationRow, Tier, Path, EngineProfile | None]], jobs: int,
+             cost: CostModel | None = None, progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
+    """Evaluate tasks in `jobs` processes, longest first (by the cost model) for an even finish."""
+    if cost is not None:
+        tasks = sorted(tasks, key=lambda t: -cost.estimate_s(t[0]))
+    if jobs <= 1:
+        out = []
+        for i, t in enumerate(tasks):
+            out.append(_evaluate(t))
+            if progress:
+                progress(i + 1, len(tasks))
+        return out
+    results: list[RowResult] = []
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for i, r in enumerate(pool.map(_evaluate, tasks, chunksize=1)):
+            results.append(r)
+            if progress:
+                progress(i + 1, len(tasks))
+    return results
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % 50 == 0:
+        sys.stderr.write(f"  {done}/{total} simulations\n")
+
+
+def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:
+    return [t for t in tiers if tier_skip_reason(row, t) is None]
+
+
+def cmd_validate(args: Namespace) -> int:
+    from sim.validation.load import data_sha256, load_rows
+
+    start = time.perf_counter()
+    e2e = _e2e_dir(args.data)
+    profiles = _profiles()
+    sources: tuple[Source, ...] | None = tuple(args.source) if args.source else None
+    rows = load_rows(e2e, profiles, sources=sources)
+    if args.suite != "all":
+        rows = [r for r in rows if r.suite == args.suite]
+    if args.limit:
+        rows = _limit(rows, args.limit)
+    if args.fit_profiles:
+        return _fit_profiles(args, rows, profiles, data_sha256(e2e))
+    tiers: list[Tier] = [args.tier] if args.tier else list(TIERS)
+    tiers_per_row = {r.row_id: len(_tiers_for(r, tiers)) for r in rows}
+    cost = measure_cost_model()
+    chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
+                                   jobs=args.jobs, max_row_s=args.max_row_s)
+    sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
+                     f"simulating {len(chosen)} rows x tiers, expected "
+                     f"{expected_wall_s(chosen, tiers_per_row, cost, args.jobs):.0f} s on {args.jobs} workers\n")
+    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
+    work = out_dir / "traces"
+    tasks = [(r, t, work, None) for r in chosen for t in _tiers_for(r, tiers)]
+    results = run_pool(tasks, args.jobs, cost, _progress)
+    results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
+                for r in rows if not r.skipped for t in tiers if tier_skip_reason(r, t) is not None]
+    wall = time.perf_counter() - start
+    return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
+
+
+def _limit(rows: list[ValidationRow], n: int) -> list[ValidationRow]:
+    """At most `n` simulatable rows per (suite, source), cheapest first (smoke runs)."""
+    keep: list[ValidationRow] = []
+    counts: dict[tuple[str, str], int] = {}
+    for r in sorted(rows, key=lambda r: (r.skipped, work_of(r)[1], r.row_id)):
+        key = (r.suite, r.source)
+        if r.skipped or counts.get(key, 0) < n:
+            keep.append(r)
+            counts[key] = counts.get(key, 0) + (0 if r.skipped else 1)
+    return keep
+
+
+def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult], deferred: dict[str, str],
+            tiers: list[Tier], cost: CostModel, wall: float, sha: str, out_dir: Path) -> int:
+    from sim.calibration.report import replace_section
+    from sim.validation.report import HEADING, carry_analysis, render_section
+    from sim.validation.score import score_groups
+
+    groups = score_groups(rows, results, tiers=tiers, deferred=deferred)
+    result: dict[str, Any] = {
+        "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
+        "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
+        "max_row_s": args.max_row_s,
+        "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s},
+    }
+    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit
+    write_doc = not args.no_doc and (full_run or args.doc is not None)
+    plots: list[str] = []
+    doc = Path(args.doc or "docs/accuracy.md")
+    if write_doc:
+        plots = _plots(rows, results, tiers, doc.parent / "img")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {**result, "groups": to_jsonable(groups),
+               "rows": [{**to_jsonable(dataclasses.replace(r, replay=None)), "deferred": deferred.get(r.row_id)}
+                        for r in rows],
+               "results": to_jsonable(results)}
+    (out_dir / "validate.json").write_text(json.dumps(payload, indent=1))
+    if args.json:
+        sys.stdout.write(json.dumps({**result, "groups": to_jsonable(groups)}, indent=1) + "\n")
+    else:
+        from sim.validation.report import groups_table, headline_table
+
+        sys.stdout.write("\n".join([*headline_table(groups), "", *groups_table(groups)]) + "\n")
+    if write_doc:
+        old = doc.read_text() if doc.is_file() else "# Accuracy\n"
+        section = render_section(result, rows, results, groups, deferred,
+                                 [str(Path("img") / Path(p).name) for p in plots])
+        analysis = carry_analysis(old)
+        if analysis:
+            section = section.rstrip("\n") + "\n\n" + analysis
+        doc.write_text(replace_section(old, HEADING, section))
+        sys.stderr.write(f"wrote the End-to-end section of {doc}\n")
+    sys.stderr.write(f"results in {out_dir / 'validate.json'} ({wall:.0f} s)\n")
+    return 0
+
+
+def _plots(rows: list[ValidationRow], results: list[RowResult], tiers: list[Tier], img: Path) -> list[str]:
+    from orchestrator.plots import scatter_png
+
+    by_id = {r.row_id: r for r in rows}
+    written = []
+    for suite in ("eval", "dev"):
+        for tier in tiers:
+            points = [(by_id[r.row_id].source, k, v, by_id[r.row_id].measured[k]) for r in results
+                      if r.status == "scored" and r.tier == tier and by_id[r.row_id].suite == suite
+                      for k, v in r.predicted.items() if k in by_id[r.row_id].measured
+                      and k in ("ttft_mean_s", "tpot_mean_s", "output_throughput_tokens_per_s")]
+            path = img / f"e2e_{suite}_{tier}.png"
+            if scatter_png(path, points, f"{suite} suite, {tier} tier"):
+                written.append(str(path))
+    return written
+
+
+def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str, EngineProfile], sha: str) -> int:
+    from sim.validation.fit import fit_host, profile_toml
+    from sim.validation.rows import require_dev
+
+    # --suite all fits on its dev rows; --suite eval asks for evaluation rows and is refused.
+    wanted = [r for r in rows if not r.skipped and (args.suite != "all" or r.suite == "dev")]
+    dev = require_dev(wanted, purpose="fitting engine profiles")
+    cost = measure_cost_model()
+    work = Path(tempfile.mkdtemp(prefix="kernelsight-fit-"))
+    backends = [args.backend] if args.backend else list(BACKENDS)
+    for backend in backends:
+        mine = [r for r in dev if r.backend == backend]
+        chosen, _ = select_rows(mine, tiers_per_row={r.row_id: 1 for r in mine}, cost=cost,
+                                budget_s=args.fit_budget_s, jobs=1, max_row_s=args.max_row_s)
+        if not chosen:
+            sys.stderr.write(f"{backend}: no dev rows within the fit budget; profile unchanged\n")
+            continue
+
+        def evaluate(profile: EngineProfile, rs: Sequence[ValidationRow]) -> list[RowResult]:
+            tasks = [(r, _fit_tier(r), work, profile) for r in rs]
+            return run_pool(tasks, args.jobs, cost)
+
+        sys.stderr.write(f"{backend}: fitting on {len(chosen)} dev rows\n")
+        fitted = fit_host(profiles[backend], chosen, evaluate, data_sha256=sha)
+        path = Path(__file__).resolve().parent.parent / "sim" / "data" / "host" / f"{backend}.toml"
+        header = (f"Engine profile `{backend}` (sim/perf/profile.py). Host overheads fitted by\n"
+                  "`kernelsight validate --fit-profiles` on dev rows only; [policy] and [defaults] are the engine's\n"
+                  "documented behaviour and defaults (docs/validation.md), not fitted.")
+        path.write_text(profile_toml(fitted.profile, header=header))
+        sys.stderr.write(f"{backend}: loss {fitted.loss_before:.3f} -> {fitted.loss_after:.3f} "
+                         f"with {fitted.params} ({fitted.num_evaluations} evaluations); wrote {path}\n")
+    return 0
+
+
+def _fit_tier(row: ValidationRow) -> Tier:
+    return "target-measured" if tier_skip_reason(row, "target-measured") is None else "cross-generation"
+
+
+def register(sub: Any) -> None:
+    v = sub.add_parser("validate", help="simulate measured end-to-end rows and score TTFT, TPOT and throughput")
+    v.add_argument("--suite", choices=("dev", "eval", "all"), default="all")
+    v.add_argument("--tier", choices=TIERS, help="one kernel-model tier (default: both)")
+    v.add_argument("--source", action="append", choices=SOURCES, help="only these sources (repeatable)")
+    v.add_argument("--json", action="store_true", help="scores as JSON on stdout")
+    v.add_argument("--data", help="shared data root holding e2e/ (default ../shared/data)")
+    v.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    v.add_argument("--budget-s", type=float, default=600.0,
+                   help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")
+    v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
+    v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")
+    v.add_argument("--out", metavar="DIR", help="where validate.json and trace files go (default: a temp dir)")
+    v.add_argument("--doc", help="document whose End-to-end section is rewritten (default docs/accuracy.md, "
+                                 "written only by a full run: all suites, both tiers, every source)")
+    v.add_argument("--no-doc", action="store_true", help="do not touch the document")
+    v.add_argument("--fit-profiles", action="store_true",
+                   help="fit each backend's host overheads on dev rows and rewrite sim/data/host/<backend>.toml")
+    v.add_argument("--backend", choices=BACKENDS, help="with --fit-profiles: only this backend")
+    v.add_argument("--fit-budget-s", type=float, default=20.0,
+                   help="with --fit-profiles: estimated seconds of rows per candidate evaluation")
+    v.set_defaults(func=cmd_validate)

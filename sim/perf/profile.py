@@ -1,0 +1,108 @@
+"""Engine profiles: how vLLM, SGLang and TensorRT-LLM differ, as data (`sim/data/host/<backend>.toml`).
+
+A profile has three parts:
+- host overheads (`HostOverheadParams`, the file's top-level keys and phase tables);
+- the scheduling policy (`[policy]`), passed to the replica scheduler:
+  `prefill_priority` (SGLang: a step that can admit or continue a prefill runs prefill chunks
+  only, decodes wait) and `reserve_full_output` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity
+  scheduler: a request is admitted only when KV blocks for its prompt and all its output tokens
+  are free, so nothing is ever preempted);
+- engine defaults (`[defaults]`): what the engine does where a benchmark does not say (token
+  budget, CPU/GPU overlap, KV-cache format, how the KV-cache memory fraction is counted, CUDA-graph
+  batch sizes). `sim.validation` uses them to turn measured rows into scenarios; `simulate` does
+  not read them (a scenario states its engine settings).
+
+`[fit]` records what the host numbers were fitted on (suite, rows, data hash, method).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sim.perf.host import HostOverheadParams
+from sim.serde import require
+
+KvMemoryBasis = Literal["total", "free_after_weights"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulingPolicy:
+    prefill_priority: bool = False
+    """SGLang: prefill chunks run in steps of their own and decodes wait (no mixed batches)."""
+    reserve_full_output: bool = False
+    """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs; no preemption."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineDefaults:
+    """Engine settings a benchmark leaves at the engine's default (per backend and release line)."""
+
+    max_num_batched_tokens: int = 8192
+    """vLLM max_num_batched_tokens, SGLang chunked_prefill_size, TensorRT-LLM max_num_tokens."""
+    enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
+    """CPU work of step n+1 overlaps GPU work of step n (vLLM --async-scheduling, SGLang and
+    TensorRT-LLM overlap schedulers)."""
+    async_scheduling_since: str | None = None
+    """First engine release with `async_scheduling` on by default; older releases run synchronously."""
+    kv_cache_fp8_with_quantized_weights: bool = False
+    """The KV cache is FP8 when the checkpoint's weights are FP8/FP4 (TensorRT-LLM reads the
+    checkpoint's kv_cache_quant_algo)."""
+    kv_memory_fraction: float = 0.9
+    kv_memory_basis: KvMemoryBasis = "total"
+    """`total`: fraction of GPU memory for weights + activations + KV (vLLM gpu_memory_utilization,
+    SGLang mem_fraction_static); `free_after_weights`: fraction of the memory left after weights
+    and activations (TensorRT-LLM free_gpu_memory_fraction)."""
+    max_cudagraph_capture_size: int | None = None
+    """Largest decode batch replayed from a CUDA graph; None = vLLM's min(2 x max_num_seqs, 512)."""
+
+    def async_for(self, version: str) -> bool:
+        """`async_scheduling` of engine release `version` (unknown versions count as recent)."""
+        if not self.async_scheduling or self.async_scheduling_since is None:
+            return self.async_scheduling
+        since, got = _release(self.async_scheduling_since), _release(version)
+        return got is None or since is None or got >= since
+
+    def __post_init__(self) -> None:
+        require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
+        require(0.0 < self.kv_memory_fraction <= 1.0, "kv_memory_fraction", self.kv_memory_fraction,
+                "must be in (0, 1]")
+        cap = self.max_cudagraph_capture_size
+        require(cap is None or cap >= 1, "max_cudagraph_capture_size", cap, "must be >= 1")
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """(major, minor) of '0.12.0', 'v0.19.0-cu130'; None when the string names no release."""
+    parts = re.findall(r"\d+", version.split("-")[0])
+    return tuple(int(p) for p in parts[:2]) if len(parts) >= 2 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitRecord:
+    """Provenance of fitted numbers: never empty for a fitted profile."""
+
+    suite: Literal["dev"]
+    """Only the dev suite may be fitted on (sim.validation refuses evaluation rows)."""
+    method: str
+    data_sha256: str
+    """SHA-256 over the measured files the rows came from."""
+    num_rows: int
+    rows: str
+    """Which rows, in words (source, models, GPUs)."""
+    metrics: str
+    """Fit quality on the rows it was fitted on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineProfile:
+    backend: str
+    host: HostOverheadParams
+    policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+    defaults: EngineDefaults = field(default_factory=EngineDefaults)
+    fit: FitRecord | None = None
+
+
+PROFILE_TABLES = ("policy", "defaults", "fit")
+"""Tables of a profile TOML that are not host-overhead parameters."""

@@ -1,0 +1,1 @@
+"""End-to-end validation: measured rows -> scenarios -> simulated predictions -> scores (docs/validation.md)."""

@@ -1,0 +1,144 @@
+"""Which rows fit a time budget: a cost model of the simulator and a deterministic selection.
+
+Simulation time is close to `per_step_s x steps + per_request_step_s x (running requests summed
+over steps)`; `measure_cost_model` times two small runs on this machine to get both constants,
+so the selection follows the simulator's speed wherever it runs. `select_rows` then keeps
+(1) every trace and static-batch row (they are few and cheap), (2) closed-loop and offline rows
+of each (suite, source) in a fixed hash order, while the estimated wall time over `jobs` workers
+stays within `budget_s`. A row whose own estimate exceeds
+`max_row_s` is deferred with that reason; the rest that did not fit are deferred as over budget.
+The budget is split over (suite, source) groups, an eval group weighing `EVAL_WEIGHT` dev groups
+(water-filling: a group that cannot use its share passes it on), so each source and suite is
+sampled, at random with respect to the rows.
+`budget_s <= 0` keeps every row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.api import simulate
+from sim.specs.scenario import scenario_from_dict
+from sim.validation.rows import ValidationRow
+
+EVAL_WEIGHT = 2.0
+"""An evaluation (suite, source) group gets twice a dev group's share: eval carries the headline."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel:
+    per_step_s: float
+    per_request_step_s: float
+
+    def estimate_s(self, row: ValidationRow) -> float:
+        steps, request_steps = work_of(row)
+        return self.per_step_s * steps + self.per_request_step_s * request_steps
+
+
+def work_of(row: ValidationRow) -> tuple[float, float]:
+    """(steps, request-steps) a row's simulation will take, roughly."""
+    rep, sec = row.replay, row.sections
+    if rep is None or sec is None:
+        return 0.0, 0.0
+    engine, work = sec["engine"], sec["workload"]
+    budget = float(engine.get("max_num_batched_tokens", 8192))
+    n = rep.num_requests
+    if rep.kind == "trace":
+        out = sum(t.output_tokens for t in rep.trace)
+        inp = sum(t.input_tokens for t in rep.trace)
+        running = min(float(engine.get("max_num_seqs", 256)), n)
+        return out / running + inp / budget, float(out)
+    isl, osl = float(work["random_input_len"]), float(work["random_output_len"])
+    if rep.kind == "single_request":
+        return 1.0, 1.0
+    if rep.kind == "static_batch":
+        return osl + 1, n * osl
+    running = float(max(rep.concurrency, 1))
+    return n * osl / running + n * isl / budget, n * osl
+
+
+def measure_cost_model() -> CostModel:
+    """Time a small and a wide decode-heavy run of Llama-3.1-8B on h100_sxm; solve for both constants."""
+    points = []
+    for conc, n in ((2, 4), (64, 128)):
+        sc = scenario_from_dict({
+            "hardware": {"name": "h100_sxm"}, "model": {"name": "meta-llama/Llama-3.1-8B"},
+            "engine": {"max_model_len": 2048, "enable_prefix_caching": False},
+            "workload": {"dataset_name": "fixed", "random_input_len": 256, "random_output_len": 512,
+                         "num_prompts": n, "max_concurrency": conc},
+            "perf": {"tier": "cross-generation"}}, source="<cost model>")
+        simulate(sc)  # warm the per-process memos out of the timing
+        start = time.perf_counter()
+        res = simulate(sc)
+        points.append((time.perf_counter() - start, res.summary.num_steps, n * 512))
+    (t1, s1, r1), (t2, s2, r2) = points
+    det = s1 * r2 - s2 * r1
+    per_step = max((t1 * r2 - t2 * r1) / det, 1e-6) if det else t1 / s1
+    per_request_step = max((s1 * t2 - s2 * t1) / det, 1e-7) if det else 0.0
+    return CostModel(per_step_s=per_step, per_request_step_s=per_request_step)
+
+
+def _hash_key(row_id: str) -> str:
+    return hashlib.sha256(row_id.encode()).hexdigest()
+
+
+def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int], cost: CostModel, budget_s: float,
+                jobs: int, max_row_s: float) -> tuple[list[ValidationRow], dict[str, str]]:
+    """(rows to simulate, {row_id: why deferred}); skipped rows are neither."""
+    live = [r for r in rows if not r.skipped and tiers_per_row.get(r.row_id, 0) > 0]
+    if budget_s <= 0:
+        return live, {}
+
+    def row_cost(r: ValidationRow) -> float:
+        return cost.estimate_s(r) * tiers_per_row[r.row_id]
+
+    chosen: list[ValidationRow] = []
+    deferred: dict[str, str] = {}
+    remaining = budget_s * max(jobs, 1)
+    queues: dict[tuple[str, str], list[ValidationRow]] = {}
+    for r in live:
+        if r.replay is not None and r.replay.kind in ("trace", "static_batch", "single_request"):
+            chosen.append(r)
+            remaining -= row_cost(r)
+        elif max_row_s > 0 and cost.estimate_s(r) > max_row_s:
+            deferred[r.row_id] = (f"estimated {cost.estimate_s(r):.0f} s of simulation per tier, over the per-row "
+                                  f"cap of {max_row_s:.0f} s")
+        else:
+            queues.setdefault((r.suite, r.source), []).append(r)
+    for key in queues:
+        queues[key].sort(key=lambda r: _hash_key(r.row_id))
+    # Water-filling: each round gives every group its weighted share of what is left; a group
+    # that cannot use it passes the rest on to the next round.
+    active = sorted(queues)
+    while active and remaining > 0:
+        total_weight = sum(EVAL_WEIGHT if suite == "eval" else 1.0 for suite, _ in active)
+        shares = {key: remaining * (EVAL_WEIGHT if key[0] == "eval" else 1.0) / total_weight for key in active}
+        progressed = False
+        for key in list(active):
+            share = shares[key]
+            spent = 0.0
+            queue = queues[key]
+            while queue and spent + row_cost(queue[0]) <= share:
+                r = queue.pop(0)
+                spent += row_cost(r)
+                chosen.append(r)
+                progressed = True
+            remaining -= spent
+            if not queue:
+                active.remove(key)
+        if not progressed:
+            break
+    for queue in queues.values():
+        for r in queue:
+            deferred[r.row_id] = (f"over the time budget ({budget_s:.0f} s x {jobs} workers); rerun with a larger "
+                                  "--budget-s, or --budget-s 0 for every row")
+    return chosen, deferred
+
+
+def expected_wall_s(rows: Sequence[ValidationRow], tiers_per_row: dict[str, int], cost: CostModel, jobs: int) -> float:
+    total = sum(cost.estimate_s(r) * tiers_per_row.get(r.row_id, 0) for r in rows)
+    return total / max(jobs, 1) if math.isfinite(total) else math.inf

@@ -1,0 +1,256 @@
+"""Markdown for the `## End-to-end` section of docs/accuracy.md (plain text; plots are files).
+
+The section is regenerated as a whole, except a `### Analysis` subsection, which is written by
+people and carried over from the previous document (`carry_analysis`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from sim.validation.rows import HEADLINE_METRICS, ValidationRow
+from sim.validation.runner import RowResult
+from sim.validation.score import DISTRIBUTION_METRICS, GroupScore, metric_stats
+
+HEADING: Final = "## End-to-end"
+ANALYSIS: Final = "### Analysis"
+TARGETS: Final = {
+    "target-measured": {"ttft": 0.143, "tpot": 0.062, "throughput": 0.027},
+    "cross-generation": {"ttft": 0.154, "tpot": 0.128, "throughput": 0.030},
+}
+"""Published p50 APE of the reference method on the eval suite (issue 7)."""
+KIND_GROUPS: Final = {"gemm": ("gemm", "moe_gemm"), "attention": ("attn_prefill", "attn_decode"),
+                      "communication": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"),
+                      "host": ("host", "launch_floor")}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _signed(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:+.1f}%"
+
+
+def headline_table(groups: Sequence[GroupScore]) -> list[str]:
+    lines = ["| tier | metric | eval p50 APE | target | met | eval rows |", "|---|---|---|---|---|---|"]
+    for tier, targets in TARGETS.items():
+        g = next((x for x in groups if x.suite == "eval" and x.tier == tier and x.source == "all"), None)
+        for metric, target in targets.items():
+            s = g.metrics.get(metric) if g else None
+            med = s.median_ape if s else math.nan
+            met = "n/a" if med != med else ("yes" if med <= target else "no")
+            lines.append(f"| {tier} | {metric} | {_pct(med)} | <= {_pct(target)} | {met} | {s.n if s else 0} |")
+    return lines
+
+
+def groups_table(groups: Sequence[GroupScore]) -> list[str]:
+    head = ("| suite | tier | source | scored | skipped | deferred | failed | TTFT p50 / p90 (bias) "
+            "| TPOT p50 / p90 (bias) | throughput p50 / p90 (bias) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    for g in groups:
+        cells = []
+        for metric in HEADLINE_METRICS:
+            s = g.metrics.get(metric)
+            cells.append("-" if s is None or s.n == 0 else
+                         f"{_pct(s.median_ape)} / {_pct(s.p90_ape)} ({_signed(s.median_signed)}, n={s.n})")
+        source = f"**{g.source}**" if g.source == "all" else g.source
+        lines.append(f"| {g.suite} | {g.tier} | {source} | {g.rows_scored} | {g.rows_skipped} | {g.rows_deferred} "
+                     f"| {g.rows_failed} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def trace_table(rows: Sequence[ValidationRow], results: Sequence[RowResult]) -> list[str]:
+    res = {(r.row_id, r.tier): r for r in results}
+    lines = ["| run | tier | " + " | ".join(m.removesuffix("_s").replace("_", " ") for m in DISTRIBUTION_METRICS)
+             + " | throughput |", "|---|---|" + "---|" * (len(DISTRIBUTION_METRICS) + 1)]
+    for row in rows:
+        if row.source != "llmservingsim":
+            continue
+        for tier in ("cross-generation", "target-measured"):
+            r = res.get((row.row_id, tier))
+            if r is None or r.status != "scored":
+                continue
+            cells = [_cell(r.predicted.get(k, math.nan), row.measured[k], scale=1e3, unit="ms")
+                     for k in DISTRIBUTION_METRICS]
+            key = "output_throughput_tokens_per_s"
+            cells.append(_cell(r.predicted.get(key, math.nan), row.measured[key], scale=1.0, unit="tok/s"))
+            lines.append(f"| {row.label} | {tier} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cell(pred: float, meas: float, *, scale: float, unit: str) -> str:
+    return f"{pred * scale:.4g} vs {meas * scale:.4g} {unit} ({_signed(pred / meas - 1)})"
+
+
+def breakdown_tables(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, suite: str) -> list[str]:
+    """Signed error by backend and by load regime, and where simulated time goes (evidence for the analysis)."""
+    by_id = {r.row_id: r for r in rows if r.suite == suite}
+    out: list[str] = []
+    for title, keyer in (("backend", _backend_key), ("load regime", _regime_key), ("KV-cache state", _kv_key)):
+        buckets: dict[tuple[str, str], list[tuple[ValidationRow, RowResult]]] = {}
+        for res in results:
+            row = by_id.get(res.row_id)
+            if row is None or res.status != "scored":
+                continue
+            buckets.setdefault((res.tier, keyer(row, res)), []).append((row, res))
+        out += [f"#### {suite} suite: signed median error (and p50 APE) by {title}", "",
+                f"| tier | {title} | rows | TTFT | TPOT | throughput | host CPU share* | GEMM share | attention share "
+                "| comm share |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for (tier, key), items in sorted(buckets.items()):
+            cells = []
+            for metric_key in HEADLINE_METRICS.values():
+                pairs = [(r.predicted[metric_key], row.measured[metric_key]) for row, r in items
+                         if metric_key in row.measured and metric_key in r.predicted]
+                s = metric_stats(pairs)
+                cells.append("-" if s.n == 0 else f"{_signed(s.median_signed)} ({_pct(s.median_ape)})")
+            shares = [_share(items, kinds) for kinds in KIND_GROUPS.values()]
+            hs, gs, ats, cs = (shares[3], shares[0], shares[1], shares[2])
+            out.append(f"| {tier} | {key} | {len(items)} | " + " | ".join(cells)
+                       + f" | {_pct(hs)} | {_pct(gs)} | {_pct(ats)} | {_pct(cs)} |")
+        out.append("")
+    return out
+
+
+def worst_rows_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, suite: str,
+                     limit: int = 12) -> list[str]:
+    """The rows with the largest errors (any headline metric), with where their simulated time went."""
+    by_id = {r.row_id: r for r in rows if r.suite == suite}
+    scored: list[tuple[float, ValidationRow, RowResult]] = []
+    for res in results:
+        row = by_id.get(res.row_id)
+        if row is None or res.status != "scored":
+            continue
+        errs = [abs(math.log(res.predicted[k] / row.measured[k])) for k in HEADLINE_METRICS.values()
+                if k in row.measured and res.predicted.get(k, 0) > 0 and row.measured[k] > 0]
+        if errs:
+            scored.append((max(errs), row, res))
+    scored.sort(key=lambda t: -t[0])
+    lines = [f"#### {suite} suite: largest errors, per row", "",
+             "| row | tier | TTFT pred / meas | TPOT pred / meas | tok/s pred / meas | GEMM | attention | comm "
+             "| host CPU* | KV peak |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for _, row, res in scored[:limit]:
+        cells = []
+        for key, scale, fmt in (("ttft_mean_s", 1e3, "{:.0f} / {:.0f} ms"), ("tpot_mean_s", 1e3, "{:.1f} / {:.1f} ms"),
+                                ("output_throughput_tokens_per_s", 1.0, "{:.0f} / {:.0f}")):
+            m = row.measured.get(key)
+            cells.append("-" if m is None else fmt.format(res.predicted.get(key, math.nan) * scale, m * scale))
+        shares = [_pct(sum(res.time_share.get(k, 0.0) for k in kinds)) for kinds in KIND_GROUPS.values()]
+        lines.append(f"| {row.label} | {res.tier} | " + " | ".join(cells) + " | " + " | ".join(shares)
+                     + f" | {res.kv_usage_max_frac:.0%} |")
+    return [*lines, ""]
+
+
+def _share(items: Sequence[tuple[ValidationRow, RowResult]], kinds: tuple[str, ...]) -> float:
+    vals = [sum(r.time_share.get(k, 0.0) for k in kinds) for _, r in items if r.time_share]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _backend_key(row: ValidationRow, _: RowResult) -> str:
+    return f"{row.backend} ({row.source})"
+
+
+def _kv_key(_: ValidationRow, res: RowResult) -> str:
+    """Saturated: the simulated KV cache filled up (peak use >= 95% or a preemption)."""
+    return "saturated (KV full)" if res.kv_usage_max_frac >= 0.95 or res.num_preemptions else "KV headroom"
+
+
+def _regime_key(row: ValidationRow, _: RowResult) -> str:
+    rep = row.replay
+    if rep is None:
+        return "n/a"
+    if rep.kind == "closed_loop":
+        c = rep.concurrency
+        band = "C <= 8" if c <= 8 else ("C 16-64" if c <= 64 else "C >= 128")
+        return f"closed loop, {band}"
+    return rep.kind.replace("_", " ")
+
+
+def skipped_table(rows: Sequence[ValidationRow], results: Sequence[RowResult],
+                  deferred: Mapping[str, str]) -> list[str]:
+    """Skip / defer reasons with counts (per suite and source), not one line per row."""
+    counts: dict[tuple[str, str, str, str], int] = {}
+    by_id = {r.row_id: r for r in rows}
+    for row in rows:
+        if row.skip_reason is not None:
+            counts[(row.suite, row.source, "skipped", row.skip_reason)] = counts.get(
+                (row.suite, row.source, "skipped", row.skip_reason), 0) + 1
+        elif row.row_id in deferred:
+            key = (row.suite, row.source, "deferred", _generic(deferred[row.row_id]))
+            counts[key] = counts.get(key, 0) + 1
+    for res in results:
+        if res.status == "skipped" and res.reason is not None:
+            found = by_id.get(res.row_id)
+            if found is not None and found.skip_reason is None:
+                key = (found.suite, found.source, f"skipped ({res.tier})", _generic(res.reason))
+                counts[key] = counts.get(key, 0) + 1
+    lines = ["| suite | source | status | reason | rows |", "|---|---|---|---|---|"]
+    for (suite, source, status, reason), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[1])):
+        lines.append(f"| {suite} | {source} | {status} | {reason.replace('|', '/')} | {n} |")
+    return lines
+
+
+def _generic(reason: str) -> str:
+    """Per-row numbers out of a reason so identical causes group together."""
+    if reason.startswith("estimated"):
+        return "estimated simulation time over the per-row cap"
+    return reason
+
+
+def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], results: Sequence[RowResult],
+                   groups: Sequence[GroupScore], deferred: Mapping[str, str], plots: Sequence[str]) -> str:
+    out = [HEADING, "",
+           f"Regenerate with `kernelsight validate` (suite {result['suite']}, tiers "
+           f"{', '.join(result['tiers'])}; took {result['wall_s']:.0f} s with {result['jobs']} worker processes on "
+           f"{result['machine']}). Measured data: `shared/data/e2e` (sha256 {result['data_sha256'][:16]}). "
+           "APE = |predicted - measured| / measured per row; bias = median of predicted / measured - 1. "
+           "Headline metrics per row: mean TTFT and mean TPOT (AIConfigurator closed loops, LLMServingSim traces, "
+           "TensorRT-LLM batch-1 first-token latency) and output tokens/s (traces, TensorRT-LLM throughput and "
+           "static-batch tables). How rows become scenarios, the estimators for shortened runs and the engine "
+           "profiles: [docs/validation.md](validation.md).",
+           "",
+           f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker "
+           f"(cost model {result['cost_model']['per_step_s'] * 1e6:.1f} us per step + "
+           f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step, measured at "
+           f"start), per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
+           "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
+           "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
+           "order, so a deferred row is a random "
+           "one, not a hard one; `--budget-s 0` simulates all of them.", "",
+           "### Eval suite against the targets", "", *headline_table(groups), "",
+           "### Per suite x tier x source", "", *groups_table(groups), ""]
+    trace = trace_table(rows, results)
+    if len(trace) > 2:
+        out += ["### LLMServingSim traces: predicted vs measured distributions", "", *trace, ""]
+    if plots:
+        out += ["### Predicted vs measured", ""]
+        out += [f"![{p}]({p})" for p in plots] + [""]
+    out += ["### Where the error comes from (evidence)", "",
+            "Shares are of the simulated busy time summed over kernels, collectives and host CPU work "
+            "(\\*host CPU work overlaps the GPU when the engine schedules asynchronously, as every profile "
+            "does for recent releases: it then costs time only in steps where it exceeds the GPU work). "
+            "Signed error: median of predicted / measured - 1.", ""]
+    for suite in ("eval", "dev"):
+        if any(r.suite == suite for r in rows):
+            out += breakdown_tables(rows, results, suite=suite)
+            out += worst_rows_table(rows, results, suite=suite)
+    out += ["### Skipped and deferred rows", "", *skipped_table(rows, results, deferred), ""]
+    return "\n".join(out) + "\n"
+
+
+def carry_analysis(old_doc: str) -> str:
+    """The `### Analysis` block of the previous End-to-end section ('' if none)."""
+    lines = old_doc.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == HEADING), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    a = next((i for i in range(start, end) if lines[i].rstrip() == ANALYSIS), None)
+    if a is None:
+        return ""
+    b = next((i for i in range(a + 1, end) if lines[i].startswith("### ")), end)
+    return "".join(lines[a:b]).rstrip("\n") + "\n"

@@ -1,0 +1,42 @@
+"""`kernelsight validate` smoke run on the real measured data: a handful of cheap rows, not an accuracy gate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SHARED_DATA
+
+pytestmark = pytest.mark.skipif(not (SHARED_DATA / "e2e").is_dir(), reason="shared/data/e2e not present")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", "--data", str(SHARED_DATA), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_smoke_run_scores_rows_and_rewrites_only_the_end_to_end_section(tmp_path: Path) -> None:
+    doc = tmp_path / "accuracy.md"
+    doc.write_text("# Accuracy\n\n## Kernels\n\nkernel numbers\n\n## End-to-end\n\nold\n\n### Analysis\n\nkept\n")
+    proc = _run("--limit", "1", "--jobs", "2", "--json", "--out", str(tmp_path / "out"), "--doc", str(doc))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    groups = {(g["suite"], g["tier"], g["source"]): g for g in summary["groups"]}
+    assert groups[("dev", "cross-generation", "all")]["rows_scored"] >= 3
+    assert groups[("dev", "cross-generation", "all")]["rows_skipped"] > 1000  # MLA, disaggregated, ...
+    full = json.loads((tmp_path / "out" / "validate.json").read_text())
+    scored = [r for r in full["results"] if r["status"] == "scored"]
+    assert scored and all(v > 0 for r in scored for v in r["predicted"].values())
+    text = doc.read_text()
+    assert "kernel numbers" in text and "### Analysis\n\nkept" in text and "\nold\n" not in text
+    assert "### Eval suite against the targets" in text and "### Skipped and deferred rows" in text
+    assert list((tmp_path / "img").glob("e2e_*.png"))
+
+
+def test_fitting_refuses_the_eval_suite(tmp_path: Path) -> None:
+    proc = _run("--suite", "eval", "--fit-profiles", "--limit", "1")
+    assert proc.returncode == 2
+    assert "evaluation row" in proc.stderr

@@ -1,0 +1,125 @@
+"""Engine profiles: shipped TOMLs load, and the two scheduler policies behave as documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import scenario_dict
+
+from sim.api import load_engine_profile, load_host_params, simulate
+from sim.perf.profile import SchedulingPolicy
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.scenario import scenario_from_dict
+from sim.validation.fit import profile_toml
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_shipped_profiles_load_and_host_params_match(backend: str) -> None:
+    profile = load_engine_profile(backend)
+    assert profile.backend == backend
+    assert load_host_params(backend) == profile.host
+
+
+def test_policies_per_backend() -> None:
+    assert load_engine_profile("vllm").policy == SchedulingPolicy()
+    assert load_engine_profile("sglang").policy.prefill_priority
+    assert load_engine_profile("trtllm").policy.reserve_full_output
+
+
+def test_profile_toml_round_trips(tmp_path: Path) -> None:
+    profile = load_engine_profile("trtllm")
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(profile, header="test"))
+    assert load_engine_profile("trtllm", path) == profile
+
+
+def _req(rid: int, prompt: int, output: int) -> RequestState:
+    return RequestState(request_id=rid, prompt_tokens=prompt, output_tokens=output, arrival_s=0.0, keys=())
+
+
+def _sched(num_blocks: int, **policy: bool) -> VllmV1Scheduler:
+    kv = KVCacheManager(num_blocks=num_blocks, block_size=4, enable_prefix_caching=False)
+    return VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                           long_prefill_token_threshold=0, **policy)
+
+
+def _run_prefill(sched: VllmV1Scheduler) -> None:
+    plan = sched.schedule()
+    assert plan is not None
+    sched.finish_step(plan)
+
+
+def test_prefill_priority_runs_a_waiting_prompt_alone_and_decodes_wait() -> None:
+    sched = _sched(100, prefill_priority=True)
+    sched.add(_req(0, 8, 5))
+    _run_prefill(sched)  # request 0 now decodes
+    sched.add(_req(1, 12, 5))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(1, 12)]
+    sched.finish_step(plan)
+    plan = sched.schedule()  # nothing left to prefill: both decode
+    assert plan is not None
+    assert sorted((c.request.request_id, c.num_new_tokens) for c in plan.chunks) == [(0, 1), (1, 1)]
+
+
+def test_without_prefill_priority_the_decode_and_the_prompt_share_a_step() -> None:
+    sched = _sched(100)
+    sched.add(_req(0, 8, 5))
+    _run_prefill(sched)
+    sched.add(_req(1, 12, 5))
+    plan = sched.schedule()
+    assert plan is not None
+    # Request 0 decodes in bulk (counted, not listed) next to request 1's whole prompt.
+    assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(1, 12)]
+    assert plan.num_bulk_decodes == 1
+    assert plan.num_batched_tokens() == 13
+
+
+def test_reserve_full_output_waits_for_room_for_every_output_token() -> None:
+    # 10 blocks of 4 tokens. Request 0 needs (8 + 16) / 4 = 6 blocks at full length, request 1
+    # (8 + 20) / 4 = 7: 6 + 7 > 10, so 1 waits although its prompt (2 blocks) would fit now.
+    sched = _sched(10, reserve_full_output=True)
+    sched.add(_req(0, 8, 16))
+    sched.add(_req(1, 8, 20))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [c.request.request_id for c in plan.chunks] == [0]
+    while plan is not None and not any(c.request.request_id == 1 for c in plan.chunks):
+        sched.finish_step(plan)
+        plan = sched.schedule()
+    assert plan is not None  # admitted once request 0 finished and freed its reservation
+    assert sched.num_preemptions == 0
+
+
+def test_vllm_policy_admits_both_and_preempts_when_blocks_run_out() -> None:
+    # Both grow one token per step; at 8 + 13 tokens each needs 6 blocks: 12 > 10.
+    sched = _sched(10)
+    sched.add(_req(0, 8, 16))
+    sched.add(_req(1, 8, 20))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [c.request.request_id for c in plan.chunks] == [0, 1]
+    while plan is not None:
+        sched.finish_step(plan)
+        plan = sched.schedule()
+    assert sched.num_preemptions > 0
+
+
+def test_simulate_selects_the_profile_from_the_backend() -> None:
+    d = scenario_dict(engine={"backend": "sglang"},
+                      workload={"num_prompts": 12, "random_input_len": 512, "random_output_len": 64,
+                                "request_rate": 20.0})
+    sc = scenario_from_dict(d, source="t")
+    default = simulate(sc).summary
+    assert default == simulate(sc, profile=load_engine_profile("sglang")).summary
+    assert default != simulate(sc, profile=load_engine_profile("vllm")).summary
+
+
+@pytest.mark.parametrize(("version", "expected"), [("0.12.0", False), ("0.11.2", False), ("0.14.0", True),
+                                                   ("v0.19.0-cu130", True), ("nightly-5b8c30d", True)])
+def test_vllm_async_scheduling_is_on_by_default_from_0_14(version: str, expected: bool) -> None:
+    assert load_engine_profile("vllm").defaults.async_for(version) is expected

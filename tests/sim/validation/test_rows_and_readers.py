@@ -1,0 +1,188 @@
+"""Suites, the hold-out guard, and turning measured rows into scenarios (hand-made CSVs)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from sim.api import load_engine_profile
+from sim.validation.aiconfigurator import read_aiconfigurator
+from sim.validation.engine_args import trtllm_bench_settings
+from sim.validation.finalize import finalize
+from sim.validation.llmservingsim import read_llmservingsim
+from sim.validation.rows import EvalRowRefused, ValidationRow, is_eval, require_dev, suite_of
+from sim.validation.specs_cache import SpecCache
+from sim.validation.trtllm import read_trtllm_static
+
+PROFILES = {b: load_engine_profile(b) for b in ("vllm", "sglang", "trtllm")}
+
+AIC_COLUMNS = ["id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
+               "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
+               "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms", "src_file", "src_concurrency",
+               "conc_over_bs_x_dp"]
+
+
+@pytest.mark.parametrize(("model", "hardware", "suite"), [
+    ("meta-llama/Llama-3.1-70B", "h100_sxm", "eval"),
+    ("nvidia/Llama-3.1-70B-Instruct-FP8", "h200_sxm", "eval"),
+    ("LLaMA v3 70B", "h100_sxm", "eval"),
+    ("Llama 3.3 70B", "rtx_pro_6000_server", "eval"),
+    ("LLaMA 70B", "L40S", "eval"),
+    ("Qwen/Qwen3-32B", "b200_sxm", "eval"),
+    ("Qwen/Qwen3-32B", "B200_180GB", "eval"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm", "dev"),
+    ("Llama 3.1 405B", "h200_sxm", "dev"),
+    ("Llama 4 Scout", "gb200", "dev"),
+])
+def test_suite_rule(model: str, hardware: str, suite: str) -> None:
+    assert suite_of(model, hardware) == suite
+    assert is_eval(model, hardware) == (suite == "eval")
+
+
+def _row(model: str, hardware: str, suite: str) -> ValidationRow:
+    return ValidationRow(row_id=f"x:{model}", source="aiconfigurator", suite=suite,  # type: ignore[arg-type]
+                         model=model, hardware=hardware, backend="vllm", backend_version="0", label="x",
+                         measured={}, skip_reason="test")
+
+
+def test_require_dev_passes_dev_rows_and_refuses_eval_rows() -> None:
+    dev = _row("Qwen/Qwen3-32B", "h100_sxm", "dev")
+    assert require_dev([dev], purpose="t") == [dev]
+    with pytest.raises(EvalRowRefused, match="evaluation row"):
+        require_dev([dev, _row("Qwen/Qwen3-32B", "b200_sxm", "eval")], purpose="t")
+
+
+def test_require_dev_rederives_the_suite_instead_of_trusting_the_field() -> None:
+    with pytest.raises(EvalRowRefused):
+        require_dev([_row("meta-llama/Llama-3.1-70B", "h100_sxm", "dev")], purpose="t")
+
+
+def _aic_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=AIC_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in AIC_COLUMNS})
+    return path
+
+
+AGG = {"id": "1", "backend": "vllm", "backend_version": "0.12.0", "model_path": "Qwen/Qwen3-32B",
+       "system": "h100_sxm", "precision": "fp8", "mode": "agg", "isl": "1024", "osl": "128",
+       "gemm_quant_mode": "fp8", "batch_size": "16", "tp_size": "2", "pp_size": "1", "silicon_ttft_ms": "150",
+       "silicon_tpot_ms": "20", "src_file": "2026-03-25.csv", "src_concurrency": "16", "conc_over_bs_x_dp": "1.0"}
+
+
+def test_inferencex_row_becomes_a_closed_loop_with_lengths_in_0p8_to_1_of_isl(tmp_path: Path) -> None:
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [AGG]), PROFILES, SpecCache())
+    assert row.skip_reason is None and row.suite == "dev"
+    assert row.measured == {"ttft_mean_s": pytest.approx(0.150), "tpot_mean_s": pytest.approx(0.020)}
+    assert row.sections is not None and row.replay is not None
+    w, e = row.sections["workload"], row.sections["engine"]
+    assert (w["num_prompts"], w["max_concurrency"], w["request_rate"]) == (160, 16, math.inf)
+    assert w["random_input_len"] == 922 and w["random_output_len"] == 115
+    lo, hi = w["random_input_len"] * (1 - w["random_range_ratio"]), w["random_input_len"] * (1 + w["random_range_ratio"])
+    assert lo == pytest.approx(0.8 * 1024, abs=1.5) and hi == pytest.approx(1024, abs=1.5)
+    assert (e["tensor_parallel_size"], e["quantization"], e["backend"]) == (2, "fp8", "vllm")
+    assert row.replay.kind == "closed_loop" and row.replay.concurrency == 16
+
+
+def test_nvidia_collection_row_uses_fixed_lengths(tmp_path: Path) -> None:
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, "src_file": "/Users/x/data.csv"}]), PROFILES,
+                                 SpecCache())
+    assert row.sections is not None
+    assert row.sections["workload"]["dataset_name"] == "fixed"
+    assert (row.sections["workload"]["random_input_len"], row.sections["workload"]["random_output_len"]) == (1024, 128)
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"mode": "disagg"}, "disaggregated"),
+    ({"model_path": "deepseek-ai/DeepSeek-R1"}, "multi-head latent attention"),
+    ({"model_path": "acme/unknown"}, "no model config ships"),
+    ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
+    ({"gemm_quant_mode": "int4_wo"}, "int4_wo"),
+    ({"model_path": "openai/gpt-oss-120b", "moe_tp_size": "2", "moe_ep_size": "2", "tp_size": "4"}, "experts split"),
+])
+def test_rows_the_simulator_cannot_represent_are_skipped_with_the_reason(tmp_path: Path, change: dict[str, str],
+                                                                         reason: str) -> None:
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.skipped and reason in (row.skip_reason or "")
+    assert row.measured["ttft_mean_s"] == pytest.approx(0.150)
+
+
+def test_moe_row_with_expert_parallel_over_all_ranks_is_kept(tmp_path: Path) -> None:
+    change = {"model_path": "openai/gpt-oss-120b", "precision": "fp4", "gemm_quant_mode": "nvfp4",
+              "system": "h200_sxm", "tp_size": "4", "moe_tp_size": "1", "moe_ep_size": "4"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.sections is not None
+    assert row.sections["engine"]["enable_expert_parallel"] is True
+    assert "quantization" not in row.sections["engine"]  # gpt-oss keeps its MXFP4 checkpoint
+
+
+def test_trtllm_profile_sizes_kv_from_memory_left_after_weights(tmp_path: Path) -> None:
+    raw = {**AGG, "backend": "trtllm", "src_file": "/Users/x.csv"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [raw]), PROFILES, SpecCache())
+    cache = SpecCache()
+    done = finalize(row, PROFILES, cache)
+    assert done.sections is not None
+    util = done.sections["engine"]["gpu_memory_utilization"]
+    mem = cache.memory("Qwen/Qwen3-32B", "h100_sxm", done.sections["engine"])
+    fixed = mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes + mem.cuda_graph_bytes
+    assert mem.kv_cache_bytes == pytest.approx(0.9 * (mem.total_bytes - fixed), rel=1e-4)
+    assert 0.9 < util < 1.0
+    assert done.sections["engine"]["kv_cache_dtype"] == "fp8"
+
+
+def test_trtllm_bench_settings_by_hand() -> None:
+    gib = 1 << 30
+    # 80 GiB GPU, 16 GiB of weights, 1 MiB of KV per token, 1000 + 1000 tokens: 0.95 x 64 GiB / 2000 MiB
+    # = 31.1 requests -> batch rounded up to 64 (minimum); tokens 31.1 x 2 = 62 -> 2048 (minimum).
+    assert trtllm_bench_settings(total_memory_bytes_per_gpu=80 * gib, weight_bytes_total=16 * gib,
+                                 kv_bytes_per_token_total=1 << 20, num_gpus=1, pp=1, isl=1000, osl=1000) == (64, 2048)
+    # 8 GPUs, 1 KiB per token, 128 + 128: requests capped at 4096 -> batch 4096, tokens 8192.
+    assert trtllm_bench_settings(total_memory_bytes_per_gpu=80 * gib, weight_bytes_total=16 * gib,
+                                 kv_bytes_per_token_total=1 << 10, num_gpus=8, pp=1, isl=128, osl=128) == (4096, 8192)
+
+
+def test_llmservingsim_run_is_replayed_from_queue_times(tmp_path: Path) -> None:
+    d = tmp_path / "lss"
+    d.mkdir()
+    (d / "runs.csv").write_text(
+        "run_id,hardware,model,engine,engine_version,tensor_parallel_size,data_parallel_size,enable_expert_parallel,"
+        "max_num_seqs,max_num_batched_tokens,max_model_len,dtype,kv_cache_dtype,gpu_memory_utilization,"
+        "enable_prefix_caching\n"
+        "R,RTXPRO6000,meta-llama/Llama-3.1-8B,vllm,0.19.0,1,1,False,128,2048,,bfloat16,auto,,\n")
+    (d / "requests.csv").write_text(
+        "run_id,input_toks,output_toks,queued_rel_s,queued_ts,first_token_ts,last_token_ts\n"
+        "R,100,3,0.5,10.5,11.0,11.2\n"
+        "R,200,1,0.0,10.0,10.1,10.1\n"
+        "R,300,5,1.0,11.0,11.5,12.3\n")
+    (row,) = read_llmservingsim(d, PROFILES["vllm"])
+    assert row.replay is not None and row.sections is not None
+    assert [t.arrival_s for t in row.replay.trace] == [0.0, 0.5, 1.0]
+    assert [t.input_tokens for t in row.replay.trace] == [200, 100, 300]
+    assert row.measured["ttft_mean_s"] == pytest.approx((0.5 + 0.1 + 0.5) / 3)
+    assert row.measured["tpot_mean_s"] == pytest.approx((0.1 + 0.2) / 2)  # single-token requests have no TPOT
+    assert row.measured["output_throughput_tokens_per_s"] == pytest.approx(9 / 2.3)
+    assert row.sections["engine"]["max_num_batched_tokens"] == 2048
+    assert row.sections["engine"]["enable_prefix_caching"] is True
+    assert row.sections["hardware"]["name"] == "rtx_pro_6000_server"
+
+
+def test_static_batch_rows(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text(
+        "engine,engine_version,gpu,gpu_label,precision,model,batch_size,tp,isl,kind,osl,out_tok_per_s_per_gpu,"
+        "first_token_latency_ms\n"
+        "T,0.9.0,A100_SXM4_80GB,A100,FP16,Mixtral 8x7B,64,2,128,peak_throughput,2048,1000,\n"
+        "T,0.9.0,A100_SXM4_80GB,A100,FP16,Mixtral 8x7B,1,2,2048,first_token_latency_bs1,,,160.9\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,GPT-J 6B,1,1,128,first_token_latency_bs1,,,5.5\n")
+    peak, bs1, gptj = read_trtllm_static(path, PROFILES, SpecCache())
+    assert peak.measured == {"output_throughput_tokens_per_s": 2000.0}
+    assert peak.sections is not None and peak.sections["engine"]["enable_chunked_prefill"] is False
+    assert peak.sections["engine"]["max_num_batched_tokens"] == 64 * 128
+    assert bs1.replay is not None and bs1.replay.kind == "single_request"
+    assert bs1.measured == {"ttft_mean_s": pytest.approx(0.1609)}
+    assert gptj.skipped and "GPT-J" in (gptj.skip_reason or "")
