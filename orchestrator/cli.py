@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator import commands_kernels
 
     commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, accuracy, fit-cross-generation
+
+    from orchestrator.sweep import command as sweep_command
+
+    sweep_command.register(sub)  # imports Ray, Optuna and MLflow only when it runs
     return parser
 
 
