@@ -117,7 +117,7 @@ class CapacityReport:
         rows = []
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
-            rows.append(["*" if i == self.chosen else "", *(c.params.get(k, "-") for k in keys),
+            rows.append(["*" if i == self.chosen else "", *(_text(c.params.get(k, "-")) for k in keys),
                          _fmt(c.capacity_rate_per_replica), c.replicas or "-", c.num_gpus() or "-",
                          _fmt(c.cost_per_hour_usd) if math.isfinite(c.cost_per_hour_usd) else "-",
                          *(_fmt(m.get(b.metric, math.nan)) for b in spec.slo), c.status])
@@ -162,6 +162,9 @@ class CapacityPlanner:
         self._ids = itertools.count()
         self._owner: dict[int, tuple[_Chain, float]] = {}
         self.num_probes = 0
+
+    def num_candidates(self) -> int:
+        return len(candidate_grid(self.spec.space))
 
     def run(self) -> tuple[tuple[CandidatePlan, ...], int | None, TrialResult | None, list[str]]:
         chains = [_Chain(index=i, params=p) for i, p in enumerate(candidate_grid(self.spec.space))]
@@ -295,6 +298,10 @@ def serve_command(base: Scenario, plan: CandidatePlan) -> str:
     hint = (f"run {plan.replicas} replicas behind a load balancer"
             + (f", or on one {per_node}-GPU node: add --data-parallel-size {plan.replicas}" if one_node else ""))
     return f"{cmd}\n# {hint}"
+
+
+def _text(value: object) -> str:
+    return "none" if value is None else str(value)
 
 
 def _fmt(value: float) -> str:

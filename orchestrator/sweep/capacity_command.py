@@ -44,8 +44,9 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
                                    *(("calibrations", f) for f in calibration_files(base, spec))])
         pool = ShardPool(ray.put(base), num_actors=args.actors or default_num_actors(), render_artifacts=False,
                          name_prefix=f"kernelsight-{spec.name}-{uid[:6]}")
-        bar = ProgressBar(1, label=spec.name, unit="candidate")
-        planner = CapacityPlanner(spec, base, pool, progress=bar.step)
+        planner = CapacityPlanner(spec, base, pool)
+        bar = ProgressBar(planner.num_candidates(), label=spec.name, unit="candidate")
+        planner.progress = bar.step
         try:
             plans, chosen, verified, notes = planner.run()
         except KeyboardInterrupt:

@@ -227,6 +227,8 @@ def _row(r: TrialRecord, spec: SweepSpec) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "none"
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
     return str(value)

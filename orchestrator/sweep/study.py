@@ -168,9 +168,12 @@ def trial_state(result: TrialResult, spec: SweepSpec) -> TrialState:
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, spec: SweepSpec) -> TrialState:
-    """Record `result` on `trial` (attributes, constraints) and finish it; idempotent if already finished."""
-    trial.set_user_attr(RESULT_ATTR, result.to_attrs())
+    """Record `result` on `trial` (attributes, constraints) and finish it; a finished trial is left as is."""
     state = trial_state(result, spec)
+    try:
+        trial.set_user_attr(RESULT_ATTR, result.to_attrs())
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return state
     values = objective_values(result.metrics, spec.objectives) if state is TrialState.COMPLETE else None
     constraints: dict[str, float] = {}
     if result.status is TrialStatus.OK:
