@@ -26,7 +26,9 @@ _QUIET: Final = ("alembic", "mlflow", "ray", "optuna", "urllib3")
 
 
 def quiet_service_loggers() -> None:
-    """Keep MLflow's schema migrations, Ray's start-up chatter and Optuna's per-trial lines off stderr."""
+    """Keep MLflow's schema migrations, Ray's start-up chatter and Optuna's per-trial lines off stderr,
+    and MLflow's "View run at" lines off stdout (which carries the sweep's table or JSON)."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     import optuna
