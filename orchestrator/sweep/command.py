@@ -53,11 +53,22 @@ def cmd_sweep(args: Namespace) -> int:
 
     prepare_ray_env(args.ray_address)
     quiet_service_loggers()
-    if spec.capacity is not None:
-        from orchestrator.sweep.capacity_command import run_capacity
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import OperationalError
 
-        return run_capacity(spec, args, study_dir)
-    return _run_search(spec, args, study_dir)
+    try:
+        if spec.capacity is not None:
+            from orchestrator.sweep.capacity_command import run_capacity
+
+            return run_capacity(spec, args, study_dir)
+        return _run_search(spec, args, study_dir)
+    except (ConnectionError, MlflowException, OperationalError) as exc:
+        # A service (Ray, the MLflow store, the Optuna database) is unreachable or refused us.
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        if spec.capacity is None:
+            sys.stderr.write(f"trials finished so far are kept; continue with: kernelsight sweep {args.sweep} "
+                             "--resume (with the same --storage/--tracking-uri)\n")
+        return 1
 
 
 def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:

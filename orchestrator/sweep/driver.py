@@ -2,9 +2,11 @@
 
 Per trial, in this order: ask and draw parameters; build the scenario and its hash (cache key;
 an impossible combination is answered at once as `INVALID`); answer from the cache or submit
-to the pool; when the result is back, write the MLflow run, then tell Optuna. Logging before
-telling is what makes resume exact: a trial that is finished in Optuna is always recorded in
-MLflow, and a trial still RUNNING in Optuna is evaluated again and told once.
+to the pool; when the result is back, hand it to the recorder thread, which writes the MLflow
+run and then tells Optuna. Logging before telling is what makes resume exact: a trial that is
+finished in Optuna is always recorded in MLflow, and a trial still RUNNING in Optuna is
+evaluated again and told once. The main thread makes every decision (asking, the cache, the
+pool); the recorder only writes, one trial at a time in completion order.
 
 Resume (`SweepDriver.run` on an existing study) first reconciles the two stores:
 - trials RUNNING in Optuna (the killed driver's in-flight trials) are evaluated again with the
@@ -32,6 +34,7 @@ from orchestrator.sweep.cache import ResultCache
 from orchestrator.sweep.evaluate import build_scenario, invalid_result
 from orchestrator.sweep.objective import constraint_values
 from orchestrator.sweep.pool import ShardPool
+from orchestrator.sweep.recorder import Recorder
 from orchestrator.sweep.report import DriverTimings, SweepReport, TrialRecord, select_best
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.space import suggest_params
@@ -45,7 +48,7 @@ from sim.specs.scenario import Scenario
 logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[TrialResult, int, int], None]
-"""Called after each finished trial with (result, trials finished, trials wanted)."""
+"""Called on the main thread after each recorded trial with (result, trials finished, trials wanted)."""
 
 
 @dataclass(slots=True)
@@ -55,6 +58,8 @@ class _Live:
     timestamp_ms: int
     scenario_hash: str = ""
     existing: LoggedRun | None = None
+    result: TrialResult | None = None
+    """Set when the trial is handed to the recorder."""
 
 
 class SweepDriver:
@@ -79,6 +84,7 @@ class SweepDriver:
         self._num_reconciled = 0
         self._num_trials = len(study.get_trials(deepcopy=False))
         """Trials in the study, every state; grows with each ask."""
+        self._recorder: Recorder | None = None
 
     # -- public -------------------------------------------------------------------------------
 
@@ -87,17 +93,45 @@ class SweepDriver:
         self._reconcile()
         if self._has_more() and self.pool is None:
             raise RuntimeError("the study has trials to run but the driver got no actor pool")
-        pool = self.pool
-        max_live = pool.num_actors * 2 if pool is not None else 0
-        while pool is not None:
+        if self.pool is not None:
+            recorder = self._recorder = Recorder()
+            try:
+                self._loop(self.pool)
+            except BaseException:
+                recorder.close(drain=False)
+                raise
+            recorder.close()
+            self._collect(0)
+        wall_s = time.perf_counter() - start_s
+        return self._report(wall_s)
+
+    def _loop(self, pool: ShardPool) -> None:
+        # Two queued trials per actor, plus room for trials waiting to be recorded.
+        max_live = pool.num_actors * 3
+        while True:
+            self._collect(0)
             while len(self._live) < max_live and self._has_more():
                 self._start_next()
             if not self._live:
-                break
-            for result in pool.wait(timeout_s=1.0):
-                self._on_pool_result(result)
-        wall_s = time.perf_counter() - start_s
-        return self._report(wall_s)
+                return
+            if pool.num_in_flight():
+                for result in pool.wait(timeout_s=0.5):
+                    self._on_pool_result(result)
+            else:
+                self._collect(0.5)
+
+    def _collect(self, timeout_s: float) -> None:
+        """Retire the trials the recorder has written; re-raise its error."""
+        assert self._recorder is not None
+        numbers = self._recorder.done(timeout_s)
+        self._recorder.check()
+        for number in numbers:
+            live = self._live.pop(number)
+            assert live.result is not None
+            self._finished_here += 1
+            self._num_finished += 1
+            if self.progress is not None:
+                self.progress(live.result, self._num_finished, self.n_trials)
 
     # -- reconcile ----------------------------------------------------------------------------
 
@@ -189,20 +223,22 @@ class SweepDriver:
             self._dispatch(ticket, live.scenario_hash)
 
     def _finish(self, result: TrialResult) -> None:
-        live = self._live.pop(result.number)
+        """Hand a finished trial to the recorder: MLflow run first, then tell."""
+        live = self._live[result.number]
+        live.result = result
+        assert self._recorder is not None
+        self._recorder.submit(result.number, lambda: self._record(live, result))
+
+    def _record(self, live: _Live, result: TrialResult) -> None:
+        """Runs on the recorder thread."""
         state = trial_state(result, self.spec)
         t0 = time.perf_counter()
         self.tracker.log_trial(result, tags=self._state_tags(state, result), timestamp_ms=live.timestamp_ms,
                                existing=live.existing)
         t1 = time.perf_counter()
         tell(self.study, live.trial, result, self.spec)
-        t2 = time.perf_counter()
         self._t["log"] += t1 - t0
-        self._t["tell"] += t2 - t1
-        self._finished_here += 1
-        self._num_finished += 1
-        if self.progress is not None:
-            self.progress(result, self._num_finished, self.n_trials)
+        self._t["tell"] += time.perf_counter() - t1
 
     def _state_tags(self, state: TrialState, result: TrialResult) -> dict[str, str]:
         feasible = result.status is TrialStatus.OK and all(
