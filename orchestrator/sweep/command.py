@@ -7,6 +7,7 @@ Exit codes: 0 done, 1 a service failed (Ray, MLflow, storage), 2 invalid sweep f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -49,9 +50,16 @@ def cmd_sweep(args: Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError(source=f"--{flag}", key=f"--{flag}", value=value, rule="must be >= 1")
     study_dir = Path(args.study_dir) if args.study_dir else Path("runs") / spec.name
-    from orchestrator.sweep.session import prepare_ray_env, quiet_service_loggers
+    missing = [m for m in ("ray", "optuna", "mlflow", "matplotlib", "pyarrow", "tqdm") if not _importable(m)]
+    if missing:
+        sys.stderr.write(f"error: kernelsight sweep needs {', '.join(missing)}: "
+                         "python -m pip install -e '.[orchestrate]'\n")
+        return 1
+    from orchestrator.sweep.ray_env import prepare_ray_env
 
-    prepare_ray_env(args.ray_address)
+    prepare_ray_env(args.ray_address)  # before Ray is imported
+    from orchestrator.sweep.session import quiet_service_loggers
+
     quiet_service_loggers()
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import OperationalError
@@ -137,6 +145,13 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
         sys.stdout.write(report.render())
         sys.stdout.write(f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
     return 0
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # already imported as None
+        return False
 
 
 def _study_metrics(counts: dict[str, int], wall_s: float) -> dict[str, float]:
