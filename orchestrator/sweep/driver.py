@@ -106,11 +106,11 @@ class SweepDriver:
         return self._report(wall_s)
 
     def _loop(self, pool: ShardPool) -> None:
-        # Two queued trials per actor, plus room for trials waiting to be recorded.
+        # Up to two trials per actor (pool.has_room), plus room for trials waiting to be recorded.
         max_live = pool.num_actors * 3
         while True:
             self._collect(0)
-            while len(self._live) < max_live and self._has_more():
+            while len(self._live) < max_live and pool.has_room() and self._has_more():
                 self._start_next()
             if not self._live:
                 return

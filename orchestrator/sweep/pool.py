@@ -65,6 +65,7 @@ class ShardPool:
         return len(self._where)
 
     def has_room(self) -> bool:
+        """Fewer than `depth` trials per actor are outstanding."""
         return self.num_in_flight() < self._depth * len(self._slots)
 
     def submit(self, trial: TrialInput) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sim.errors import ConfigError
-from sim.serde import config_hash, to_jsonable
+from sim.serde import config_hash
 from sim.specs.scenario import Scenario, load_scenario_file
 
 SamplerName = Literal["tpe", "nsga2", "grid", "random"]
@@ -139,10 +139,3 @@ class SweepSpec:
 
     def param(self, key: str) -> ParamSpec:
         return next(p for p in self.space if p.key == key)
-
-
-def spec_summary(spec: SweepSpec) -> dict[str, Any]:
-    """Plain-data view of the spec for logs and JSON output."""
-    data = to_jsonable({"objectives": spec.objectives, "slo": spec.slo, "space": spec.space, "capacity": spec.capacity})
-    return {"name": spec.name, "sampler": spec.sampler, "n_trials": spec.n_trials, "seed": spec.seed,
-            "base_scenario": spec.base_scenario, "base_set": dict(spec.base_set), **data}
