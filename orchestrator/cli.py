@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, accuracy, fit-cross-generation
     __import__("orchestrator.commands_validate", fromlist=["register"]).register(sub)  # validate
+
+    from orchestrator.sweep import command as sweep_command
+
+    sweep_command.register(sub)  # imports Ray, Optuna and MLflow only when it runs
     return parser
 
 

@@ -110,6 +110,14 @@ def check_file(path: Path) -> str:
     if "peak_flops_per_s" in data:
         spec = build(HardwareSpec, data, source=str(path))
         return f"hardware {spec.name}"
+    if "study" in data:
+        from orchestrator.sweep.parse import load_sweep
+
+        sweep = load_sweep(path)
+        what = (f"capacity plan for {sweep.capacity.target_request_rate:g} requests/s" if sweep.capacity
+                else f"{sweep.n_trials} trials, {sweep.sampler}, {len(sweep.objectives)} objective(s)")
+        base = Path(sweep.base_scenario).name
+        return f"sweep {sweep.name}: {what}, {len(sweep.space)} parameter(s), base {base}"
     if "model" in data and isinstance(data["model"], list):
         return f"model index with {len(data['model'])} entries"
     if "hardware" in data or "model" in data:
@@ -118,7 +126,8 @@ def check_file(path: Path) -> str:
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
                 f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
-                      rule="not a scenario ([hardware], [model]) or hardware spec ([peak_flops_per_s])")
+                      rule="not a scenario ([hardware], [model]), sweep ([study]) "
+                           "or hardware spec ([peak_flops_per_s])")
 
 
 def cmd_check(args: Namespace) -> int:

@@ -1,0 +1,316 @@
+"""Capacity planning: the cheapest fleet (GPU type x TP x replicas) that serves a request rate within SLOs.
+
+For every candidate (each combination of the `[space]` choices), one replica's capacity is found
+by bisection on `workload.request_rate` with `engine.data_parallel_size = 1`:
+
+1. a closed-loop probe (`request_rate = inf`) measures the replica's saturated throughput, the
+   upper end of the bracket;
+2. if the `[slo]` bounds hold there, that is the capacity; otherwise a probe at
+   `min_rate_per_replica` must meet them (else the candidate cannot meet the SLOs at any load);
+3. bisection (geometric while the bracket spans more than 4x) narrows [passing, failing] until
+   it is within `rate_rel_tol`; the capacity is the highest passing rate.
+
+The fleet needs ceil(target / capacity) replicas; its cost is replicas x GPUs per replica x
+the GPU-hour price. The cheapest feasible candidate wins (fewer GPUs on ties). With
+`verify_fleet`, the winner is simulated as a whole fleet at the target rate (`data_parallel_size`
+replicas behind the scenario's router, `num_prompts` scaled by the replica count) and gains
+replicas until it passes. Bisection assumes that meeting the SLOs is monotone in the rate,
+which holds for queueing latency but is an assumption, not a check.
+
+All probes of all candidates run concurrently on the actor pool, one bisection chain per candidate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from orchestrator.render import table
+from orchestrator.sweep.evaluate import build_scenario
+from orchestrator.sweep.objective import meets_slo
+from orchestrator.sweep.pool import ShardPool
+from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.space import candidate_grid
+from orchestrator.sweep.spec import ParamValue, SweepSpec
+from orchestrator.sweep.vllm_command import vllm_serve_command
+from sim.errors import ConfigError
+from sim.specs.scenario import Scenario
+
+logger = logging.getLogger(__name__)
+
+_MAX_VERIFY_STEPS: Final = 4
+
+
+@dataclass(slots=True)
+class _Chain:
+    """Bisection state of one candidate."""
+
+    index: int
+    params: dict[str, ParamValue]
+    saturation_rate: float = math.nan
+    lo: float = math.nan
+    """Highest rate known to meet the SLOs."""
+    hi: float = math.nan
+    """Lowest rate known to miss them."""
+    best: TrialResult | None = None
+    """The probe at `lo`."""
+    status: str = "running"
+    reason: str = ""
+    probes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CandidatePlan:
+    params: Mapping[str, ParamValue]
+    status: str
+    """ok, slo_unreachable, too_many_replicas, infeasible, invalid or failed."""
+    capacity_rate_per_replica: float = math.nan
+    saturation_rate_per_replica: float = math.nan
+    replicas: int = 0
+    gpus_per_replica: int = 0
+    cost_per_hour_usd: float = math.inf
+    at_capacity: TrialResult | None = None
+    probes: int = 0
+    reason: str = ""
+
+    def num_gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityReport:
+    spec: SweepSpec
+    candidates: tuple[CandidatePlan, ...]
+    chosen: int | None
+    """Index into `candidates`, or None when no candidate meets the SLOs."""
+    verified: TrialResult | None = None
+    """The fleet simulation at the target rate, if run."""
+    vllm_serve: str = ""
+    num_probes: int = 0
+    actor_restarts: int = 0
+    wall_s: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for i, c in enumerate(self.candidates):
+            m = c.at_capacity.metrics if c.at_capacity is not None else {}
+            out.append({"chosen": i == self.chosen, **c.params, "status": c.status,
+                        "capacity_rate_per_replica": c.capacity_rate_per_replica,
+                        "saturation_rate_per_replica": c.saturation_rate_per_replica, "replicas": c.replicas,
+                        "num_gpus": c.num_gpus(), "cost_per_hour_usd": c.cost_per_hour_usd,
+                        **{b.metric: m.get(b.metric, math.nan) for b in self.spec.slo},
+                        "cost_per_million_output_tokens_usd": m.get("cost_per_million_output_tokens_usd", math.nan),
+                        "probes": c.probes, "reason": c.reason.splitlines()[0] if c.reason else ""})
+        return out
+
+    def render(self) -> str:
+        spec = self.spec
+        assert spec.capacity is not None
+        keys = list(dict.fromkeys(k for c in self.candidates for k in c.params))
+        headers = ["", *(k.rsplit(".", 1)[-1] for k in keys), "req/s/replica", "replicas", "GPUs", "$/hour",
+                   *(b.metric for b in spec.slo), "status"]
+        rows = []
+        for i, c in enumerate(self.candidates):
+            m = c.at_capacity.metrics if c.at_capacity is not None else {}
+            rows.append(["*" if i == self.chosen else "", *(_text(c.params.get(k, "-")) for k in keys),
+                         _fmt(c.capacity_rate_per_replica), c.replicas or "-", c.num_gpus() or "-",
+                         _fmt(c.cost_per_hour_usd) if math.isfinite(c.cost_per_hour_usd) else "-",
+                         *(_fmt(m.get(b.metric, math.nan)) for b in spec.slo), c.status])
+        out = (f"capacity plan {spec.name}: {spec.capacity.target_request_rate:g} requests/s within "
+               + ", ".join(_bound_text(b.metric, b.min_value, b.max_value) for b in spec.slo) + "\n")
+        out += table(headers, rows)
+        if self.chosen is None:
+            return out + "\nno candidate meets the SLOs at the target rate\n"
+        c = self.candidates[self.chosen]
+        out += (f"\ncheapest: {c.replicas} x {c.gpus_per_replica} GPU(s) ({c.num_gpus()} GPUs), "
+                f"${c.cost_per_hour_usd:.2f}/hour, {c.capacity_rate_per_replica:.3g} requests/s per replica\n")
+        if self.verified is not None:
+            ok = "meets" if meets_slo(self.verified.metrics, spec.slo) else "MISSES"
+            out += f"fleet simulated at {spec.capacity.target_request_rate:g} requests/s: {ok} the SLOs\n"
+        out += "".join(f"note: {n}\n" for n in self.notes)
+        out += f"\n{self.vllm_serve}\n"
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(v: Any) -> Any:
+            return repr(v) if isinstance(v, float) and not math.isfinite(v) else v
+
+        return {"study": self.spec.name, "mode": "capacity",
+                "target_request_rate": self.spec.capacity.target_request_rate if self.spec.capacity else None,
+                "chosen": None if self.chosen is None else {k: clean(v) for k, v in self.rows()[self.chosen].items()},
+                "candidates": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
+                "verified_fleet_metrics": None if self.verified is None else
+                {k: clean(v) for k, v in self.verified.metrics.items()},
+                "vllm_serve": self.vllm_serve, "probes": self.num_probes, "actor_restarts": self.actor_restarts,
+                "wall_s": self.wall_s, "notes": list(self.notes)}
+
+
+class CapacityPlanner:
+    def __init__(self, spec: SweepSpec, base: Scenario, pool: ShardPool,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        assert spec.capacity is not None
+        self.spec = spec
+        self.cap = spec.capacity
+        self.base = base
+        self.pool = pool
+        self.progress = progress
+        self._ids = itertools.count()
+        self._owner: dict[int, tuple[_Chain, float]] = {}
+        self.num_probes = 0
+
+    def num_candidates(self) -> int:
+        return len(candidate_grid(self.spec.space))
+
+    def run(self) -> tuple[tuple[CandidatePlan, ...], int | None, TrialResult | None, list[str]]:
+        chains = [_Chain(index=i, params=p) for i, p in enumerate(candidate_grid(self.spec.space))]
+        for chain in chains:
+            self._probe(chain, math.inf)
+        done = 0
+        while self._owner:
+            for result in self.pool.wait(timeout_s=1.0):
+                chain, rate = self._owner.pop(result.number)
+                self._advance(chain, rate, result)
+                if chain.status != "running":
+                    done += 1
+                    if self.progress is not None:
+                        self.progress(done, len(chains))
+        plans = tuple(self._plan(c) for c in chains)
+        chosen = self._choose(plans)
+        verified: TrialResult | None = None
+        notes: list[str] = []
+        if chosen is not None and self.cap.verify_fleet:
+            plans, verified, notes = self._verify(plans, chosen)
+        return plans, chosen, verified, notes
+
+    def _probe(self, chain: _Chain, rate: float, replicas: int = 1) -> None:
+        number = next(self._ids)
+        params = {**chain.params, "engine.data_parallel_size": replicas, "workload.request_rate": rate}
+        if replicas > 1:
+            params["workload.num_prompts"] = self.base.workload.num_prompts * replicas
+        self._owner[number] = (chain, rate)
+        chain.probes += 1
+        self.num_probes += 1
+        self.pool.submit(TrialInput(number=number, params=params))
+
+    def _advance(self, chain: _Chain, rate: float, result: TrialResult) -> None:
+        if result.status is not TrialStatus.OK:
+            chain.status, chain.reason = result.status.value, result.reason
+            return
+        passed = meets_slo(result.metrics, self.spec.slo)
+        if math.isinf(rate):
+            chain.saturation_rate = result.metrics["request_throughput_per_s"]
+            if not chain.saturation_rate > 0:
+                chain.status, chain.reason = "failed", "the saturation probe completed no request"
+                return
+            self._probe(chain, chain.saturation_rate)
+            return
+        if passed:
+            chain.lo, chain.best = rate, result
+        else:
+            chain.hi = rate
+        if math.isnan(chain.lo) and math.isnan(chain.hi):
+            return
+        if passed and rate >= chain.saturation_rate:
+            chain.status = "ok"  # meets the SLOs even at saturation
+            return
+        if math.isnan(chain.lo):
+            if rate <= self.cap.min_rate_per_replica:
+                chain.status = "slo_unreachable"
+                chain.reason = (f"misses the SLOs even at {rate:g} requests/s per replica "
+                                f"(min_rate_per_replica)")
+                return
+            self._probe(chain, self.cap.min_rate_per_replica)
+            return
+        if math.isnan(chain.hi):
+            chain.status = "ok"
+            return
+        if (chain.hi - chain.lo) <= self.cap.rate_rel_tol * chain.hi:
+            chain.status = "ok"
+            return
+        mid = math.sqrt(chain.lo * chain.hi) if chain.hi > 4 * chain.lo else 0.5 * (chain.lo + chain.hi)
+        self._probe(chain, mid)
+
+    def _plan(self, chain: _Chain) -> CandidatePlan:
+        try:
+            gpus = build_scenario(self.base, {**chain.params, "engine.data_parallel_size": 1}).engine.num_gpus()
+        except ConfigError:
+            gpus = 0
+        if chain.status != "ok" or chain.best is None:
+            return CandidatePlan(params=chain.params, status=chain.status, reason=chain.reason, probes=chain.probes,
+                                 saturation_rate_per_replica=chain.saturation_rate, gpus_per_replica=gpus)
+        replicas = max(1, math.ceil(self.cap.target_request_rate / chain.lo - 1e-9))
+        price_per_replica = chain.best.metrics["cost_per_hour_usd"]
+        status = "ok" if replicas <= self.cap.max_replicas else "too_many_replicas"
+        return CandidatePlan(params=chain.params, status=status, capacity_rate_per_replica=chain.lo,
+                             saturation_rate_per_replica=chain.saturation_rate, replicas=replicas,
+                             gpus_per_replica=gpus, cost_per_hour_usd=replicas * price_per_replica,
+                             at_capacity=chain.best, probes=chain.probes,
+                             reason="" if status == "ok" else f"needs {replicas} replicas, over max_replicas")
+
+    @staticmethod
+    def _choose(plans: tuple[CandidatePlan, ...]) -> int | None:
+        ok = [i for i, p in enumerate(plans) if p.status == "ok"]
+        if not ok:
+            return None
+        return min(ok, key=lambda i: (plans[i].cost_per_hour_usd, plans[i].num_gpus(),
+                                      -plans[i].capacity_rate_per_replica, i))
+
+    def _verify(self, plans: tuple[CandidatePlan, ...], chosen: int
+                ) -> tuple[tuple[CandidatePlan, ...], TrialResult | None, list[str]]:
+        plan = plans[chosen]
+        chain = _Chain(index=chosen, params=dict(plan.params))
+        notes: list[str] = []
+        replicas = plan.replicas
+        result: TrialResult | None = None
+        for _ in range(_MAX_VERIFY_STEPS):
+            self._probe(chain, self.cap.target_request_rate, replicas=replicas)
+            result = None
+            while result is None:
+                for r in self.pool.wait(timeout_s=1.0):
+                    self._owner.pop(r.number)
+                    result = r
+            if result.status is TrialStatus.OK and meets_slo(result.metrics, self.spec.slo):
+                break
+            if result.status is not TrialStatus.OK:
+                notes.append(f"fleet simulation with {replicas} replicas did not run: {result.reason.splitlines()[0]}")
+                break
+            notes.append(f"{replicas} replicas miss the SLOs as a fleet (routing imbalance); trying {replicas + 1}")
+            replicas += 1
+        if replicas != plan.replicas:
+            per_replica = plan.cost_per_hour_usd / plan.replicas
+            plans = tuple(replace(p, replicas=replicas, cost_per_hour_usd=replicas * per_replica) if i == chosen else p
+                          for i, p in enumerate(plans))
+        return plans, result, notes
+
+
+def serve_command(base: Scenario, plan: CandidatePlan) -> str:
+    scenario = build_scenario(base, {**plan.params, "engine.data_parallel_size": 1})
+    cmd = vllm_serve_command(scenario)
+    if plan.replicas <= 1:
+        return cmd
+    per_node = scenario.hardware.num_gpus_per_node
+    one_node = plan.num_gpus() <= per_node
+    hint = (f"run {plan.replicas} replicas behind a load balancer"
+            + (f", or on one {per_node}-GPU node: add --data-parallel-size {plan.replicas}" if one_node else ""))
+    return f"{cmd}\n# {hint}"
+
+
+def _text(value: object) -> str:
+    return "none" if value is None else str(value)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) and math.isfinite(value) else "-"
+
+
+def _bound_text(metric: str, lo: float | None, hi: float | None) -> str:
+    if lo is None:
+        return f"{metric} <= {hi:g}"
+    if hi is None:
+        return f"{metric} >= {lo:g}"
+    return f"{lo:g} <= {metric} <= {hi:g}"

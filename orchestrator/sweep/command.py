@@ -1,0 +1,167 @@
+"""`kernelsight sweep SWEEP.toml`: search a sweep's space (or plan capacity) on Ray, record in MLflow.
+
+Progress goes to stderr; the final table (or, with `--json`, one JSON document) to stdout.
+Exit codes: 0 done, 1 a service failed (Ray, MLflow, storage), 2 invalid sweep file or flags,
+130 interrupted (the study can be continued with `--resume`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+import uuid
+from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from orchestrator.sweep.parse import load_sweep
+from orchestrator.sweep.spec import SweepSpec
+from sim.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="search serving configurations (or plan capacity) on Ray, record in MLflow",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("sweep", help="sweep TOML file (see docs/sweep.md)")
+    p.add_argument("--trials", type=int, metavar="N", help="total trials in the study (default: study.n_trials)")
+    p.add_argument("--actors", type=int, metavar="N", help="simulator actors (default: CPUs in the Ray cluster)")
+    p.add_argument("--ray-address", metavar="A", help="join a running Ray cluster (e.g. auto, or HOST:6379)")
+    p.add_argument("--tracking-uri", metavar="U",
+                   help="MLflow tracking URI (default: sqlite:///<study dir>/mlflow.db)")
+    p.add_argument("--storage", metavar="S",
+                   help="Optuna storage URL, e.g. postgresql://user@host/db (default: journal file in the study dir)")
+    p.add_argument("--study-dir", metavar="DIR", help="study directory (default: runs/<study name>)")
+    p.add_argument("--resume", action="store_true", help="continue the study if it exists")
+    p.add_argument("--json", action="store_true", help="summary JSON on stdout")
+    p.add_argument("--no-trial-plots", action="store_true",
+                   help="skip the per-trial stacked-bar PNG (the Parquet breakdown is still logged)")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: Namespace) -> int:
+    spec = load_sweep(args.sweep)
+    for flag in ("trials", "actors"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(source=f"--{flag}", key=f"--{flag}", value=value, rule="must be >= 1")
+    study_dir = Path(args.study_dir) if args.study_dir else Path("runs") / spec.name
+    missing = [m for m in ("ray", "optuna", "mlflow", "matplotlib", "pyarrow", "tqdm") if not _importable(m)]
+    if missing:
+        sys.stderr.write(f"error: kernelsight sweep needs {', '.join(missing)}: "
+                         "python -m pip install -e '.[orchestrate]'\n")
+        return 1
+    from orchestrator.sweep.ray_env import prepare_ray_env
+
+    prepare_ray_env(args.ray_address)  # before Ray is imported
+    from orchestrator.sweep.session import quiet_service_loggers
+
+    quiet_service_loggers()
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        if spec.capacity is not None:
+            from orchestrator.sweep.capacity_command import run_capacity
+
+            return run_capacity(spec, args, study_dir)
+        return _run_search(spec, args, study_dir)
+    except (ConnectionError, MlflowException, OperationalError) as exc:
+        # A service (Ray, the MLflow store, the Optuna database) is unreachable or refused us.
+        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+        if spec.capacity is None:
+            sys.stderr.write(f"trials finished so far are kept; continue with: kernelsight sweep {args.sweep} "
+                             "--resume (with the same --storage/--tracking-uri)\n")
+        return 1
+
+
+def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
+    import ray
+
+    from orchestrator.sweep.driver import SweepDriver, needs_actors, wanted_trials
+    from orchestrator.sweep.pool import ShardPool
+    from orchestrator.sweep.progress import ProgressBar
+    from orchestrator.sweep.report import report_files
+    from orchestrator.sweep.session import calibration_files, connect_ray, default_num_actors, make_tracker, ui_hint
+    from orchestrator.sweep.study import open_storage, open_study, study_uid
+
+    base = spec.load_base()
+    storage, storage_desc = open_storage(args.storage, study_dir)
+    study, existed = open_study(spec, storage, identity=spec.identity(base), resume=args.resume)
+    n_trials = args.trials or spec.n_trials
+    work = needs_actors(study, spec, n_trials)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        # Creating a fresh MLflow database takes seconds; overlap it with Ray's start-up.
+        tracker_future = executor.submit(make_tracker, args.tracking_uri, spec, study_dir)
+        started = connect_ray(args.ray_address, args.actors) if work else False
+        try:
+            tracker = tracker_future.result()
+        except BaseException:
+            if started:
+                ray.shutdown()
+            raise
+    pool = None
+    try:
+        tracker.start_study(study_uid=study_uid(study), spec=spec,
+                            tags={"mode": "search", "storage": storage_desc, "n_trials": str(n_trials),
+                                  "sampler": spec.sampler, "sim_version": _sim_version()},
+                            files=[("scenario", Path(spec.base_scenario)),
+                                   *(("calibrations", f) for f in calibration_files(base, spec))])
+        num_actors = 0
+        if work:
+            num_actors = args.actors or default_num_actors()
+            pool = ShardPool(ray.put(base), num_actors=num_actors, render_artifacts=not args.no_trial_plots,
+                             name_prefix=f"kernelsight-{spec.name}-{uuid.uuid4().hex[:6]}")
+        logger.info("study %s: %s, %d actor(s), storage %s, tracking %s", spec.name,
+                    "resuming" if existed else "new", num_actors, storage_desc, tracker.tracking_uri)
+        finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+        bar = ProgressBar(wanted_trials(spec, n_trials), label=spec.name, initial=finished)
+        driver = SweepDriver(spec, base, study, tracker, pool, n_trials=n_trials, progress=bar.update,
+                             storage_desc=storage_desc)
+        try:
+            report = driver.run()
+        except KeyboardInterrupt:
+            bar.close()
+            sys.stderr.write(f"\ninterrupted; continue with: kernelsight sweep {args.sweep} --resume"
+                             f"{' --storage ' + args.storage if args.storage else ''}\n")
+            return 130
+        bar.close()
+        tracker.finish_study(files=report_files(report), metrics=_study_metrics(report.counts(), report.timings.wall_s),
+                             ok=True)
+    finally:
+        if pool is not None:
+            pool.close()
+        if started:
+            ray.shutdown()
+    if args.json:
+        payload = report.to_json()
+        payload["mlflow_ui"] = ui_hint(tracker.tracking_uri)
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        sys.stdout.write(report.render())
+        sys.stdout.write(f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
+    return 0
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # already imported as None
+        return False
+
+
+def _study_metrics(counts: dict[str, int], wall_s: float) -> dict[str, float]:
+    out = {f"num_trials_{k}": float(v) for k, v in counts.items()}
+    out["num_trials"] = float(sum(counts.values()))
+    out["last_session_wall_s"] = wall_s
+    return out
+
+
+def _sim_version() -> str:
+    from sim.api import __version__
+
+    return __version__

@@ -1,0 +1,292 @@
+"""The sweep loop: Optuna ask/tell on the driver, trials on the actor pool, MLflow records.
+
+Per trial, in this order: ask and draw parameters; build the scenario and its hash (cache key;
+an impossible combination is answered at once as `INVALID`); answer from the cache or submit
+to the pool; when the result is back, hand it to the recorder thread, which writes the MLflow
+run and then tells Optuna. Logging before telling is what makes resume exact: a trial that is
+finished in Optuna is always recorded in MLflow, and a trial still RUNNING in Optuna is
+evaluated again and told once. The main thread makes every decision (asking, the cache, the
+pool); the recorder only writes, one trial at a time in completion order.
+
+Resume (`SweepDriver.run` on an existing study) first reconciles the two stores:
+- trials RUNNING in Optuna (the killed driver's in-flight trials) are evaluated again with the
+  parameters Optuna stored (drawing any it had not drawn yet), logged, reusing an MLflow run
+  that already has their `trial_number`, and told once;
+- finished trials missing from MLflow, or whose run was left half-written, are logged from the
+  result stored on the Optuna trial;
+- finished trials fill the result cache.
+Then new trials are asked until the study holds `n_trials`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from orchestrator.sweep.cache import ResultCache
+from orchestrator.sweep.evaluate import build_scenario, invalid_result
+from orchestrator.sweep.objective import constraint_values
+from orchestrator.sweep.pool import ShardPool
+from orchestrator.sweep.recorder import Recorder
+from orchestrator.sweep.report import DriverTimings, SweepReport, TrialRecord, select_best
+from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.space import suggest_params
+from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.study import grid_size, stored_result, tell, trial_state
+from orchestrator.sweep.tracking import LoggedRun, Tracker
+from orchestrator.sweep.vllm_command import kernelsight_run_command, vllm_serve_command
+from sim.errors import ConfigError
+from sim.specs.scenario import Scenario
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[TrialResult, int, int], None]
+"""Called on the main thread after each recorded trial with (result, trials finished, trials wanted)."""
+
+
+@dataclass(slots=True)
+class _Live:
+    trial: optuna.Trial
+    ticket: TrialInput
+    timestamp_ms: int
+    scenario_hash: str = ""
+    existing: LoggedRun | None = None
+    result: TrialResult | None = None
+    """Set when the trial is handed to the recorder."""
+
+
+class SweepDriver:
+    def __init__(self, spec: SweepSpec, base: Scenario, study: optuna.Study, tracker: Tracker,
+                 pool: ShardPool | None, *, n_trials: int, progress: ProgressFn | None = None,
+                 storage_desc: str = "") -> None:
+        """`pool` may be None when `needs_actors(study, ...)` is False (a finished study being reported)."""
+        self.spec = spec
+        self.base = base
+        self.study = study
+        self.tracker = tracker
+        self.pool = pool
+        self.n_trials = wanted_trials(spec, n_trials)
+        self.progress = progress
+        self.storage_desc = storage_desc
+        self.cache = ResultCache()
+        self._live: dict[int, _Live] = {}
+        self._redo: list[tuple[FrozenTrial, LoggedRun | None]] = []
+        self._t = {"ask": 0.0, "build": 0.0, "log": 0.0, "tell": 0.0}
+        self._finished_here = 0
+        self._num_finished = 0
+        self._num_reconciled = 0
+        self._num_trials = len(study.get_trials(deepcopy=False))
+        """Trials in the study, every state; grows with each ask."""
+        self._recorder: Recorder | None = None
+
+    # -- public -------------------------------------------------------------------------------
+
+    def run(self) -> SweepReport:
+        start_s = time.perf_counter()
+        self._reconcile()
+        if self._has_more() and self.pool is None:
+            raise RuntimeError("the study has trials to run but the driver got no actor pool")
+        if self.pool is not None:
+            recorder = self._recorder = Recorder()
+            try:
+                self._loop(self.pool)
+            except BaseException:
+                recorder.close(drain=False)
+                raise
+            recorder.close()
+            self._collect(0)
+        wall_s = time.perf_counter() - start_s
+        return self._report(wall_s)
+
+    def _loop(self, pool: ShardPool) -> None:
+        # Up to two trials per actor (pool.has_room), plus room for trials waiting to be recorded.
+        max_live = pool.num_actors * 3
+        while True:
+            self._collect(0)
+            while len(self._live) < max_live and pool.has_room() and self._has_more():
+                self._start_next()
+            if not self._live:
+                return
+            if pool.num_in_flight():
+                for result in pool.wait(timeout_s=0.5):
+                    self._on_pool_result(result)
+            else:
+                self._collect(0.5)
+
+    def _collect(self, timeout_s: float) -> None:
+        """Retire the trials the recorder has written; re-raise its error."""
+        assert self._recorder is not None
+        numbers = self._recorder.done(timeout_s)
+        self._recorder.check()
+        for number in numbers:
+            live = self._live.pop(number)
+            assert live.result is not None
+            self._finished_here += 1
+            self._num_finished += 1
+            if self.progress is not None:
+                self.progress(live.result, self._num_finished, self.n_trials)
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    def _reconcile(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        if not trials:
+            return
+        logged = self.tracker.logged_trials()
+        for ft in trials:
+            if ft.state in (TrialState.RUNNING, TrialState.WAITING):
+                self._redo.append((ft, logged.get(ft.number)))
+                continue
+            stored = stored_result(ft)
+            if stored is None:
+                logger.warning("trial %d has no kernelsight result (not made by this tool?); left as is", ft.number)
+                continue
+            self.cache.put(stored)
+            self._num_finished += 1
+            run = logged.get(ft.number)
+            if run is None or not run.is_done():
+                self._relog(ft, stored, run)
+        if self._redo:
+            logger.info("resuming: %d trial(s) were in flight when the last driver stopped; running them again",
+                        len(self._redo))
+
+    def _relog(self, ft: FrozenTrial, stored: TrialResult, run: LoggedRun | None) -> None:
+        """Write the MLflow run of a trial Optuna finished but MLflow lacks (or holds half-written)."""
+        if stored.status is TrialStatus.OK and stored.breakdown is not None:
+            from orchestrator.sweep.artifacts import trial_artifacts
+
+            stored = replace(stored, artifacts=trial_artifacts(stored.breakdown, title=f"trial {ft.number}"))
+        t0 = time.perf_counter()
+        self.tracker.log_trial(stored, tags=self._state_tags(ft.state, stored), timestamp_ms=_ms(ft),
+                               existing=run)
+        self._t["log"] += time.perf_counter() - t0
+        self._num_reconciled += 1
+
+    # -- starting trials ----------------------------------------------------------------------
+
+    def _has_more(self) -> bool:
+        return bool(self._redo) or self._num_trials < self.n_trials
+
+    def _start_next(self) -> None:
+        t0 = time.perf_counter()
+        existing: LoggedRun | None = None
+        if self._redo:
+            ft, existing = self._redo.pop(0)
+            # A live Trial on the stored trial: suggest_* returns the values drawn before the
+            # driver stopped and draws only the ones it had not reached.
+            trial = optuna.Trial(self.study, ft._trial_id)
+            self._num_reconciled += 1
+        else:
+            trial = self.study.ask()
+            self._num_trials += 1
+        params = suggest_params(trial, self.spec.space)
+        ticket = TrialInput(number=trial.number, params=params)
+        live = _Live(trial=trial, ticket=ticket, timestamp_ms=_ms(trial), existing=existing)
+        self._live[trial.number] = live
+        t1 = time.perf_counter()
+        self._t["ask"] += t1 - t0
+        try:
+            scenario_hash = build_scenario(self.base, params).scenario_hash()
+        except ConfigError as exc:
+            self._t["build"] += time.perf_counter() - t1
+            self._finish(invalid_result(trial.number, params, exc))
+            return
+        self._t["build"] += time.perf_counter() - t1
+        live.scenario_hash = scenario_hash
+        self._dispatch(ticket, scenario_hash)
+
+    def _dispatch(self, ticket: TrialInput, scenario_hash: str) -> None:
+        cached = self.cache.hit(scenario_hash, ticket)
+        if cached is not None:
+            self._finish(cached)
+        elif self.cache.claim(scenario_hash, ticket):
+            assert self.pool is not None
+            self.pool.submit(ticket)
+
+    # -- finishing trials ---------------------------------------------------------------------
+
+    def _on_pool_result(self, result: TrialResult) -> None:
+        live = self._live.get(result.number)
+        if live is None:
+            logger.warning("result for trial %d that is not running; ignored", result.number)
+            return
+        waiters = self.cache.settle(live.scenario_hash, result)
+        self._finish(result)
+        for ticket in waiters:
+            self._dispatch(ticket, live.scenario_hash)
+
+    def _finish(self, result: TrialResult) -> None:
+        """Hand a finished trial to the recorder: MLflow run first, then tell."""
+        live = self._live[result.number]
+        live.result = result
+        assert self._recorder is not None
+        self._recorder.submit(result.number, lambda: self._record(live, result))
+
+    def _record(self, live: _Live, result: TrialResult) -> None:
+        """Runs on the recorder thread."""
+        state = trial_state(result, self.spec)
+        t0 = time.perf_counter()
+        self.tracker.log_trial(result, tags=self._state_tags(state, result), timestamp_ms=live.timestamp_ms,
+                               existing=live.existing)
+        t1 = time.perf_counter()
+        tell(self.study, live.trial, result, self.spec)
+        self._t["log"] += t1 - t0
+        self._t["tell"] += time.perf_counter() - t1
+
+    def _state_tags(self, state: TrialState, result: TrialResult) -> dict[str, str]:
+        feasible = result.status is TrialStatus.OK and all(
+            v <= 0 for v in constraint_values(result.metrics, self.spec.slo).values())
+        return {"optuna_state": state.name, "feasible": str(feasible).lower()}
+
+    # -- report -------------------------------------------------------------------------------
+
+    def _report(self, wall_s: float) -> SweepReport:
+        records = tuple(
+            TrialRecord(number=ft.number, state=ft.state.name,
+                        values=tuple(ft.values) if ft.values is not None else None, result=stored_result(ft))
+            for ft in self.study.get_trials(deepcopy=False))
+        selection = select_best(records, self.spec)
+        commands: dict[int, dict[str, str]] = {}
+        for number in (*selection.best, *selection.closest):
+            rec = next(r for r in records if r.number == number)
+            if rec.result is None:
+                continue
+            params = dict(rec.result.params)
+            overrides = {**self.spec.base_set, **params}
+            cmds = {"kernelsight_run": kernelsight_run_command(self.spec.base_scenario, overrides)}
+            with contextlib.suppress(ConfigError):
+                cmds["vllm_serve"] = vllm_serve_command(build_scenario(self.base, params))
+            commands[number] = cmds
+        timings = DriverTimings(ask_s=self._t["ask"], build_s=self._t["build"], log_s=self._t["log"],
+                                tell_s=self._t["tell"], num_trials=self._finished_here, wall_s=wall_s)
+        return SweepReport(spec=self.spec, records=records, best=selection.best, closest=selection.closest,
+                           ties=selection.ties,
+                           num_cache_hits=self.cache.num_hits,
+                           num_actor_restarts=self.pool.num_restarts if self.pool else 0,
+                           num_resubmitted=self.pool.num_resubmitted if self.pool else 0,
+                           num_reconciled=self._num_reconciled,
+                           timings=timings, storage=self.storage_desc, tracking=self.tracker.describe(),
+                           commands=commands)
+
+
+def wanted_trials(spec: SweepSpec, n_trials: int) -> int:
+    """Trials the study should hold: `n_trials`, or the grid's size if smaller."""
+    return min(n_trials, grid_size(spec)) if spec.sampler == "grid" else n_trials
+
+
+def needs_actors(study: optuna.Study, spec: SweepSpec, n_trials: int) -> bool:
+    """Whether any trial is left to evaluate (new, or in flight when a driver stopped)."""
+    trials = study.get_trials(deepcopy=False)
+    return len(trials) < wanted_trials(spec, n_trials) or any(not t.state.is_finished() for t in trials)
+
+
+def _ms(trial: Any) -> int:
+    start = trial.datetime_start
+    return int(start.timestamp() * 1000) if start is not None else int(time.time() * 1000)

@@ -1,0 +1,77 @@
+"""One trial, start to finish: parameters -> scenario -> simulation -> `TrialResult`.
+
+Runs inside a Ray actor (`actors.SimShard`) and, for tests and benchmarks, in-process. Every
+simulator exception becomes a result (`INFEASIBLE`, `INVALID` or `FAILED` with its message), so
+only infrastructure failures (a dead actor) ever reach the driver.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import replace
+
+from orchestrator.sweep.metrics import trial_metrics
+from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.spec import ParamValue
+from sim.api import __version__ as sim_version
+from sim.api import simulate
+from sim.errors import ConfigError, InfeasibleScenario
+from sim.specs.scenario import Scenario
+
+
+def build_scenario(base: Scenario, params: Mapping[str, ParamValue]) -> Scenario:
+    """The base with the trial's parameters applied; raises `ConfigError` for a broken combination."""
+    return base.with_overrides(dict(params))
+
+
+def invalid_result(number: int, params: Mapping[str, ParamValue], exc: ConfigError) -> TrialResult:
+    return TrialResult(number=number, status=TrialStatus.INVALID, params=dict(params),
+                       reason=f"{exc.key}={exc.value!r}: {exc.rule}", sim_version=sim_version)
+
+
+class TrialEvaluator:
+    """Evaluates trials against one base scenario; `render_artifacts` adds the breakdown files."""
+
+    def __init__(self, base: Scenario, *, render_artifacts: bool = True) -> None:
+        self._base = base
+        self._render = render_artifacts
+
+    def evaluate(self, trial: TrialInput) -> TrialResult:
+        start_s = time.perf_counter()
+        params = dict(trial.params)
+        try:
+            scenario = build_scenario(self._base, params)
+        except ConfigError as exc:
+            return invalid_result(trial.number, params, exc)
+        scenario_hash = scenario.scenario_hash()
+        failed = TrialResult(number=trial.number, status=TrialStatus.FAILED, params=params,
+                             scenario_hash=scenario_hash, sim_version=sim_version)
+        try:
+            result = simulate(scenario)
+        except InfeasibleScenario as exc:
+            return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
+                           duration_s=time.perf_counter() - start_s)
+        except ConfigError as exc:
+            return replace(failed, status=TrialStatus.INVALID, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
+                           duration_s=time.perf_counter() - start_s)
+        except Exception as exc:  # a simulator bug must fail this trial, not the sweep
+            tail = "".join(traceback.format_exception(exc)[-3:])
+            return replace(failed, reason=f"{exc!r}\n{tail}", duration_s=time.perf_counter() - start_s)
+        bd = result.breakdown
+        breakdown = Breakdown(seconds_by_kind=dict(bd.seconds_by_kind), seconds_by_name=dict(bd.seconds_by_name),
+                              host_s=bd.host_s, launch_floor_s=bd.launch_floor_s)
+        artifacts: dict[str, bytes] = {}
+        if self._render:
+            from orchestrator.sweep.artifacts import trial_artifacts
+
+            artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}")
+        return replace(failed, status=TrialStatus.OK, worst_provenance=result.summary.worst_provenance,
+                       metrics=trial_metrics(result.summary), breakdown=breakdown, artifacts=artifacts,
+                       duration_s=time.perf_counter() - start_s)
+
+
+def _describe(params: Mapping[str, ParamValue], limit: int = 110) -> str:
+    text = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,92 @@
+"""Dotted scenario keys a sweep may vary: does the path exist, what type it holds, is a value valid.
+
+A key such as `engine.max_num_seqs` names a field of the scenario's sections as written in a
+scenario TOML (`ScenarioSections`). Values are checked field by field (type, the section's own
+rules, catalog names for `hardware.name` and `model.name`); rules that couple several fields
+(TP dividing the head count, memory fit) depend on the combination and are left to each trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sim.errors import ConfigError
+from sim.serde import apply_overrides, build
+from sim.specs.catalog import load_hardware, load_model
+from sim.specs.scenario import ScenarioSections
+
+ValueKind = Literal["bool", "int", "float", "str"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyType:
+    """What one scenario field holds."""
+
+    kind: ValueKind
+    optional: bool
+    """The field accepts None (written `"none"` in a sweep's choices)."""
+    literals: tuple[Any, ...] = ()
+    """Allowed values when the field is a `Literal`; empty otherwise."""
+
+
+def key_type(dotted: str) -> KeyType | None:
+    """The type of scenario field `dotted`, or None if no such field exists."""
+    cls: Any = ScenarioSections
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        tp = hints[part]
+        if i < len(parts) - 1:
+            cls = tp
+            continue
+        return _leaf_type(tp)
+    return None
+
+
+def _leaf_type(tp: Any) -> KeyType | None:
+    optional = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        if len(args) != 1:
+            return None
+        tp = args[0]
+    if typing.get_origin(tp) is Literal:
+        literals = typing.get_args(tp)
+        kinds = {type(v) for v in literals}
+        kind: ValueKind = "str" if kinds == {str} else "int"
+        return KeyType(kind=kind, optional=optional, literals=literals)
+    names: dict[Any, ValueKind] = {bool: "bool", int: "int", float: "float", str: "str"}
+    if tp in names:
+        return KeyType(kind=names[tp], optional=optional)
+    return None  # tables and arrays are not sweepable
+
+
+def is_kind(value: object, kind: ValueKind) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def check_value(sections: dict[str, Any], dotted: str, value: object, *, source: str, where: str) -> None:
+    """Raise `ConfigError` at `where` if `value` is not valid for field `dotted` on its own."""
+    try:
+        build(ScenarioSections, apply_overrides(sections, {dotted: value}), source=source)
+        if dotted == "hardware.name" and isinstance(value, str):
+            load_hardware(value)
+        elif dotted == "model.name" and isinstance(value, str):
+            load_model(value)
+    except ConfigError as exc:
+        raise ConfigError(source=source, key=where, value=value, rule=f"not valid for {dotted}: {exc.rule}") from None

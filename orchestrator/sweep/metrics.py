@@ -1,0 +1,38 @@
+"""The numbers a trial reports: every numeric `SimSummary` field plus a few derived ratios.
+
+These names are what sweep objectives and `[slo]` bounds refer to and what MLflow records as
+metrics, so a sweep result reads the same as `kernelsight run --json`'s `summary`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Final
+
+from sim.metrics.summary import SimSummary
+
+DERIVED_METRICS: Final[dict[str, str]] = {
+    "goodput_frac": "fraction of completed requests that meet every per-request [slo] target of the scenario",
+    "output_throughput_tokens_per_s_per_gpu": "output tokens per second divided by the number of GPUs",
+}
+
+
+def _summary_numeric_fields() -> tuple[str, ...]:
+    hints = typing.get_type_hints(SimSummary)
+    return tuple(f.name for f in dataclasses.fields(SimSummary) if hints[f.name] in (int, float, bool))
+
+
+SUMMARY_METRICS: Final[tuple[str, ...]] = _summary_numeric_fields()
+METRIC_NAMES: Final[tuple[str, ...]] = (*SUMMARY_METRICS, *DERIVED_METRICS)
+
+
+def trial_metrics(summary: SimSummary) -> dict[str, float]:
+    """All metrics of one simulation as floats (booleans as 0/1), in `METRIC_NAMES` order."""
+    out = {name: float(getattr(summary, name)) for name in SUMMARY_METRICS}
+    rate = summary.request_throughput_per_s
+    out["goodput_frac"] = summary.goodput_requests_per_s / rate if rate > 0 and math.isfinite(rate) else math.nan
+    out["output_throughput_tokens_per_s_per_gpu"] = (
+        summary.output_throughput_tokens_per_s / summary.num_gpus if summary.num_gpus else math.nan)
+    return out

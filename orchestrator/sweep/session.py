@@ -1,0 +1,113 @@
+"""Connecting a sweep to its services: Ray, the MLflow tracking store, the study directory.
+
+Defaults are embedded and need no server: a fresh local Ray instance (`address="local"`, so a
+cluster someone else started with `ray start` is never joined by accident), and an MLflow store
+in the study directory (`sqlite:///<study dir>/mlflow.db`, artifacts in `<study dir>/mlartifacts`),
+which `mlflow ui --backend-store-uri sqlite:///<study dir>/mlflow.db` opens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Final
+
+from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.tracking import MlflowTracker
+from sim.specs.scenario import Scenario
+
+logger = logging.getLogger(__name__)
+
+MLFLOW_DB: Final = "mlflow.db"
+MLFLOW_ARTIFACTS: Final = "mlartifacts"
+_QUIET: Final = ("alembic", "mlflow", "ray", "optuna", "urllib3")
+
+
+def quiet_service_loggers() -> None:
+    """Keep MLflow's schema migrations, Ray's start-up chatter and Optuna's per-trial lines off stderr,
+    and MLflow's "View run at" lines off stdout (which carries the sweep's table or JSON)."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def default_tracking_uri(study_dir: Path) -> str:
+    """`sqlite:///` URI of the study's MLflow database: relative when inside the working directory."""
+    path = (study_dir / MLFLOW_DB).resolve()
+    with contextlib.suppress(ValueError):
+        path = path.relative_to(Path.cwd().resolve())
+    return f"sqlite:///{path}"
+
+
+def make_tracker(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> MlflowTracker:
+    """The study's MLflow tracker; local stores keep artifacts in the study directory."""
+    uri = tracking_uri or default_tracking_uri(study_dir)
+    artifacts = None
+    if not uri.startswith(("http://", "https://", "databricks")):
+        study_dir.mkdir(parents=True, exist_ok=True)
+        artifacts = (study_dir / MLFLOW_ARTIFACTS).resolve().as_uri()
+    return MlflowTracker(uri, spec.name, artifact_location=artifacts)
+
+
+def ui_hint(tracking_uri: str) -> str:
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri} in a browser"
+    return f"mlflow ui --backend-store-uri {tracking_uri}   # then open http://127.0.0.1:5000"
+
+
+def connect_ray(address: str | None, num_actors: int | None) -> bool:
+    """Start or join Ray; True if this call connected (and the caller should disconnect)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is None:
+        cpus = max(os.cpu_count() or 1, num_actors or 0)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, configure_logging=True)
+    else:
+        # Ship this checkout's simulator and orchestrator so remote workers run the driver's code.
+        import orchestrator
+        import sim
+
+        modules = [str(Path(m.__file__).parent) for m in (sim, orchestrator) if m.__file__]
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"py_modules": modules})
+    return True
+
+
+def default_num_actors() -> int:
+    import ray
+
+    resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    return max(1, int(resources.get("CPU", 1)))
+
+
+def calibration_files(base: Scenario, spec: SweepSpec) -> list[Path]:
+    """Calibration artifacts the sweep's trials can read (shipped per-GPU or cross-generation)."""
+    from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, shipped_calibration
+
+    names: set[str] = {base.hardware.name}
+    for p in spec.space:
+        if p.key == "hardware.name":
+            names |= {str(c) for c in p.choices}
+    tier, custom = base.perf.tier, base.perf.calibration
+    if tier == "roofline":
+        return []
+    cross = CALIBRATION_DIR / CROSS_GENERATION_FILE
+    files: set[Path] = set()
+    for name in sorted(names):
+        if tier == "cross-generation":
+            files.add(Path(custom) if custom else cross)
+            continue
+        found = Path(custom) if custom else shipped_calibration(Path(name).stem)
+        if found is not None:
+            files.add(found)
+        elif tier == "auto":
+            files.add(cross)
+    return sorted(f for f in files if f.exists())

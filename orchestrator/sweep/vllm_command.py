@@ -1,0 +1,62 @@
+"""The `vllm serve` command line for a scenario's engine settings, and the `kernelsight run` line.
+
+Only settings that differ from vLLM's defaults are written, plus the model, the parallelism and
+`--max-model-len`. kernelsight's own keys (`launch_mode`, `scheduler`, `router`, `backend`) have
+no vLLM flag and are left out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any, Final
+
+from sim.specs.engine import EngineParams
+from sim.specs.scenario import Scenario
+
+_FLAGS: Final[tuple[tuple[str, str], ...]] = (
+    ("pipeline_parallel_size", "--pipeline-parallel-size"),
+    ("enable_expert_parallel", "--enable-expert-parallel"),
+    ("max_num_seqs", "--max-num-seqs"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens"),
+    ("enable_chunked_prefill", "--enable-chunked-prefill"),
+    ("enable_prefix_caching", "--enable-prefix-caching"),
+    ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
+    ("max_num_partial_prefills", "--max-num-partial-prefills"),
+    ("gpu_memory_utilization", "--gpu-memory-utilization"),
+    ("block_size", "--block-size"),
+    ("dtype", "--dtype"),
+    ("quantization", "--quantization"),
+    ("kv_cache_dtype", "--kv-cache-dtype"),
+    ("enforce_eager", "--enforce-eager"),
+    ("async_scheduling", "--async-scheduling"),
+)
+
+
+def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = None) -> str:
+    """`vllm serve MODEL ...` for one replica group of `scenario` (`--data-parallel-size` if > 1)."""
+    asked: Mapping[str, Any] = scenario.sections().get("engine", {})
+    default = EngineParams()
+    engine = scenario.engine
+    args = ["vllm", "serve", scenario.model.name, "--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    dp = engine.data_parallel_size if data_parallel_size is None else data_parallel_size
+    if dp > 1:
+        args += ["--data-parallel-size", str(dp)]
+    args += ["--max-model-len", str(engine.max_model_len)]
+    for field, flag in _FLAGS:
+        value = asked.get(field, getattr(default, field))
+        if value is None or value == getattr(default, field):
+            continue
+        if isinstance(value, bool):
+            args.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            args += [flag, str(value)]
+    return shlex.join(args)
+
+
+def kernelsight_run_command(scenario_path: str, overrides: Mapping[str, Any]) -> str:
+    args = ["kernelsight", "run", scenario_path]
+    for key, value in overrides.items():
+        text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        args += ["--set", f"{key}={text}"]
+    return shlex.join(args)
