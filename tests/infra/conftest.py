@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.infra.services import LocalStack, local_stack as start_local_stack
+from tests.infra.services import LocalStack
+from tests.infra.services import local_stack as start_local_stack
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ that the Debian package creates.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
@@ -37,10 +38,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 TAG_ENV = "KERNELSIGHT_SERVICES_TAG"
 REPO = Path(__file__).resolve().parents[2]
@@ -111,6 +112,10 @@ def _log_tail(path: Path, num_chars: int = 3000) -> str:
         return "(no log)"
 
 
+def _log_contains(path: Path, needle: str) -> bool:
+    return needle in _log_tail(path, 1 << 20)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PostgresServer:
     host: str
@@ -152,6 +157,8 @@ class _Proc:
     popen: subprocess.Popen[bytes]
     log_path: Path
     stop_signal: int = signal.SIGTERM
+    signal_group: bool = False
+    """Signal the whole process group (the server and its workers at once) rather than the leader."""
 
 
 @dataclass
@@ -199,7 +206,7 @@ class LocalServices:
         return env
 
     def _spawn(self, name: str, argv: Sequence[str], *, env: Mapping[str, str], user: str | None = None,
-               stop_signal: int = signal.SIGTERM) -> _Proc:
+               stop_signal: int = signal.SIGTERM, signal_group: bool = False) -> _Proc:
         log_path = self.base / f"{name}.log"
         log: IO[bytes]
         with open(log_path, "ab") as log:
@@ -207,14 +214,14 @@ class LocalServices:
                 list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env),
                 user=user, start_new_session=True, cwd=self.base,
             )
-        proc = _Proc(name, popen, log_path, stop_signal)
+        proc = _Proc(name, popen, log_path, stop_signal, signal_group)
         self._procs.append(proc)
         return proc
 
-    def _wait(self, proc: _Proc, ready: object, timeout_s: float, what: str) -> None:
+    def _wait(self, proc: _Proc, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if callable(ready) and ready():
+            if ready():
                 return
             if proc.popen.poll() is not None:
                 raise ServiceError(f"{what} exited with {proc.popen.returncode}:\n{_log_tail(proc.log_path)}")
@@ -322,7 +329,7 @@ class LocalServices:
             else:
                 argv += ["--address", address]
             proc = self._spawn(f"ray-node-{index}", argv, env=env)
-            self._wait(proc, lambda p=proc: "Ray runtime started" in _log_tail(p.log_path, 100_000),
+            self._wait(proc, functools.partial(_log_contains, proc.log_path, "Ray runtime started"),
                        timeout_s, f"ray node {index}")
         cluster = RayCluster(address=address, temp_dir=temp_dir, node_resources=tuple(resources),
                              num_cpus_per_node=tuple(num_cpus_per_node))
@@ -359,7 +366,8 @@ class LocalServices:
             _mlflow_cli(), "server", "--host", LOCALHOST, "--port", str(port), "--workers", str(workers),
             "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
         ]
-        proc = self._spawn("mlflow", argv, env=self.env())
+        # The server's own SIGTERM path waits for its uvicorn workers one after another (~8 s).
+        proc = self._spawn("mlflow", argv, env=self.env(), signal_group=True)
         uri = f"http://{LOCALHOST}:{port}"
         self._wait(proc, lambda: _http_ok(f"{uri}/health"), timeout_s, "mlflow server")
         return MlflowServer(tracking_uri=uri, artifacts_dir=artifacts, backend_store_uri=backend)
@@ -395,7 +403,10 @@ def _stop_proc(proc: _Proc, timeout_s: float) -> None:
     if proc.popen.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        proc.popen.send_signal(proc.stop_signal)
+        if proc.signal_group:
+            os.killpg(proc.popen.pid, proc.stop_signal)
+        else:
+            proc.popen.send_signal(proc.stop_signal)
     try:
         proc.popen.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -404,8 +415,8 @@ def _stop_proc(proc: _Proc, timeout_s: float) -> None:
         proc.popen.wait(timeout_s)
 
 
-def _pg_connect(server: PostgresServer, database: str) -> object:
-    import psycopg2
+def _pg_connect(server: PostgresServer, database: str) -> Any:
+    import psycopg2  # type: ignore[import-untyped]
 
     return psycopg2.connect(host=server.host, port=server.port, user=server.user, password=server.password,
                             dbname=database, connect_timeout=2)
