@@ -23,6 +23,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -88,10 +89,10 @@ def _mlflow_client_proc(uri: str, experiment_id: str, parent_run_id: str, start:
     client = MlflowClient(tracking_uri=uri)
     client.get_experiment(experiment_id)  # warm the connection
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(start, start + count):
         _log_trial_run(client, experiment_id, parent_run_id, i, Path(artifact) if artifact else None)
-    out.put(time.perf_counter() - t0)
+    out.put((time.perf_counter() - t0, time.process_time() - c0))
 
 
 def _mlflow_wide_proc(uri: str, run_id: str, calls: int, width: int, barrier: Any, out: Any) -> None:
@@ -101,10 +102,10 @@ def _mlflow_wide_proc(uri: str, run_id: str, calls: int, width: int, barrier: An
     _quiet()
     client = MlflowClient(tracking_uri=uri)
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for c in range(calls):
         client.log_batch(run_id, metrics=[Metric(f"m{k:04d}", float(k), 0, c) for k in range(width)])
-    out.put(time.perf_counter() - t0)
+    out.put((time.perf_counter() - t0, time.process_time() - c0))
 
 
 def _optuna_proc(url: str, study_name: str, count: int, barrier: Any, out: Any) -> None:
@@ -113,12 +114,12 @@ def _optuna_proc(url: str, study_name: str, count: int, barrier: Any, out: Any) 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=study_name, storage=url, sampler=optuna.samplers.RandomSampler())
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(count):
         trial = study.ask()
         values = _suggest(trial)
         study.tell(trial, values)
-    out.put(time.perf_counter() - t0)
+    out.put((time.perf_counter() - t0, time.process_time() - c0))
 
 
 def _suggest(trial: Any) -> tuple[float, float]:
@@ -133,25 +134,57 @@ def _suggest(trial: Any) -> tuple[float, float]:
     return cost, latency
 
 
-def _run_procs(target: Callable[..., None], arg_sets: list[tuple[Any, ...]]) -> list[float]:
+def _run_procs(target: Callable[..., None], arg_sets: list[tuple[Any, ...]]) -> tuple[list[float], float]:
+    """Run `target` in one spawned process per arg set, started together; (wall s per process, client CPU s)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(arg_sets))
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args, barrier, out)) for args in arg_sets]
     for p in procs:
         p.start()
-    elapsed = [float(out.get(timeout=1800)) for _ in procs]
+    reports = [out.get(timeout=1800) for _ in procs]
+    elapsed = [float(r[0]) for r in reports]
+    client_cpu_s = sum(float(r[1]) for r in reports)
     for p in procs:
         p.join()
         if p.exitcode != 0:
             raise RuntimeError(f"benchmark process failed with {p.exitcode}")
-    return elapsed
+    return elapsed, client_cpu_s
+
+
+class CpuMeter:
+    """CPU seconds (user + sys, reaped children included) used by the stack's processes, per service.
+
+    Wall-clock rates on a shared 2-core box move with the other jobs; CPU time per operation does not
+    (much), and it is what a cluster has to provision, so every measurement reports both.
+    """
+
+    def __init__(self, services: LocalServices) -> None:
+        self._services = services
+        self._clock_ticks = os.sysconf("SC_CLK_TCK")
+
+    def snapshot(self) -> dict[str, float]:
+        totals = {"postgres": 0.0, "mlflow": 0.0, "ray": 0.0}
+        for name, pids in self._services.service_pids().items():
+            kind = "ray" if name.startswith("ray") else name
+            for pid in pids:
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2:].split()
+                totals[kind] += sum(int(fields[i]) for i in (11, 12, 13, 14)) / self._clock_ticks  # u, s, cu, cs
+        return totals
+
+    @staticmethod
+    def per_op_ms(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
+        return {f"{k}_cpu_ms": 1000 * (after[k] - before[k]) / ops for k in before}
 
 
 # MLflow ------------------------------------------------------------------------------------------------
 
 
-def bench_mlflow(server: MlflowServer, runs_per_proc: int, work: Path) -> dict[str, Any]:
+def bench_mlflow(server: MlflowServer, runs_per_proc: int, work: Path, meter: CpuMeter) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=server.tracking_uri)
@@ -170,23 +203,30 @@ def bench_mlflow(server: MlflowServer, runs_per_proc: int, work: Path) -> dict[s
             count = runs_per_proc if artifact_path is None else max(10, runs_per_proc // 2)
             arg_sets = [(server.tracking_uri, experiment_id, parent, p * count, count,
                          str(artifact_path) if artifact_path else None, print_urls) for p in range(num_procs)]
-            elapsed = _run_procs(_mlflow_client_proc, arg_sets)
+            before = meter.snapshot()
+            elapsed, client_cpu_s = _run_procs(_mlflow_client_proc, arg_sets)
+            after = meter.snapshot()
             total = num_procs * count
             wall = max(elapsed)
             results[f"{label}_{num_procs}p"] = {
                 "runs": total, "wall_s": wall, "runs_per_s": total / wall,
                 "metrics_per_s": total * NUM_METRICS / wall,
                 "ms_per_run_per_client": 1000 * statistics.mean(elapsed) / count,
+                "client_cpu_ms": 1000 * client_cpu_s / total, **CpuMeter.per_op_ms(before, after, total),
             }
             _print(f"mlflow {label:>18} {num_procs}p", results[f"{label}_{num_procs}p"])
     for num_procs in (1, 2):
         experiment_id = client.create_experiment(f"bench-wide-{num_procs}-{time.time_ns()}")
         runs = [client.create_run(experiment_id).info.run_id for _ in range(num_procs)]
         calls, width = 20, 1000
-        elapsed = _run_procs(_mlflow_wide_proc, [(server.tracking_uri, r, calls, width) for r in runs])
+        before = meter.snapshot()
+        elapsed, client_cpu_s = _run_procs(_mlflow_wide_proc, [(server.tracking_uri, r, calls, width) for r in runs])
+        after = meter.snapshot()
         total_metrics = num_procs * calls * width
+        per_k = CpuMeter.per_op_ms(before, after, total_metrics // 1000)
         results[f"wide_batch_{num_procs}p"] = {"metrics": total_metrics, "wall_s": max(elapsed),
-                                               "metrics_per_s": total_metrics / max(elapsed)}
+                                               "metrics_per_s": total_metrics / max(elapsed),
+                                               **{k + "_per_1000": v for k, v in per_k.items()}}
         _print(f"mlflow log_batch x1000 {num_procs}p", results[f"wide_batch_{num_procs}p"])
     return results
 
@@ -194,7 +234,8 @@ def bench_mlflow(server: MlflowServer, runs_per_proc: int, work: Path) -> dict[s
 # Optuna ------------------------------------------------------------------------------------------------
 
 
-def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int], work: Path) -> dict[str, Any]:
+def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int], work: Path,
+                 meter: CpuMeter) -> dict[str, Any]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -203,12 +244,16 @@ def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int],
     for num_procs in (1, 2):
         name = f"bench-random-{num_procs}-{time.time_ns()}"
         optuna.create_study(study_name=name, storage=url, directions=["minimize", "minimize"])
-        elapsed = _run_procs(_optuna_proc, [(url, name, trials_per_proc) for _ in range(num_procs)])
+        before = meter.snapshot()
+        elapsed, client_cpu_s = _run_procs(_optuna_proc, [(url, name, trials_per_proc) for _ in range(num_procs)])
+        after = meter.snapshot()
         total = num_procs * trials_per_proc
-        results[f"rdb_random_{num_procs}p"] = {"trials": total, "wall_s": max(elapsed),
-                                              "ask_tell_per_s": total / max(elapsed),
-                                              "ms_per_trial_per_process":
-                                                  1000 * statistics.mean(elapsed) / trials_per_proc}
+        results[f"rdb_random_{num_procs}p"] = {
+            "trials": total, "wall_s": max(elapsed), "ask_tell_per_s": total / max(elapsed),
+            "ms_per_trial_per_process": 1000 * statistics.mean(elapsed) / trials_per_proc,
+            "client_cpu_ms": 1000 * client_cpu_s / total,
+            "postgres_cpu_ms": 1000 * (after["postgres"] - before["postgres"]) / total,
+        }
         _print(f"optuna rdb random {num_procs}p", results[f"rdb_random_{num_procs}p"])
     # Journal file (the sweep's default storage) and in-memory, one process, for comparison.
     from optuna.storages import JournalStorage
@@ -218,13 +263,14 @@ def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int],
                            ("in_memory", optuna.storages.InMemoryStorage())):
         study = optuna.create_study(storage=storage, directions=["minimize", "minimize"],
                                     sampler=optuna.samplers.RandomSampler(seed=0))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(trials_per_proc):
             trial = study.ask()
             study.tell(trial, _suggest(trial))
         wall = time.perf_counter() - t0
         results[f"{label}_random_1p"] = {"trials": trials_per_proc, "wall_s": wall,
-                                         "ask_tell_per_s": trials_per_proc / wall}
+                                         "ask_tell_per_s": trials_per_proc / wall,
+                                         "client_cpu_ms": 1000 * (time.process_time() - c0) / trials_per_proc}
         _print(f"optuna {label} random 1p", results[f"{label}_random_1p"])
     # TPE (constant_liar, 2 objectives) ask/tell latency as the study grows.
     name = f"bench-tpe-{time.time_ns()}"
@@ -245,6 +291,7 @@ def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int],
             size += len(batch)
         fill_s = time.perf_counter() - t0
         samples = []
+        c0 = time.process_time()
         for _ in range(10):
             t1 = time.perf_counter()
             trial = study.ask()
@@ -253,7 +300,9 @@ def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int],
             size += 1
         results[f"rdb_tpe_at_{target}"] = {"study_trials": target,
                                            "ms_per_ask_tell_median": 1000 * statistics.median(samples),
-                                           "ms_per_ask_tell_max": 1000 * max(samples), "fill_s": fill_s}
+                                           "ms_per_ask_tell_max": 1000 * max(samples),
+                                           "client_cpu_ms": 1000 * (time.process_time() - c0) / len(samples),
+                                           "fill_s": fill_s}
         _print(f"optuna rdb tpe @{target}", results[f"rdb_tpe_at_{target}"])
     return results
 
@@ -336,8 +385,9 @@ def _log_driver_trial(client: Any, experiment_id: str, parent: str, number: int,
     client.set_terminated(run_id, "FINISHED")
 
 
-def driver_sim(cluster: RayCluster, pg: PostgresServer, server: MlflowServer | None, *, n_trials: int, slots: int,
-               cost_s: float, sampler_name: str, log_threads: int = 0, actors_per_node: int = 2) -> dict[str, Any]:
+def driver_sim(cluster: RayCluster, pg: PostgresServer, server: MlflowServer | None, meter: CpuMeter, *,
+               n_trials: int, slots: int, cost_s: float, sampler_name: str, log_threads: int = 0,
+               actors_per_node: int = 2) -> dict[str, Any]:
     """The sweep driver's loop (ask, submit, wait unordered, tell, log) over real Ray/Optuna/MLflow.
 
     `log_threads=0` logs each trial inline (the driver waits for MLflow); `> 0` hands each trial's runs to a
@@ -368,7 +418,8 @@ def driver_sim(cluster: RayCluster, pg: PostgresServer, server: MlflowServer | N
     logged: list[Future[None]] = []
     pending: dict[Any, Any] = {}
     asked = done = 0
-    t_start = time.perf_counter()
+    before = meter.snapshot()
+    t_start, c_start = time.perf_counter(), time.process_time()
     while done < n_trials:
         while asked < n_trials and len(pending) < slots:
             t0 = time.perf_counter()
@@ -407,6 +458,8 @@ def driver_sim(cluster: RayCluster, pg: PostgresServer, server: MlflowServer | N
     if pool is not None:
         pool.shutdown()
     wall = time.perf_counter() - t_start
+    driver_cpu_s = time.process_time() - c_start
+    services_cpu = CpuMeter.per_op_ms(before, meter.snapshot(), n_trials)
     for actor in actors:
         ray.kill(actor)
     busy_s = phase["ask_s"] + phase["submit_s"] + phase["tell_s"] + phase["log_s"]
@@ -416,11 +469,12 @@ def driver_sim(cluster: RayCluster, pg: PostgresServer, server: MlflowServer | N
         "log_drain_s": drain_s,
         "ideal_trials_per_s": slots / cost_s if cost_s > 0 else None,
         "driver_busy_frac": busy_s / wall,
+        "driver_cpu_ms_per_trial": 1000 * driver_cpu_s / n_trials, **services_cpu,
         "driver_ms_per_trial": {k.removesuffix("_s"): 1000 * v / n_trials for k, v in phase.items()},
     }
 
 
-def bench_driver(cluster: RayCluster, pg: PostgresServer, server: MlflowServer, *, cost_s: float,
+def bench_driver(cluster: RayCluster, pg: PostgresServer, server: MlflowServer, meter: CpuMeter, *, cost_s: float,
                  slot_counts: list[int], trials_per_slot: int, max_trials: int) -> dict[str, Any]:
     import ray
 
@@ -436,7 +490,7 @@ def bench_driver(cluster: RayCluster, pg: PostgresServer, server: MlflowServer, 
         for label, sampler_name, srv, threads in modes:
             for slots in slot_counts:
                 n = min(max_trials, max(40, slots * trials_per_slot))
-                result = driver_sim(cluster, pg, srv, n_trials=n, slots=slots, cost_s=cost_s,
+                result = driver_sim(cluster, pg, srv, meter, n_trials=n, slots=slots, cost_s=cost_s,
                                     sampler_name=sampler_name, log_threads=threads)
                 results[f"{label}_slots{slots}"] = result
                 _print(f"driver {label} slots={slots}", result)
@@ -471,6 +525,8 @@ def main() -> int:
     parser.add_argument("--tpe-sizes", default="0,1000,5000")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
+    # A background job ignores SIGINT; SIGTERM must still unwind the `with` blocks that stop the services.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parts = set(args.parts.split(","))
     quick = args.quick
     _quiet()
@@ -478,19 +534,20 @@ def main() -> int:
                                            "postgres_durable": not args.no_durable}}
     with tempfile.TemporaryDirectory(prefix="ks-bench-") as tmp, LocalServices() as services:
         work = Path(tmp)
+        meter = CpuMeter(services)
         pg = services.start_postgres(durable=not args.no_durable)
         server = services.start_mlflow(pg, workers=args.mlflow_workers) if parts & {"mlflow", "driver"} else None
         cluster = services.start_ray((1, 1)) if parts & {"ray", "driver"} else None
         if "mlflow" in parts and server is not None:
-            results["mlflow"] = bench_mlflow(server, 20 if quick else 300, work)
+            results["mlflow"] = bench_mlflow(server, 20 if quick else 300, work, meter)
         if "optuna" in parts:
             sizes = [0, 200] if quick else [int(s) for s in args.tpe_sizes.split(",")]
-            results["optuna"] = bench_optuna(pg, 20 if quick else 300, sizes, work)
+            results["optuna"] = bench_optuna(pg, 20 if quick else 300, sizes, work, meter)
         if "ray" in parts and cluster is not None:
             results["ray"] = bench_ray(cluster, 200 if quick else 5000)
         if "driver" in parts and cluster is not None and server is not None:
             slots = [2, 8] if quick else [int(s) for s in args.slots.split(",")]
-            results["driver"] = bench_driver(cluster, pg, server, cost_s=args.trial_cost_s, slot_counts=slots,
+            results["driver"] = bench_driver(cluster, pg, server, meter, cost_s=args.trial_cost_s, slot_counts=slots,
                                              trials_per_slot=2 if quick else 3, max_trials=40 if quick else 240)
         results["machine"]["load_avg_at_end"] = os.getloadavg()
     if args.json_out:

@@ -38,7 +38,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -70,20 +70,51 @@ def port_is_open(port: int, host: str = LOCALHOST) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def tagged_pids(tag: str) -> list[int]:
-    """Live processes whose environment carries `KERNELSIGHT_SERVICES_TAG=tag` (this process excluded)."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    found: list[int] = []
+def _parent_pids() -> dict[int, int]:
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit():
             continue
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return parents
+
+
+def descendant_pids(roots: Iterable[int], parents: Mapping[int, int] | None = None) -> set[int]:
+    """`roots` and every live process below them."""
+    parents = _parent_pids() if parents is None else parents
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = [r for r in roots if r in parents]
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries `KERNELSIGHT_SERVICES_TAG=tag`, and their descendants
+    (PostgreSQL overwrites its backends' environ with their process titles), this process excluded."""
+    needle = f"{TAG_ENV}={tag}".encode()
+    parents = _parent_pids()
+    found: list[int] = []
+    for pid in parents:
+        if pid == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:  # gone, or not ours to read
             continue
         if needle in environ.split(b"\0"):
-            found.append(int(entry))
-    return sorted(found)
+            found.append(pid)
+    return sorted(descendant_pids(found, parents) - {os.getpid()})
 
 
 def describe_pid(pid: int) -> str:
@@ -367,10 +398,19 @@ class LocalServices:
             "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
         ]
         # The server's own SIGTERM path waits for its uvicorn workers one after another (~8 s).
-        proc = self._spawn("mlflow", argv, env=self.env(), signal_group=True)
+        # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: MLflow 3 otherwise starts a job runner with ~7 huey consumer
+        # processes (GenAI evaluation jobs) that experiment tracking never uses.
+        env = self.env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        proc = self._spawn("mlflow", argv, env=env, signal_group=True)
         uri = f"http://{LOCALHOST}:{port}"
         self._wait(proc, lambda: _http_ok(f"{uri}/health"), timeout_s, "mlflow server")
         return MlflowServer(tracking_uri=uri, artifacts_dir=artifacts, backend_store_uri=backend)
+
+    def service_pids(self) -> dict[str, set[int]]:
+        """Live processes of each started service (`postgres`, `ray-node-0`, ..., `mlflow`), descendants included."""
+        parents = _parent_pids()
+        return {proc.name: descendant_pids([proc.popen.pid], parents) for proc in self._procs
+                if proc.popen.poll() is None}
 
     # Stop ---------------------------------------------------------------------------------------------
 
