@@ -367,6 +367,48 @@ class LocalServices:
         self._wait_ray_nodes(cluster, timeout_s)
         return cluster
 
+    def driver_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for a driver subprocess (e.g. `python -m orchestrator.cli sweep --ray-address ...`):
+        this checkout on PYTHONPATH, no inherited RAY_ADDRESS / MLFLOW_TRACKING_URI."""
+        return self.env({"PYTHONPATH": _join_path(self.pythonpath, os.environ.get("PYTHONPATH", "")),
+                         **(extra or {})})
+
+    def actor_nodes(self, cluster: RayCluster, class_name: str) -> dict[str, int]:
+        """Node id -> number of actors of `class_name` the cluster ever placed there, dead ones included
+        (the GCS keeps them), so a test can check after a sweep's driver exited where its actors ran."""
+        script = (
+            "import json, sys, ray\n"
+            "from ray._private import state\n"
+            "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+            "counts = {}\n"
+            "for actor in state.actors().values():\n"
+            "    if actor['ActorClassName'].rsplit('.', 1)[-1] == sys.argv[2] and actor.get('Address'):\n"
+            "        node = actor['Address']['NodeID']\n"
+            "        counts[node] = counts.get(node, 0) + 1\n"
+            "print(json.dumps(counts))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script, cluster.address, class_name], capture_output=True,
+                             text=True, env=self.driver_env(), timeout=120, check=False)
+        if out.returncode != 0:
+            raise ServiceError(f"listing actors failed: {out.stderr[-2000:]}")
+        counts: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+        return counts
+
+    def node_ids(self, cluster: RayCluster) -> dict[str, str]:
+        """Custom resource (`ks_node_i`) -> node id of every alive node."""
+        script = (
+            "import json, sys, ray\n"
+            "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+            "print(json.dumps({r: n['NodeID'] for n in ray.nodes() if n['Alive'] for r in n['Resources']"
+            " if r.startswith('ks_node_')}))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script, cluster.address], capture_output=True, text=True,
+                             env=self.driver_env(), timeout=120, check=False)
+        if out.returncode != 0:
+            raise ServiceError(f"listing nodes failed: {out.stderr[-2000:]}")
+        ids: dict[str, str] = json.loads(out.stdout.strip().splitlines()[-1])
+        return ids
+
     def _wait_ray_nodes(self, cluster: RayCluster, timeout_s: float) -> None:
         """Block until the GCS lists every node alive (asked from a child process: no driver here)."""
         script = (
