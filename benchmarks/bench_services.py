@@ -1,15 +1,18 @@
 """Service throughput behind a sweep: MLflow server, Optuna RDB storage, Ray, and the sweep driver loop.
 
-Run: `PYTHONPATH=. python benchmarks/bench_services.py [--parts mlflow,optuna,ray,driver] [--quick]`.
+Run: `PYTHONPATH=. python benchmarks/bench_services.py [--parts mlflow,optuna,optuna_running,ray,driver]
+[--quick] [--no-durable] [--json-out FILE]`.
 Starts its own PostgreSQL (durable settings: fsync on), a two-node Ray cluster and an `mlflow server`
-on that PostgreSQL (tests/infra/services.py), measures, stops everything. Numbers go to
-docs/benchmarks.md (## Services) with the machine noted; docs/scaling.md reasons from them.
+on that PostgreSQL (tests/infra/services.py), measures, stops everything. Every result carries
+wall-clock rates and CPU milliseconds per operation per process group (client, MLflow server,
+PostgreSQL, Ray). Numbers go to docs/benchmarks.md (## Services); docs/scaling.md reasons from them.
 
 - mlflow: trial-shaped runs (create_run with tags, one log_batch of params + metrics, set_terminated)
   the server absorbs from 1 and 2 client processes: runs/s, metrics/s; plus wide log_batch calls
   (1,000 metrics each) for the metric-row ceiling, and runs with one small artifact upload.
 - optuna: ask + suggest 6 params + tell on the PostgreSQL study from 1 and 2 processes (random sampler:
-  storage cost only), TPE ask/tell latency as the study grows, and a journal file for comparison.
+  storage cost only), TPE ask/tell latency as the study grows, and a journal file for comparison;
+  optuna_running: ask + tell while N other trials are RUNNING (a driver with N busy slots).
 - ray: trivial task round trips, actor call latency to each node, pipelined actor calls.
 - driver: the sweep's driver loop at scale with fake-cost trials: real Ray actors (threaded, sleeping
   `--trial-cost-s`), a real Optuna study in PostgreSQL, real MLflow logging, unordered completion;
@@ -307,6 +310,38 @@ def bench_optuna(pg: PostgresServer, trials_per_proc: int, tpe_sizes: list[int],
     return results
 
 
+def bench_optuna_running(pg: PostgresServer, running_sizes: list[int], meter: CpuMeter) -> dict[str, Any]:
+    """ask + tell cost while N other trials of the study are RUNNING (what a driver with N busy slots sees)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results: dict[str, Any] = {}
+    for sampler_name in ("random", "tpe"):
+        for running in running_sizes:
+            sampler = (optuna.samplers.TPESampler(seed=0, constant_liar=True) if sampler_name == "tpe"
+                       else optuna.samplers.RandomSampler(seed=0))
+            study = optuna.create_study(study_name=f"running-{sampler_name}-{running}-{time.time_ns()}",
+                                        storage=pg.url("optuna"), directions=["minimize", "minimize"], sampler=sampler)
+            for _ in range(running):
+                _suggest(study.ask())
+            samples = []
+            before = meter.snapshot()
+            c0 = time.process_time()
+            for _ in range(20):
+                t0 = time.perf_counter()
+                trial = study.ask()
+                study.tell(trial, _suggest(trial))
+                samples.append(time.perf_counter() - t0)
+            after = meter.snapshot()
+            results[f"{sampler_name}_running{running}"] = {
+                "running_trials": running, "ms_per_ask_tell_median": 1000 * statistics.median(samples),
+                "client_cpu_ms": 1000 * (time.process_time() - c0) / len(samples),
+                "postgres_cpu_ms": 1000 * (after["postgres"] - before["postgres"]) / len(samples),
+            }
+            _print(f"optuna rdb {sampler_name} running={running}", results[f"{sampler_name}_running{running}"])
+    return results
+
+
 def _fixed_params(trial: Any) -> dict[str, Any]:
     _suggest(trial)
     return dict(trial.params)
@@ -515,7 +550,7 @@ def _fmt(v: Any) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--parts", default="mlflow,optuna,ray,driver")
+    parser.add_argument("--parts", default="mlflow,optuna,optuna_running,ray,driver")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke run)")
     parser.add_argument("--mlflow-workers", type=int, default=2)
     parser.add_argument("--trial-cost-s", type=float, default=0.5)
@@ -543,6 +578,8 @@ def main() -> int:
         if "optuna" in parts:
             sizes = [0, 200] if quick else [int(s) for s in args.tpe_sizes.split(",")]
             results["optuna"] = bench_optuna(pg, 20 if quick else 300, sizes, work, meter)
+        if "optuna_running" in parts:
+            results["optuna_running"] = bench_optuna_running(pg, [0, 32, 128] if quick else [0, 32, 128, 512], meter)
         if "ray" in parts and cluster is not None:
             results["ray"] = bench_ray(cluster, 200 if quick else 5000)
         if "driver" in parts and cluster is not None and server is not None:
