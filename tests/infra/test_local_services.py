@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.infra.services import LocalStack, NodeProbe, current_node_id, port_is_open, tagged_pids
+from tests.infra.services import local_stack as start_local_stack
 
 ray = pytest.importorskip("ray")
 optuna = pytest.importorskip("optuna")
@@ -18,6 +19,17 @@ mlflow = pytest.importorskip("mlflow")
 psycopg2 = pytest.importorskip("psycopg2")
 
 pytestmark = [pytest.mark.ray, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def local_stack() -> Iterator[LocalStack]:
+    """PostgreSQL, a Ray head + one joined node (1 CPU each) and an MLflow server, for this module.
+
+    Defined here, not in a conftest.py: a second `conftest` module would shadow tests/conftest.py for the
+    modules that import from it. Teardown raises `ServiceError` if any process of the stack survives.
+    """
+    with start_local_stack() as stack:
+        yield stack
 
 
 @pytest.fixture
