@@ -6,6 +6,7 @@ trial's parameters. Actors never log anywhere: they return `TrialResult`s to the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ray
@@ -19,9 +20,10 @@ from sim.specs.scenario import Scenario
 class SimShard:
     def __init__(self, base: Scenario, render_artifacts: bool) -> None:
         self._evaluator = TrialEvaluator(base, render_artifacts=render_artifacts)
+        self._node_id = ray.get_runtime_context().get_node_id()
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
-        return self._evaluator.evaluate(trial)
+        return dataclasses.replace(self._evaluator.evaluate(trial), ray_node_id=self._node_id)
 
     def pid(self) -> int:
         return os.getpid()

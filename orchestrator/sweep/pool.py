@@ -10,14 +10,16 @@ held is submitted again; a trial whose actors died `max_attempts` times comes ba
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from orchestrator.sweep.actors import SimShard
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
+from sim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ class _Slot:
 
 class ShardPool:
     def __init__(self, base_ref: Any, *, num_actors: int, depth: int = 2, render_artifacts: bool = True,
-                 name_prefix: str = "kernelsight", max_attempts: int = 3) -> None:
+                 name_prefix: str = "kernelsight", max_attempts: int = 3, start_timeout_s: float = 120.0) -> None:
         if num_actors < 1 or depth < 1:
             raise ValueError(f"num_actors={num_actors} and depth={depth} must be >= 1")
         self._base_ref = base_ref
@@ -42,14 +44,30 @@ class ShardPool:
         self._depth = depth
         self.max_attempts = max_attempts
         self._slots = [self._start(i, 0) for i in range(num_actors)]
+        self._check_first_actor(start_timeout_s)
         self._where: dict[Any, _Slot] = {}
         self.num_restarts = 0
         self.num_resubmitted = 0
 
     def _start(self, index: int, generation: int) -> _Slot:
-        actor = SimShard.options(name=self.actor_name(index, generation)).remote(  # type: ignore[attr-defined]
-            self._base_ref, self._render)
+        try:
+            actor = SimShard.options(name=self.actor_name(index, generation)).remote(  # type: ignore[attr-defined]
+                self._base_ref, self._render)
+        except RayError as exc:
+            raise _refused(exc) from exc
         return _Slot(index=index, generation=generation, actor=actor)
+
+    def _check_first_actor(self, timeout_s: float) -> None:
+        """Fail fast, before any trial is lost, when the cluster kills or cancels the actors it creates.
+
+        An actor still waiting for a CPU after `timeout_s` is not an error: the cluster may be busy.
+        """
+        try:
+            ray.get(self._slots[0].actor.pid.remote(), timeout=timeout_s)
+        except GetTimeoutError:
+            logger.warning("the first simulator actor has not started after %.0f s; going on", timeout_s)
+        except RayError as exc:
+            raise _refused(exc) from exc
 
     def actor_name(self, index: int, generation: int) -> str:
         return f"{self._prefix}-shard{index}-gen{generation}"
@@ -122,3 +140,13 @@ class ShardPool:
             ray.kill(slot.actor, no_restart=True)
         self._slots = []
         self._where = {}
+
+
+def _refused(exc: RayError) -> ConfigError:
+    """The cluster would not run a simulator actor; the usual cause is a driver whose Ray auth mode
+    differs from the cluster's (the actor is cancelled or dies at once)."""
+    return ConfigError(
+        source="ray cluster", key="RAY_AUTH_MODE", value=os.environ.get("RAY_AUTH_MODE", "(unset)"),
+        rule=f"the cluster would not start a simulator actor ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+             "check that the driver's auth mode matches the cluster's: RAY_AUTH_MODE=disabled for a cluster "
+             "started without token auth, RAY_AUTH_MODE=token with its RAY_AUTH_TOKEN for one with it")

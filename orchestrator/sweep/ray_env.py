@@ -17,7 +17,9 @@ def _token_auth_if_available() -> None:
 
     Ray enables token authentication on clusters it starts when a token exists (`~/.ray/auth_token`,
     `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH`), but a driver given an explicit address does not send
-    it unless `RAY_AUTH_MODE=token`. A token-mode driver also connects to clusters without auth.
+    it unless `RAY_AUTH_MODE=token`. A token-mode driver connects to a cluster started without
+    auth, but that cluster cancels every actor it creates (Ray 2.60); `ShardPool` turns that into a
+    clear error, and `RAY_AUTH_MODE=disabled` in the driver's environment is the fix.
     """
     if "RAY_AUTH_MODE" in os.environ:
         return

@@ -85,6 +85,8 @@ class TrialResult:
     """Trial number whose result answered this one (same scenario hash), if any."""
     artifacts: Mapping[str, bytes] = field(default_factory=dict)
     """Rendered files for the trial's MLflow run, by file name."""
+    ray_node_id: str = ""
+    """Ray node whose actor evaluated the trial (the answering trial's node when `cached_from` is set)."""
 
     def for_trial(self, number: int, params: Mapping[str, ParamValue]) -> TrialResult:
         """This result answering another trial with the same scenario."""
@@ -101,6 +103,7 @@ class TrialResult:
                 "seconds_by_kind": dict(bd.seconds_by_kind), "seconds_by_name": dict(bd.seconds_by_name),
                 "host_s": bd.host_s, "launch_floor_s": bd.launch_floor_s},
             "reason": self.reason, "duration_s": self.duration_s, "cached_from": self.cached_from,
+            "ray_node_id": self.ray_node_id,
         }
 
     @classmethod
@@ -115,7 +118,7 @@ class TrialResult:
                 seconds_by_kind=dict(bd["seconds_by_kind"]), seconds_by_name=dict(bd["seconds_by_name"]),
                 host_s=bd["host_s"], launch_floor_s=bd["launch_floor_s"]),
             reason=attrs.get("reason", ""), duration_s=attrs.get("duration_s", 0.0),
-            cached_from=attrs.get("cached_from"),
+            cached_from=attrs.get("cached_from"), ray_node_id=attrs.get("ray_node_id", ""),
         )
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import uuid
 import warnings
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Final
 
@@ -61,7 +62,19 @@ def open_storage(url: str | None, study_dir: Path) -> tuple[BaseStorage, str]:
     if "://" not in url:
         raise ConfigError(source="--storage", key="--storage", value=url,
                           rule="must be a SQLAlchemy URL such as sqlite:///study.db or postgresql://user@host/db")
-    return RDBStorage(url, engine_kwargs=_engine_kwargs(url)), redact(url)
+    return RDBStorage(sqlalchemy_url(url), engine_kwargs=_engine_kwargs(url)), redact(url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The URL with a PostgreSQL driver that is installed.
+
+    SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3; where only psycopg2 is installed (the
+    `psycopg2-binary` wheel that most images carry) the bare scheme names psycopg2 instead.
+    """
+    bare = "postgresql://"
+    if url.startswith(bare) and find_spec("psycopg") is None and find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len(bare):]
+    return url
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:

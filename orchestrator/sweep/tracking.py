@@ -195,7 +195,8 @@ class MlflowTracker:
 
 def _trial_tags(result: TrialResult) -> dict[str, str]:
     tags = {"status": result.status.value, "scenario_hash": result.scenario_hash,
-            "worst_provenance": result.worst_provenance, "sim_version": result.sim_version}
+            "worst_provenance": result.worst_provenance, "sim_version": result.sim_version,
+            "ray_node_id": result.ray_node_id}
     if result.cached_from is not None:
         tags["cached_from_trial"] = str(result.cached_from)
     return {k: v for k, v in tags.items() if v}

@@ -384,7 +384,8 @@ class LocalServices:
             "for actor in state.actors().values():\n"
             "    if actor['ActorClassName'].rsplit('.', 1)[-1] == sys.argv[2] and actor.get('Address'):\n"
             "        node = actor['Address']['NodeID']\n"
-            "        counts[node] = counts.get(node, 0) + 1\n"
+            "        if node.strip('f'):  # all-f is the nil id of an actor never placed (creation cancelled)\n"
+            "            counts[node] = counts.get(node, 0) + 1\n"
             "print(json.dumps(counts))\n"
         )
         out = subprocess.run([sys.executable, "-c", script, cluster.address, class_name], capture_output=True,

@@ -21,7 +21,7 @@ from orchestrator.sweep.report import TrialRecord, select_best
 from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.space import candidate_grid, suggest_params
 from orchestrator.sweep.spec import BoundSpec, ObjectiveSpec
-from orchestrator.sweep.study import JOURNAL_FILE, open_storage, open_study, repair_journal, tell
+from orchestrator.sweep.study import JOURNAL_FILE, open_storage, open_study, repair_journal, sqlalchemy_url, tell
 from orchestrator.sweep.vllm_command import vllm_serve_command
 from sim.errors import ConfigError
 
@@ -212,8 +212,9 @@ def test_trial_result_round_trips_through_optuna_attrs_and_pickle() -> None:
     bd = Breakdown(seconds_by_kind={"gemm": 2.0}, seconds_by_name={"qkv_proj": 2.0}, host_s=1.0, launch_floor_s=1.0)
     res = TrialResult(number=3, status=TrialStatus.OK, params={"engine.quantization": None, "a": True},
                       scenario_hash="h", metrics={"x": math.inf, "y": math.nan, "z": 1.5}, breakdown=bd,
-                      artifacts={"f": b"1"})
+                      artifacts={"f": b"1"}, ray_node_id="n1")
     back = TrialResult.from_attrs(3, res.params, res.to_attrs())
+    assert back.ray_node_id == "n1"
     assert back.metrics["x"] == math.inf and math.isnan(back.metrics["y"]) and back.metrics["z"] == 1.5
     assert back.breakdown == bd and back.artifacts == {}
     assert bd.share_by_kind() == {"gemm": 0.5, "host": 0.25, "launch_floor": 0.25}
@@ -320,3 +321,14 @@ def test_vllm_serve_line_carries_only_non_default_settings(tmp_path: Path) -> No
     assert vllm_serve_command(scenario) == (
         "vllm serve meta-llama/Meta-Llama-3.1-8B --tensor-parallel-size 2 --data-parallel-size 3 "
         "--max-model-len 8192 --max-num-seqs 64 --no-enable-prefix-caching --kv-cache-dtype fp8")
+
+
+def test_bare_postgresql_url_uses_the_installed_driver() -> None:
+    from importlib.util import find_spec
+
+    url = "postgresql://ks:pw@127.0.0.1:5432/optuna"
+    expected = url if find_spec("psycopg") is not None or find_spec("psycopg2") is None else \
+        "postgresql+psycopg2://ks:pw@127.0.0.1:5432/optuna"
+    assert sqlalchemy_url(url) == expected
+    assert sqlalchemy_url("postgresql+psycopg2://h/db") == "postgresql+psycopg2://h/db"
+    assert sqlalchemy_url("sqlite:///x.db") == "sqlite:///x.db"
