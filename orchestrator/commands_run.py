@@ -64,13 +64,7 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
     for row, rec in zip(rows, result.records, strict=True):
         row.update(ttft_s=rec.ttft_s(), tpot_s=rec.tpot_s(), e2el_s=rec.e2el_s())
     pq.write_table(pa.Table.from_pylist(rows), out / "requests.parquet")
-    bd = result.breakdown
-    total = bd.total_s() or 1.0
-    kernels = [{"kernel": name, "seconds": sec, "share": sec / total} for name, sec in
-               sorted(bd.seconds_by_name.items(), key=lambda kv: -kv[1])]
-    kernels += [{"kernel": "host", "seconds": bd.host_s, "share": bd.host_s / total},
-                {"kernel": "launch_floor", "seconds": bd.launch_floor_s, "share": bd.launch_floor_s / total}]
-    pq.write_table(pa.Table.from_pylist(kernels), out / "kernel_breakdown.parquet")
+    pq.write_table(pa.Table.from_pylist(result.breakdown.rows()), out / "kernel_breakdown.parquet")
     pq.write_table(pa.Table.from_pylist([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage]),
                    out / "kv_usage.parquet")
     (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))

@@ -16,6 +16,9 @@ from enum import StrEnum
 from typing import Any
 
 from orchestrator.sweep.spec import ParamValue
+from sim.metrics.summary import KernelBreakdown as Breakdown
+
+__all__ = ["Breakdown", "TrialInput", "TrialResult", "TrialStatus"]
 
 
 class TrialStatus(StrEnum):
@@ -36,33 +39,6 @@ class TrialInput:
     params: Mapping[str, ParamValue]
     attempt: int = 1
     """1 on first submission; incremented each time the actor running it dies."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Breakdown:
-    """GPU time per kernel kind and per named kernel, host time and launch floor, whole run."""
-
-    seconds_by_kind: Mapping[str, float]
-    seconds_by_name: Mapping[str, float]
-    host_s: float
-    launch_floor_s: float
-
-    def total_s(self) -> float:
-        return sum(self.seconds_by_kind.values()) + self.host_s + self.launch_floor_s
-
-    def share_by_kind(self) -> dict[str, float]:
-        total = self.total_s() or 1.0
-        out = {k: v / total for k, v in self.seconds_by_kind.items()}
-        out["host"] = self.host_s / total
-        out["launch_floor"] = self.launch_floor_s / total
-        return out
-
-    def rows(self) -> list[dict[str, Any]]:
-        """Kernel table like `kernelsight run --out`'s kernel_breakdown.parquet, largest first."""
-        total = self.total_s() or 1.0
-        items = sorted(self.seconds_by_name.items(), key=lambda kv: -kv[1])
-        items += [("host", self.host_s), ("launch_floor", self.launch_floor_s)]
-        return [{"kernel": name, "seconds": sec, "share": sec / total} for name, sec in items]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

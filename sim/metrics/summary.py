@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,14 @@ class KernelBreakdown:
         out["host"] = self.host_s / total
         out["launch_floor"] = self.launch_floor_s / total
         return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Kernel table (kernel, seconds, share), largest first, then host and launch floor: the rows
+        of `kernelsight run --out`'s kernel_breakdown.parquet and of a sweep trial's artifact."""
+        total = self.total_s() or 1.0
+        items = sorted(self.seconds_by_name.items(), key=lambda kv: -kv[1])
+        items += [("host", self.host_s), ("launch_floor", self.launch_floor_s)]
+        return [{"kernel": name, "seconds": sec, "share": sec / total} for name, sec in items]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
