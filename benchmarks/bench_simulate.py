@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.api import load_scenario, simulate
-from sim.engine.pricer import StepPricer
+from sim.engine.pricer import StepPricer, _BlockPricer
 from sim.engine.simulation import SimLimits
 
 SCENARIO = "scenarios/llama3_70b-h100-tp4.toml"
@@ -30,22 +30,27 @@ BASE = {"workload.random_input_len": 1024, "workload.random_output_len": 256, "w
 
 
 class _PricingClock:
-    """CPU seconds spent building and pricing new kernel parts of steps (the pricer's memo misses)."""
+    """CPU seconds spent building and pricing new kernel parts of steps (the pricer's memo misses,
+    block pricing included; nested calls counted once)."""
 
     def __init__(self) -> None:
         self.cpu_s = 0.0
+        self._depth = 0
 
     def install(self) -> None:
-        for name in ("_non_attention_nodes", "_priced"):
-            setattr(StepPricer, name, self._timed(getattr(StepPricer, name)))
+        for cls, name in ((StepPricer, "_non_attention_nodes"), (StepPricer, "_priced"), (_BlockPricer, "part")):
+            setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any) -> Any:
-            start = time.process_time()
+            self._depth += 1
+            start = time.process_time() if self._depth == 1 else 0.0
             try:
                 return method(*args)
             finally:
-                self.cpu_s += time.process_time() - start
+                self._depth -= 1
+                if self._depth == 0:
+                    self.cpu_s += time.process_time() - start
 
         return timed
 

@@ -14,12 +14,24 @@ own, because a run has thousands of distinct keys but far fewer distinct parts:
 The parts are exactly the nodes `build_step_graph` gives for the key's batch (tests compare the
 two), and kernels that differ only by name are priced once. Accumulated per-key counts give the
 kernel breakdown of a run without touching per-kernel data in the loop.
+
+Block pricing (when the efficiency model prices columns, `ColumnEfficiencyModel`): a token count
+(or sampled count) not seen before is priced together with the other unpriced counts of an
+aligned window around it, in one vectorised kernel-model call per kernel kind. The kernels of
+those parts have fields affine in the count (GEMM m, pointwise tokens, collective bytes): the
+pricer builds the graph at counts 1 and 2, checks the affine form exactly against real graphs
+at several other counts (else it prices count by count, e.g. MoE), and fills the columns from it.
+The window doubles with the number of counts priced (64 first), so short runs price little and
+long runs make few calls. Numbers are those of count-by-count pricing (a test compares them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
@@ -29,6 +41,7 @@ from sim.graph.transformer import (
     decode_attention_work,
     prefill_attention_work,
 )
+from sim.perf.efficiency import KernelColumns
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -38,6 +51,9 @@ from sim.specs.scenario import Scenario
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
 _ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
 _WorkSignature = tuple[object, ...]
+_NodeList = list[tuple[KernelWork, int]]
+_FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
+_MIN_BLOCK = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,9 +70,144 @@ class _Part:
     worst_provenance: Provenance
 
 
+class _AffineNodes:
+    """Kernel nodes of a part as affine functions of a count n >= 1 (every numeric field of every
+    node is f(1) + (f(2) - f(1)) (n - 1), exactly: the fields are integer-valued floats)."""
+
+    def __init__(self, one: _NodeList, two: _NodeList) -> None:
+        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in one]
+        rows: dict[tuple[object, ...], int] = {}
+        self.row_of: list[int] = []
+        self.base: list[tuple[list[float], list[int]]] = []
+        self.step: list[tuple[list[float], list[int]]] = []
+        for (w1, _), (w2, _) in zip(one, two, strict=True):
+            b = ([getattr(w1, f) for f in _FLOAT_FIELDS], list(w1.shape))
+            d = ([getattr(w2, f) - getattr(w1, f) for f in _FLOAT_FIELDS],
+                 [x2 - x1 for x1, x2 in zip(w1.shape, w2.shape, strict=True)])
+            # Kernels alike but for the name are one row (priced once, as `_by_signature` does).
+            sig = (w1.kind, w1.dtype, w1.group_size, tuple(b[0]), tuple(b[1]), tuple(d[0]), tuple(d[1]))
+            if sig not in rows:
+                rows[sig] = len(self.base)
+                self.base.append(b)
+                self.step.append(d)
+            self.row_of.append(rows[sig])
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for (kind, _, dtype, group, ndim, _), row in zip(self.nodes, self.row_of, strict=True):
+            rows_of_group = groups.setdefault((kind, dtype, group, ndim), [])
+            if row not in rows_of_group:
+                rows_of_group.append(row)
+        self.groups = list(groups.items())
+
+    @staticmethod
+    def of(build: Callable[[int], _NodeList], checks: list[int]) -> _AffineNodes | None:
+        """The affine form of `build`, or None if `build(n)` departs from it at any check count."""
+        one, two = build(1), build(2)
+        same = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in two]
+        if len(one) != len(two) or same != [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r)
+                                             for w, r in one]:
+            return None
+        affine = _AffineNodes(one, two)
+        for n in checks:
+            real = build(n)
+            if len(real) != len(one):
+                return None
+            for (work, repeat), node, row in zip(real, affine.nodes, affine.row_of, strict=True):
+                (kind, name, dtype, group, ndim, rep), (b, d) = node, (affine.base[row], affine.step[row])
+                if (work.kind, work.name, work.dtype, work.group_size, len(work.shape), repeat) != (
+                        kind, name, dtype, group, ndim, rep):
+                    return None
+                expected = [x + dx * (n - 1) for x, dx in zip(b[0], d[0], strict=True)]
+                if [getattr(work, f) for f in _FLOAT_FIELDS] != expected:
+                    return None
+                if list(work.shape) != [x + dx * (n - 1) for x, dx in zip(b[1], d[1], strict=True)]:
+                    return None
+        return affine
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
+        kind, _, dtype, group, _, _ = self.nodes[self.row_of.index(rows[0])]
+        k = ns - 1
+        floats = [np.concatenate([self.base[r][0][i] + self.step[r][0][i] * k.astype(float) for r in rows])
+                  for i in range(len(_FLOAT_FIELDS))]
+        ndim = len(self.base[rows[0]][1])
+        shape = tuple(np.concatenate([self.base[r][1][i] + self.step[r][1][i] * k for r in rows])
+                      for i in range(ndim))
+        by_name = dict(zip(_FLOAT_FIELDS, floats, strict=True))
+        return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape, **by_name)
+
+
+@dataclass(slots=True)
+class _Block:
+    """Parts of several counts priced at once; `_Part`s are made on first use."""
+
+    seconds: np.ndarray
+    """Per node, seconds in the step (launch time x repeat) at each count."""
+    gpu_s: np.ndarray
+    comm_s: np.ndarray
+    short_kernel_gap_s: np.ndarray
+    worst: np.ndarray
+
+
+class _BlockPricer:
+    """Parts of counts 1..`max_count` priced in windows (see the module docstring)."""
+
+    def __init__(self, affine: _AffineNodes, cost: StepCostModel, eager_launch_s: float, max_count: int) -> None:
+        self._affine = affine
+        self._cost = cost
+        self._eager = eager_launch_s
+        self._max = max_count
+        self._where: dict[int, tuple[_Block, int]] = {}
+        self._launches = sum(r for *_, r in affine.nodes)
+
+    def part(self, n: int) -> _Part | None:
+        """The part of count `n`, or None outside 1..max_count."""
+        if not 1 <= n <= self._max:
+            return None
+        at = self._where.get(n)
+        if at is None:
+            self._price_window(n)
+            at = self._where[n]
+        block, j = at
+        nodes = self._affine.nodes
+        kernels = tuple((node[0].value, node[1], float(block.seconds[i, j])) for i, node in enumerate(nodes))
+        return _Part(kernels=kernels, gpu_s=float(block.gpu_s[j]), comm_s=float(block.comm_s[j]),
+                     num_launches=self._launches, short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
+                     worst_provenance=Provenance(int(block.worst[j])))
+
+    def _price_window(self, n: int) -> None:
+        size = _MIN_BLOCK
+        while size < len(self._where):
+            size *= 2
+        lo = (n - 1) // size * size + 1
+        ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in self._where], dtype=np.int64)
+        affine = self._affine
+        times = np.empty((len(affine.base), len(ns)))
+        provs = np.empty((len(affine.base), len(ns)), dtype=np.int64)
+        for _, rows in affine.groups:
+            t, p = self._cost.estimate_columns(affine.columns(rows, ns))
+            times[rows] = t.reshape(len(rows), len(ns))
+            provs[rows] = p.reshape(len(rows), len(ns))
+        seconds = np.empty((len(affine.nodes), len(ns)))
+        gpu, comm, gap = np.zeros(len(ns)), np.zeros(len(ns)), np.zeros(len(ns))
+        worst = np.full(len(ns), int(Provenance.MEASURED), dtype=np.int64)
+        # The sums run over the nodes in order, as `StepPricer._priced` adds them.
+        for i, ((kind, *_, repeat), row) in enumerate(zip(affine.nodes, affine.row_of, strict=True)):
+            time_s = times[row]
+            sec = seconds[i] = time_s * repeat
+            if kind.is_collective():
+                comm += sec
+            else:
+                gpu += sec
+            gap += np.maximum(0.0, self._eager - time_s) * repeat
+            np.maximum(worst, provs[row], out=worst)
+        block = _Block(seconds=seconds, gpu_s=gpu, comm_s=comm, short_kernel_gap_s=gap, worst=worst)
+        for j, m in enumerate(ns.tolist()):
+            self._where[m] = (block, j)
+
+
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
-                 decode_context_bucket_tokens: int = 16) -> None:
+                 decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True) -> None:
         self._sc = scenario
         self._cost = cost
         self._host = host
@@ -78,6 +229,7 @@ class StepPricer:
         self.counts: Counter[StepKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
+        self._blocks: dict[str, _BlockPricer | None] | None = {} if block_pricing and cost.prices_columns() else None
 
     def key(self, plan: StepPlan) -> StepKey:
         prefills: list[tuple[int, int, bool]] = []
@@ -178,20 +330,44 @@ class StepPricer:
         graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
         return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
 
+    def _token_nodes(self, num_tokens: int) -> _NodeList:
+        return self._non_attention_nodes(num_tokens, 0)
+
+    def _sampling_nodes(self, num_sampled: int) -> _NodeList:
+        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
+        unsampled = Counter(self._non_attention_nodes(num_sampled, 0))
+        return [node for node in self._non_attention_nodes(num_sampled, num_sampled) if unsampled[node] == 0]
+
+    def _block_part(self, which: str, n: int) -> _Part | None:
+        """The part from block pricing, or None where it does not apply."""
+        if self._blocks is None:
+            return None
+        if which not in self._blocks:
+            engine = self._sc.engine
+            assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
+            build, top = ((self._token_nodes, engine.max_num_batched_tokens) if which == "token"
+                          else (self._sampling_nodes, min(engine.max_num_seqs, engine.max_num_batched_tokens)))
+            checks = sorted({c for c in (3, 5, 17, 100, 1000, top - 1, top) if 2 < c <= top})
+            affine = _AffineNodes.of(build, checks)
+            self._blocks[which] = None if affine is None else _BlockPricer(
+                affine, self._cost, self._host.eager_launch_s, top)
+        pricer = self._blocks[which]
+        part = None if pricer is None else pricer.part(n)
+        if part is not None:
+            self.worst_provenance = max(self.worst_provenance, part.worst_provenance)
+        return part
+
     def _token_part(self, num_tokens: int) -> _Part:
         part = self._token_parts.get(num_tokens)
         if part is None:
-            part = self._priced(self._non_attention_nodes(num_tokens, 0))
+            part = self._block_part("token", num_tokens) or self._priced(self._token_nodes(num_tokens))
             self._token_parts[num_tokens] = part
         return part
 
     def _sampling_part(self, num_sampled: int) -> _Part:
-        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
         part = self._sampling_parts.get(num_sampled)
         if part is None:
-            unsampled = Counter(self._non_attention_nodes(num_sampled, 0))
-            part = self._priced([node for node in self._non_attention_nodes(num_sampled, num_sampled)
-                                 if unsampled[node] == 0])
+            part = self._block_part("sampling", num_sampled) or self._priced(self._sampling_nodes(num_sampled))
             self._sampling_parts[num_sampled] = part
         return part
 
