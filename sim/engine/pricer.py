@@ -28,7 +28,7 @@ long runs make few calls. Numbers are those of count-by-count pricing (a test co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -60,8 +60,10 @@ _MIN_BLOCK = 64
 class _Part:
     """Priced kernel nodes of one part of a step."""
 
-    kernels: tuple[tuple[str, str, float], ...]
-    """(kind, name, seconds in the step = launch time x repeat) per node."""
+    labels: tuple[tuple[str, str], ...]
+    """(kind, name) per node (one tuple shared by the parts of a block)."""
+    seconds: Sequence[float]
+    """Seconds of each node in the step (launch time x repeat)."""
     gpu_s: float
     comm_s: float
     num_launches: int
@@ -70,14 +72,53 @@ class _Part:
     worst_provenance: Provenance
 
 
-class _AffineNodes:
-    """Kernel nodes of a part as affine functions of a count n >= 1 (every numeric field of every
-    node is f(1) + (f(2) - f(1)) (n - 1), exactly: the fields are integer-valued floats)."""
+class _Template:
+    """The kernel nodes of a part as a function of a count n >= 1: node labels and repeats (the
+    same for every n), distinct kernel rows, and the rows' columns at many counts."""
+
+    def __init__(self, first: _NodeList) -> None:
+        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in first]
+        self.row_of: list[int] = list(range(len(first)))
+        self.num_rows = len(first)
+
+    def groups(self) -> list[list[int]]:
+        """Rows by (kind, dtype, group size, shape length): one kernel-model call each."""
+        out: dict[tuple[object, ...], list[int]] = {}
+        for (kind, _, dtype, group, ndim, _), row in zip(self.nodes, self.row_of, strict=True):
+            rows = out.setdefault((kind, dtype, group, ndim), [])
+            if row not in rows:
+                rows.append(row)
+        return list(out.values())
+
+    def same_nodes(self, nodes: _NodeList) -> bool:
+        return [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in nodes] == self.nodes
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
+        raise NotImplementedError
+
+
+class _BuiltNodes(_Template):
+    """Nodes built for every count (exact for any shape function; a Python object per kernel)."""
+
+    def __init__(self, build: Callable[[int], _NodeList]) -> None:
+        super().__init__(build(1))
+        self._build = build
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        built = [self._build(n) for n in ns.tolist()]
+        assert all(self.same_nodes(nodes) for nodes in built)
+        return KernelColumns.of([nodes[r][0] for r in rows for nodes in built])
+
+
+class _AffineNodes(_Template):
+    """Nodes whose every numeric field is f(1) + (f(2) - f(1)) (n - 1), exactly (the fields are
+    integer-valued floats): columns without building a graph per count."""
 
     def __init__(self, one: _NodeList, two: _NodeList) -> None:
-        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in one]
+        super().__init__(one)
         rows: dict[tuple[object, ...], int] = {}
-        self.row_of: list[int] = []
+        self.row_of = []
         self.base: list[tuple[list[float], list[int]]] = []
         self.step: list[tuple[list[float], list[int]]] = []
         for (w1, _), (w2, _) in zip(one, two, strict=True):
@@ -91,31 +132,21 @@ class _AffineNodes:
                 self.base.append(b)
                 self.step.append(d)
             self.row_of.append(rows[sig])
-        groups: dict[tuple[object, ...], list[int]] = {}
-        for (kind, _, dtype, group, ndim, _), row in zip(self.nodes, self.row_of, strict=True):
-            rows_of_group = groups.setdefault((kind, dtype, group, ndim), [])
-            if row not in rows_of_group:
-                rows_of_group.append(row)
-        self.groups = list(groups.items())
+        self.num_rows = len(self.base)
 
     @staticmethod
     def of(build: Callable[[int], _NodeList], checks: list[int]) -> _AffineNodes | None:
         """The affine form of `build`, or None if `build(n)` departs from it at any check count."""
         one, two = build(1), build(2)
-        same = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in two]
-        if len(one) != len(two) or same != [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r)
-                                             for w, r in one]:
-            return None
         affine = _AffineNodes(one, two)
+        if not affine.same_nodes(two):
+            return None
         for n in checks:
             real = build(n)
-            if len(real) != len(one):
+            if not affine.same_nodes(real):
                 return None
-            for (work, repeat), node, row in zip(real, affine.nodes, affine.row_of, strict=True):
-                (kind, name, dtype, group, ndim, rep), (b, d) = node, (affine.base[row], affine.step[row])
-                if (work.kind, work.name, work.dtype, work.group_size, len(work.shape), repeat) != (
-                        kind, name, dtype, group, ndim, rep):
-                    return None
+            for (work, _), row in zip(real, affine.row_of, strict=True):
+                b, d = affine.base[row], affine.step[row]
                 expected = [x + dx * (n - 1) for x, dx in zip(b[0], d[0], strict=True)]
                 if [getattr(work, f) for f in _FLOAT_FIELDS] != expected:
                     return None
@@ -124,10 +155,10 @@ class _AffineNodes:
         return affine
 
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
-        """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
         kind, _, dtype, group, _, _ = self.nodes[self.row_of.index(rows[0])]
         k = ns - 1
-        floats = [np.concatenate([self.base[r][0][i] + self.step[r][0][i] * k.astype(float) for r in rows])
+        kf = k.astype(float)
+        floats = [np.concatenate([self.base[r][0][i] + self.step[r][0][i] * kf for r in rows])
                   for i in range(len(_FLOAT_FIELDS))]
         ndim = len(self.base[rows[0]][1])
         shape = tuple(np.concatenate([self.base[r][1][i] + self.step[r][1][i] * k for r in rows])
@@ -151,27 +182,38 @@ class _Block:
 class _BlockPricer:
     """Parts of counts 1..`max_count` priced in windows (see the module docstring)."""
 
-    def __init__(self, affine: _AffineNodes, cost: StepCostModel, eager_launch_s: float, max_count: int) -> None:
-        self._affine = affine
+    def __init__(self, template: Callable[[], _Template | None], cost: StepCostModel, eager_launch_s: float,
+                 max_count: int) -> None:
+        self._make_template = template
+        self._template: _Template | None = None
         self._cost = cost
         self._eager = eager_launch_s
         self._max = max_count
         self._where: dict[int, tuple[_Block, int]] = {}
-        self._launches = sum(r for *_, r in affine.nodes)
+        self._misses = 0
+        self._labels: tuple[tuple[str, str], ...] = ()
+        self._launches = 0
 
     def part(self, n: int) -> _Part | None:
-        """The part of count `n`, or None outside 1..max_count."""
-        if not 1 <= n <= self._max:
-            return None
+        """The part of count `n`, or None where the caller prices it alone: outside 1..max_count,
+        on the first miss (a part asked for once needs no window), or when no template applies."""
         at = self._where.get(n)
         if at is None:
+            self._misses += 1
+            if not 1 <= n <= self._max or self._misses == 1:
+                return None
+            if self._template is None:
+                self._template = self._make_template()
+                if self._template is None:
+                    self._max = 0
+                    return None
+                self._labels = tuple((node[0].value, node[1]) for node in self._template.nodes)
+                self._launches = sum(node[-1] for node in self._template.nodes)
             self._price_window(n)
             at = self._where[n]
         block, j = at
-        nodes = self._affine.nodes
-        kernels = tuple((node[0].value, node[1], float(block.seconds[i, j])) for i, node in enumerate(nodes))
-        return _Part(kernels=kernels, gpu_s=float(block.gpu_s[j]), comm_s=float(block.comm_s[j]),
-                     num_launches=self._launches, short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
+        return _Part(labels=self._labels, seconds=block.seconds[:, j], gpu_s=float(block.gpu_s[j]),
+                     comm_s=float(block.comm_s[j]), num_launches=self._launches, short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
                      worst_provenance=Provenance(int(block.worst[j])))
 
     def _price_window(self, n: int) -> None:
@@ -180,10 +222,11 @@ class _BlockPricer:
             size *= 2
         lo = (n - 1) // size * size + 1
         ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in self._where], dtype=np.int64)
-        affine = self._affine
-        times = np.empty((len(affine.base), len(ns)))
-        provs = np.empty((len(affine.base), len(ns)), dtype=np.int64)
-        for _, rows in affine.groups:
+        affine = self._template
+        assert affine is not None
+        times = np.empty((affine.num_rows, len(ns)))
+        provs = np.empty((affine.num_rows, len(ns)), dtype=np.int64)
+        for rows in affine.groups():
             t, p = self._cost.estimate_columns(affine.columns(rows, ns))
             times[rows] = t.reshape(len(rows), len(ns))
             provs[rows] = p.reshape(len(rows), len(ns))
@@ -229,7 +272,8 @@ class StepPricer:
         self.counts: Counter[StepKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
-        self._blocks: dict[str, _BlockPricer | None] | None = {} if block_pricing and cost.prices_columns() else None
+        self._blocks: dict[tuple[object, ...], _BlockPricer] | None = (
+            {} if block_pricing and cost.prices_columns() else None)
 
     def key(self, plan: StepPlan) -> StepKey:
         prefills: list[tuple[int, int, bool]] = []
@@ -338,63 +382,91 @@ class StepPricer:
         unsampled = Counter(self._non_attention_nodes(num_sampled, 0))
         return [node for node in self._non_attention_nodes(num_sampled, num_sampled) if unsampled[node] == 0]
 
-    def _block_part(self, which: str, n: int) -> _Part | None:
-        """The part from block pricing, or None where it does not apply."""
+    def _block_part(self, which: tuple[object, ...], n: int) -> _Part | None:
+        """The part of count `n` of the part family `which` from block pricing, or None where it
+        does not apply (the caller prices the part alone)."""
         if self._blocks is None:
             return None
-        if which not in self._blocks:
-            engine = self._sc.engine
-            assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
-            build, top = ((self._token_nodes, engine.max_num_batched_tokens) if which == "token"
-                          else (self._sampling_nodes, min(engine.max_num_seqs, engine.max_num_batched_tokens)))
-            checks = sorted({c for c in (3, 5, 17, 100, 1000, top - 1, top) if 2 < c <= top})
-            affine = _AffineNodes.of(build, checks)
-            self._blocks[which] = None if affine is None else _BlockPricer(
-                affine, self._cost, self._host.eager_launch_s, top)
-        pricer = self._blocks[which]
-        part = None if pricer is None else pricer.part(n)
+        pricer = self._blocks.get(which)
+        if pricer is None:
+            pricer = self._blocks[which] = self._block_pricer(which)
+        part = pricer.part(n)
         if part is not None:
             self.worst_provenance = max(self.worst_provenance, part.worst_provenance)
         return part
 
+    def _block_pricer(self, which: tuple[object, ...]) -> _BlockPricer:
+        engine = self._sc.engine
+        assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
+        max_tokens, max_seqs = engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens)
+
+        def affine(build: Callable[[int], _NodeList], top: int) -> Callable[[], _Template | None]:
+            checks = sorted({c for c in (3, 5, 17, 100, 1000, top - 1, top) if 2 < c <= top})
+            return lambda: _AffineNodes.of(build, checks)
+
+        kind = which[0]
+        if kind == "token":
+            return _BlockPricer(affine(self._token_nodes, max_tokens), self._cost, self._host.eager_launch_s, max_tokens)
+        if kind == "sampling":
+            return _BlockPricer(affine(self._sampling_nodes, max_seqs), self._cost, self._host.eager_launch_s, max_seqs)
+        if kind == "decode":
+            mean = int(which[1])  # type: ignore[call-overload]
+            return _BlockPricer(affine(lambda n: self._decode_nodes(n, mean), max_seqs), self._cost,
+                                self._host.eager_launch_s, max_seqs)
+        assert kind == "prefill"
+        context, count = int(which[1]), int(which[2])  # type: ignore[call-overload]
+        # Attention FLOPs grow with the square of the chunk: nodes built per count, priced in columns.
+        return _BlockPricer(lambda: _BuiltNodes(lambda n: self._prefill_nodes(n, context, count)), self._cost,
+                            self._host.eager_launch_s, max_tokens)
+
     def _token_part(self, num_tokens: int) -> _Part:
         part = self._token_parts.get(num_tokens)
         if part is None:
-            part = self._block_part("token", num_tokens) or self._priced(self._token_nodes(num_tokens))
+            part = self._block_part(("token",), num_tokens) or self._priced(self._token_nodes(num_tokens))
             self._token_parts[num_tokens] = part
         return part
 
     def _sampling_part(self, num_sampled: int) -> _Part:
         part = self._sampling_parts.get(num_sampled)
         if part is None:
-            part = self._block_part("sampling", num_sampled) or self._priced(self._sampling_nodes(num_sampled))
+            part = (self._block_part(("sampling",), num_sampled)
+                    or self._priced(self._sampling_nodes(num_sampled)))
             self._sampling_parts[num_sampled] = part
         return part
 
+    def _prefill_nodes(self, new_tokens: int, context_tokens: int, count: int) -> _NodeList:
+        s, p = self._shapes, self._sc.precision
+        return [(prefill_attention_work(
+            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
+            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
+            kv=p.kv_cache_dtype), layers) for window, layers in self._windows]
+
+    def _decode_nodes(self, num_decode: int, mean_context_tokens: int) -> _NodeList:
+        s, p = self._shapes, self._sc.precision
+        contexts = (mean_context_tokens,) * num_decode
+        return [(decode_attention_work(
+            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self._windows]
+
     def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> _Part:
-        part = self._prefill_parts.get((new_tokens, context_tokens, count))
+        key = (new_tokens, context_tokens, count)
+        part = self._prefill_parts.get(key)
         if part is None:
-            s, p = self._shapes, self._sc.precision
-            part = self._priced([(prefill_attention_work(
-                batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
-                kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
-                kv=p.kv_cache_dtype), layers) for window, layers in self._windows])
-            self._prefill_parts[(new_tokens, context_tokens, count)] = part
+            part = (self._block_part(("prefill", context_tokens, count), new_tokens)
+                    or self._priced(self._prefill_nodes(new_tokens, context_tokens, count)))
+            self._prefill_parts[key] = part
         return part
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> _Part:
         part = self._decode_parts.get((num_decode, mean_context_tokens))
         if part is None:
-            s, p = self._shapes, self._sc.precision
-            contexts = (mean_context_tokens,) * num_decode
-            part = self._priced([(decode_attention_work(
-                contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-                act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self._windows])
+            part = (self._block_part(("decode", mean_context_tokens), num_decode)
+                    or self._priced(self._decode_nodes(num_decode, mean_context_tokens)))
             self._decode_parts[(num_decode, mean_context_tokens)] = part
         return part
 
     def _priced(self, nodes: list[tuple[KernelWork, int]]) -> _Part:
-        kernels = []
+        labels, secs = [], []
         gpu = comm = gap = 0.0
         launches = 0
         worst = Provenance.MEASURED
@@ -410,7 +482,8 @@ class StepPricer:
                 self._by_signature[signature] = priced
             time_s, provenance = priced
             seconds = time_s * repeat
-            kernels.append((work.kind.value, work.name, seconds))
+            labels.append((work.kind.value, work.name))
+            secs.append(seconds)
             if work.kind.is_collective():
                 comm += seconds
             else:
@@ -419,7 +492,7 @@ class StepPricer:
             launches += repeat
             worst = max(worst, provenance)
         self.worst_provenance = max(self.worst_provenance, worst)
-        return _Part(kernels=tuple(kernels), gpu_s=gpu, comm_s=comm, num_launches=launches,
+        return _Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
                      short_kernel_gap_s=gap, worst_provenance=worst)
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
@@ -441,7 +514,8 @@ class StepPricer:
         by_kind: dict[str, float] = {}
         by_name: dict[str, float] = {}
         for part, count in part_counts.values():
-            for kind, name, seconds in part.kernels:
+            for (kind, name), seconds in zip(part.labels, part.seconds, strict=True):
+                seconds = float(seconds)
                 by_kind[kind] = by_kind.get(kind, 0.0) + seconds * count
                 by_name[name] = by_name.get(name, 0.0) + seconds * count
         return by_kind, by_name, host, floor

@@ -62,8 +62,12 @@ def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str)
         assert isinstance(scenario_efficiency(sc), FittedEfficiency)  # the shipped h100_sxm calibration
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
-    block.step_s((((100, 0, True),), 3, 64))
-    assert block._blocks is not None and all(p is not None for p in block._blocks.values())
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), 3, 64))
+        block.step_s((((t, 0, True),), 4, 64))
+    assert block._blocks is not None
+    assert set(block._blocks) == {("token",), ("sampling",), ("prefill", 0, 1), ("decode", 64)}
+    assert all(p._template is not None for p in block._blocks.values())
 
 
 @pytest.mark.parametrize("overrides", [
@@ -79,9 +83,11 @@ def test_moe_token_part_is_not_affine_and_falls_back_to_count_by_count() -> None
     sc = load_scenario(MIXTRAL)
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
-    block.step_s((((100, 0, True),), 0, 0))
-    assert block._blocks == {"token": None, "sampling": block._blocks["sampling"]}
-    assert block._blocks["sampling"] is not None
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), t - 90, 64))
+    assert block._blocks is not None
+    assert block._blocks[("token",)]._template is None  # expected active experts: not affine
+    assert block._blocks[("sampling",)]._template is not None
 
 
 class _ScalarOnly:
