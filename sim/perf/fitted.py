@@ -274,9 +274,17 @@ class FittedEfficiency:
                 group = corr.groups.get((*key[:i], POOLED, *key[i + 1:]))
             if group is not None:
                 offset, points, alpha, _ = group
-                z = correction_coordinates(family, prims) / corr.length_scales
-                diff = points[None, :, :] - z[:, None, :]
-                y = y + (offset + np.exp(-0.5 * np.einsum("rij,rij->ri", diff, diff)) @ alpha)
+                # |z - p|^2 as |z'|^2 + |p'|^2 - 2 z'.p' about the points' centre (no n x m x d array;
+                # centring keeps the cancellation error ~1e-15 of the distances).
+                centre = points.mean(0)
+                pc = points - centre
+                z = correction_coordinates(family, prims) / corr.length_scales - centre
+                sq = z @ (-2.0 * pc.T)
+                sq += (z * z).sum(1)[:, None]
+                sq += (pc * pc).sum(1)[None, :]
+                np.maximum(sq, 0.0, out=sq)
+                sq *= -0.5
+                y = y + (offset + np.exp(sq, out=sq) @ alpha)
                 corrected[:] = True
         return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside, corrected
 
