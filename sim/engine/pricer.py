@@ -511,11 +511,17 @@ class StepPricer:
             hc = self._host_cost(key, launches, gap)
             host += (hc.cpu_s + hc.launch_s) * count
             floor += hc.launch_floor_s * count
+        # Parts with the same node labels (a block's, or alike parts) are summed as one matrix.
+        by_labels: dict[tuple[tuple[str, str], ...], tuple[list[Sequence[float]], list[int]]] = {}
+        for part, count in part_counts.values():
+            seconds, counts = by_labels.setdefault(part.labels, ([], []))
+            seconds.append(part.seconds)
+            counts.append(count)
         by_kind: dict[str, float] = {}
         by_name: dict[str, float] = {}
-        for part, count in part_counts.values():
-            for (kind, name), seconds in zip(part.labels, part.seconds, strict=True):
-                seconds = float(seconds)
-                by_kind[kind] = by_kind.get(kind, 0.0) + seconds * count
-                by_name[name] = by_name.get(name, 0.0) + seconds * count
+        for labels, (seconds, counts) in by_labels.items():
+            totals = np.asarray(counts, dtype=float) @ np.asarray(seconds, dtype=float).reshape(len(seconds), -1)
+            for (kind, name), total in zip(labels, totals.tolist(), strict=True):
+                by_kind[kind] = by_kind.get(kind, 0.0) + total
+                by_name[name] = by_name.get(name, 0.0) + total
         return by_kind, by_name, host, floor
