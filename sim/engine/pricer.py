@@ -255,8 +255,10 @@ class StepPricer:
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
-        self._decode_memo: dict[StepKey, float] = {}
-        """Step seconds of decode-only keys, which repeat; steps with prefill chunks rarely do."""
+        self._memo: dict[StepKey, float] = {}
+        """Step seconds per key (no more entries than `counts`)."""
+        self._key_parts: dict[StepKey, tuple[list[_Part], HostCost]] = {}
+        """Parts and host cost of each key priced (for the breakdown)."""
         self._token_parts: dict[int, _Part] = {}
         self._sampling_parts: dict[int, _Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], _Part] = {}
@@ -297,20 +299,18 @@ class StepPricer:
         yet counted in the breakdown: the caller adds `counts[key] += 1` if the step runs."""
         bucket = self._bucket
         key: StepKey = ((), num_decode, max(bucket, round(total_context_tokens / num_decode / bucket) * bucket))
-        step_s = self._decode_memo.get(key)
+        step_s = self._memo.get(key)
         if step_s is None:
-            step_s = self._decode_memo[key] = self.step_s(key)
+            step_s = self._memo[key] = self.step_s(key)
         return key, step_s
 
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""
         key = self.key(plan)
         self.counts[key] += 1
-        if key[0]:
-            return self.step_s(key)
-        step_s = self._decode_memo.get(key)
+        step_s = self._memo.get(key)
         if step_s is None:
-            step_s = self._decode_memo[key] = self.step_s(key)
+            step_s = self._memo[key] = self.step_s(key)
         return step_s
 
     def step_s(self, key: StepKey) -> float:
@@ -324,6 +324,7 @@ class StepPricer:
             gap += p.short_kernel_gap_s
             launches += p.num_launches
         host = self._host_cost(key, launches, gap)
+        self._key_parts[key] = (parts, host)
         return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
 
     def _parts(self, key: StepKey) -> list[_Part]:
@@ -499,16 +500,16 @@ class StepPricer:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""
         part_counts: dict[int, tuple[_Part, int]] = {}
         host = floor = 0.0
+        key_parts = self._key_parts
         for key, count in self.counts.items():
-            parts = self._parts(key)
-            launches = 0
-            gap = 0.0
+            priced = key_parts.get(key)
+            if priced is None:
+                self.step_s(key)
+                priced = key_parts[key]
+            parts, hc = priced
             for part in parts:
                 seen = part_counts.get(id(part))
                 part_counts[id(part)] = (part, count if seen is None else seen[1] + count)
-                launches += part.num_launches
-                gap += part.short_kernel_gap_s
-            hc = self._host_cost(key, launches, gap)
             host += (hc.cpu_s + hc.launch_s) * count
             floor += hc.launch_floor_s * count
         # Parts with the same node labels (a block's, or alike parts) are summed as one matrix.
