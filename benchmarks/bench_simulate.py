@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.api import load_scenario, simulate
-from sim.engine.pricer import StepPricer, _BlockPricer
+from sim.engine.pricer import StepPricer, _BlockPricer, _Nodes
 from sim.engine.simulation import SimLimits
 
 SCENARIO = "scenarios/llama3_70b-h100-tp4.toml"
@@ -38,7 +38,7 @@ class _PricingClock:
         self._depth = 0
 
     def install(self) -> None:
-        for cls, name in ((StepPricer, "_non_attention_nodes"), (StepPricer, "_priced"), (_BlockPricer, "part")):
+        for cls, name in ((_Nodes, "non_attention"), (StepPricer, "_priced"), (_BlockPricer, "part")):
             setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:

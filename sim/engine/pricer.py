@@ -213,7 +213,8 @@ class _BlockPricer:
             at = self._where[n]
         block, j = at
         return _Part(labels=self._labels, seconds=block.seconds[:, j], gpu_s=float(block.gpu_s[j]),
-                     comm_s=float(block.comm_s[j]), num_launches=self._launches, short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
+                     comm_s=float(block.comm_s[j]), num_launches=self._launches,
+                     short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
                      worst_provenance=Provenance(int(block.worst[j])))
 
     def _price_window(self, n: int) -> None:
@@ -248,6 +249,48 @@ class _BlockPricer:
             self._where[m] = (block, j)
 
 
+class _Nodes:
+    """The kernel nodes of each kind of part, from the scenario alone (no reference back to the
+    pricer, so the pricer's memos are freed by reference counting)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._sc = scenario
+        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
+        self.windows = sorted(Counter(scenario.model.layer_window_tokens).items())
+
+    def non_attention(self, num_tokens: int, num_sampled: int) -> _NodeList:
+        """Kernels other than attention of any batch with these token and sampled counts."""
+        prefills: tuple[PrefillChunk, ...] = ()
+        if num_tokens > num_sampled:
+            prefills = (PrefillChunk(new_tokens=num_tokens - num_sampled, samples=False),)
+        batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
+        sc = self._sc
+        graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
+        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
+
+    def token(self, num_tokens: int) -> _NodeList:
+        return self.non_attention(num_tokens, 0)
+
+    def sampling(self, num_sampled: int) -> _NodeList:
+        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
+        unsampled = Counter(self.non_attention(num_sampled, 0))
+        return [node for node in self.non_attention(num_sampled, num_sampled) if unsampled[node] == 0]
+
+    def prefill(self, new_tokens: int, context_tokens: int, count: int) -> _NodeList:
+        s, p = self._shapes, self._sc.precision
+        return [(prefill_attention_work(
+            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
+            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
+            kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+
+    def decode(self, num_decode: int, mean_context_tokens: int) -> _NodeList:
+        s, p = self._shapes, self._sc.precision
+        contexts = (mean_context_tokens,) * num_decode
+        return [(decode_attention_work(
+            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+
+
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
                  decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True) -> None:
@@ -265,8 +308,7 @@ class StepPricer:
         self._decode_parts: dict[tuple[int, int], _Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
-        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
-        self._windows = sorted(Counter(scenario.model.layer_window_tokens).items())
+        self._nodes = _Nodes(scenario)
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
@@ -365,24 +407,6 @@ class StepPricer:
         return host
 
     # -- parts ---------------------------------------------------------------------------------
-    def _non_attention_nodes(self, num_tokens: int, num_sampled: int) -> list[tuple[KernelWork, int]]:
-        """Kernels other than attention of any batch with these token and sampled counts."""
-        prefills: tuple[PrefillChunk, ...] = ()
-        if num_tokens > num_sampled:
-            prefills = (PrefillChunk(new_tokens=num_tokens - num_sampled, samples=False),)
-        batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
-        sc = self._sc
-        graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
-        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
-
-    def _token_nodes(self, num_tokens: int) -> _NodeList:
-        return self._non_attention_nodes(num_tokens, 0)
-
-    def _sampling_nodes(self, num_sampled: int) -> _NodeList:
-        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
-        unsampled = Counter(self._non_attention_nodes(num_sampled, 0))
-        return [node for node in self._non_attention_nodes(num_sampled, num_sampled) if unsampled[node] == 0]
-
     def _block_part(self, which: tuple[object, ...], n: int) -> _Part | None:
         """The part of count `n` of the part family `which` from block pricing, or None where it
         does not apply (the caller prices the part alone)."""
@@ -405,25 +429,24 @@ class StepPricer:
             checks = sorted({c for c in (3, 5, 17, 100, 1000, top - 1, top) if 2 < c <= top})
             return lambda: _AffineNodes.of(build, checks)
 
-        kind = which[0]
+        kind, nodes, eager = which[0], self._nodes, self._host.eager_launch_s
         if kind == "token":
-            return _BlockPricer(affine(self._token_nodes, max_tokens), self._cost, self._host.eager_launch_s, max_tokens)
+            return _BlockPricer(affine(nodes.token, max_tokens), self._cost, eager, max_tokens)
         if kind == "sampling":
-            return _BlockPricer(affine(self._sampling_nodes, max_seqs), self._cost, self._host.eager_launch_s, max_seqs)
+            return _BlockPricer(affine(nodes.sampling, max_seqs), self._cost, eager, max_seqs)
         if kind == "decode":
             mean = int(which[1])  # type: ignore[call-overload]
-            return _BlockPricer(affine(lambda n: self._decode_nodes(n, mean), max_seqs), self._cost,
-                                self._host.eager_launch_s, max_seqs)
+            return _BlockPricer(affine(lambda n: nodes.decode(n, mean), max_seqs), self._cost, eager, max_seqs)
         assert kind == "prefill"
         context, count = int(which[1]), int(which[2])  # type: ignore[call-overload]
         # Attention FLOPs grow with the square of the chunk: nodes built per count, priced in columns.
-        return _BlockPricer(lambda: _BuiltNodes(lambda n: self._prefill_nodes(n, context, count)), self._cost,
-                            self._host.eager_launch_s, max_tokens)
+        return _BlockPricer(lambda: _BuiltNodes(lambda n: nodes.prefill(n, context, count)), self._cost, eager,
+                            max_tokens)
 
     def _token_part(self, num_tokens: int) -> _Part:
         part = self._token_parts.get(num_tokens)
         if part is None:
-            part = self._block_part(("token",), num_tokens) or self._priced(self._token_nodes(num_tokens))
+            part = self._block_part(("token",), num_tokens) or self._priced(self._nodes.token(num_tokens))
             self._token_parts[num_tokens] = part
         return part
 
@@ -431,30 +454,16 @@ class StepPricer:
         part = self._sampling_parts.get(num_sampled)
         if part is None:
             part = (self._block_part(("sampling",), num_sampled)
-                    or self._priced(self._sampling_nodes(num_sampled)))
+                    or self._priced(self._nodes.sampling(num_sampled)))
             self._sampling_parts[num_sampled] = part
         return part
-
-    def _prefill_nodes(self, new_tokens: int, context_tokens: int, count: int) -> _NodeList:
-        s, p = self._shapes, self._sc.precision
-        return [(prefill_attention_work(
-            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
-            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
-            kv=p.kv_cache_dtype), layers) for window, layers in self._windows]
-
-    def _decode_nodes(self, num_decode: int, mean_context_tokens: int) -> _NodeList:
-        s, p = self._shapes, self._sc.precision
-        contexts = (mean_context_tokens,) * num_decode
-        return [(decode_attention_work(
-            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self._windows]
 
     def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> _Part:
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
         if part is None:
             part = (self._block_part(("prefill", context_tokens, count), new_tokens)
-                    or self._priced(self._prefill_nodes(new_tokens, context_tokens, count)))
+                    or self._priced(self._nodes.prefill(new_tokens, context_tokens, count)))
             self._prefill_parts[key] = part
         return part
 
@@ -462,7 +471,7 @@ class StepPricer:
         part = self._decode_parts.get((num_decode, mean_context_tokens))
         if part is None:
             part = (self._block_part(("decode", mean_context_tokens), num_decode)
-                    or self._priced(self._decode_nodes(num_decode, mean_context_tokens)))
+                    or self._priced(self._nodes.decode(num_decode, mean_context_tokens)))
             self._decode_parts[(num_decode, mean_context_tokens)] = part
         return part
 

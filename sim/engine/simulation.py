@@ -19,12 +19,14 @@ the clock. ITL values are kept exactly, as counts per distinct value.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sim.engine.pricer import StepKey, StepPricer
@@ -47,6 +49,24 @@ class SimLimits:
     bulk_decode: bool = True
     """Advance running decodes in bulk (same results, cost per step independent of the batch);
     False runs the request-by-request reference path."""
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Cyclic garbage collection off for the block (restored after, as it was).
+
+    The event loop allocates many small objects and makes almost no reference cycles (a few
+    hundred per 10,000 requests), so the collector's passes over the live requests, records and
+    memoized parts cost ~10% of a run and reclaim nearly nothing; reference counting frees the
+    rest as usual.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[RequestState]:
@@ -120,6 +140,10 @@ class Simulation:
         return list(zip(self.kv_time_s, self.kv_usage_frac, strict=True))
 
     def run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
+        with gc_paused():
+            return self._run(requests)
+
+    def _run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         arrivals = list(requests)
         if any(a.arrival_s > b.arrival_s for a, b in itertools.pairwise(arrivals)):
             arrivals.sort(key=lambda r: r.arrival_s)
