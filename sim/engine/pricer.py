@@ -53,7 +53,7 @@ _ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
 _WorkSignature = tuple[object, ...]
 _NodeList = list[tuple[KernelWork, int]]
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
-_MIN_BLOCK = 64
+_MIN_BLOCK = 128
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -336,15 +336,30 @@ class StepPricer:
             prefills.sort()
         return tuple(prefills), num_decode, mean
 
-    def decode_step(self, num_decode: int, total_context_tokens: int) -> tuple[StepKey, float]:
-        """Key and seconds of a step of decodes only, as `price` gives for such a plan, but not
-        yet counted in the breakdown: the caller adds `counts[key] += 1` if the step runs."""
-        bucket = self._bucket
-        key: StepKey = ((), num_decode, max(bucket, round(total_context_tokens / num_decode / bucket) * bucket))
-        step_s = self._memo.get(key)
-        if step_s is None:
-            step_s = self._memo[key] = self.step_s(key)
-        return key, step_s
+    def decode_run(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
+                   max_time_s: float) -> list[tuple[StepKey, float, float]]:
+        """(key, seconds, end time) of consecutive decode-only steps of `num_decode` requests whose
+        total context is `context_tokens` at the first and grows by `num_decode` per step, from
+        `now_s`: at most `max_steps`, each ending before `horizon_s` and not after `max_time_s`.
+        The same keys and seconds as `decode_step` step by step; not counted in the breakdown."""
+        bucket, memo = self._bucket, self._memo
+        run: list[tuple[StepKey, float, float]] = []
+        last_mean = -1
+        key: StepKey = ((), num_decode, 0)
+        step_s = 0.0
+        for j in range(max_steps):
+            mean = max(bucket, round((context_tokens + j * num_decode) / num_decode / bucket) * bucket)
+            if mean != last_mean:
+                last_mean = mean
+                key = ((), num_decode, mean)
+                cached = memo.get(key)
+                step_s = memo[key] = self.step_s(key) if cached is None else cached
+            end_s = now_s + step_s
+            if end_s >= horizon_s or end_s > max_time_s:
+                break
+            run.append((key, step_s, end_s))
+            now_s = end_s
+        return run
 
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""

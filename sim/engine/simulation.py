@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sim.engine.pricer import StepKey, StepPricer
+from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -262,10 +262,11 @@ class Simulation:
         replica = self._replicas[idx]
         scheduler = replica.scheduler
         num_blocks = scheduler.kv.num_blocks
-        decode_step = self._pricer.decode_step
+        decode_run = self._pricer.decode_run
         counts = self._pricer.counts
         itl = self.itl
         limits = self._limits
+        time_append, usage_append = self.kv_time_s.append, self.kv_usage_frac.append
         while True:
             shape = scheduler.next_bulk_decode_steps()
             if shape is None:
@@ -273,24 +274,18 @@ class Simulation:
             num_decode, context_tokens, until_finish = shape
             horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
             max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
-            now = self.now_s
-            run: list[tuple[StepKey, float, float]] = []
-            for j in range(max_steps):
-                key, step_s = decode_step(num_decode, context_tokens + j * num_decode)
-                end_s = now + step_s
-                if end_s >= horizon_s or end_s > limits.max_sim_time_s:
-                    break
-                run.append((key, step_s, end_s))
-                now = end_s
+            run = decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s, limits.max_sim_time_s)
             if not run:
                 return []  # _start_step plans this step and queues its end
             steps, finished, free_after = scheduler.run_bulk_decode_steps(len(run))
+            busy_s = replica.busy_s
             for (key, step_s, end_s), free in zip(run[:steps], free_after, strict=True):
                 counts[key] += 1
-                replica.busy_s += step_s
+                busy_s += step_s
                 itl[step_s] = itl.get(step_s, 0) + num_decode
-                self.kv_time_s.append(end_s)
-                self.kv_usage_frac.append((num_blocks - free) / num_blocks)
+                time_append(end_s)
+                usage_append((num_blocks - free) / num_blocks)
+            replica.busy_s = busy_s
             self.num_steps += steps
             self.now_s = run[steps - 1][2]
             for req in finished:
