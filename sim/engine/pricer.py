@@ -28,7 +28,7 @@ long runs make few calls. Numbers are those of count-by-count pricing (a test co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -62,7 +62,7 @@ class _Part:
 
     labels: tuple[tuple[str, str], ...]
     """(kind, name) per node (one tuple shared by the parts of a block)."""
-    seconds: Sequence[float]
+    seconds: tuple[float, ...] | np.ndarray
     """Seconds of each node in the step (launch time x repeat)."""
     gpu_s: float
     comm_s: float
@@ -537,7 +537,7 @@ class StepPricer:
             host += (hc.cpu_s + hc.launch_s) * count
             floor += hc.launch_floor_s * count
         # Parts with the same node labels (a block's, or alike parts) are summed as one matrix.
-        by_labels: dict[tuple[tuple[str, str], ...], tuple[list[Sequence[float]], list[int]]] = {}
+        by_labels: dict[tuple[tuple[str, str], ...], tuple[list[tuple[float, ...] | np.ndarray], list[int]]] = {}
         for part, count in part_counts.values():
             seconds, counts = by_labels.setdefault(part.labels, ([], []))
             seconds.append(part.seconds)
