@@ -15,14 +15,19 @@ The parts are exactly the nodes `build_step_graph` gives for the key's batch (te
 two), and kernels that differ only by name are priced once. Accumulated per-key counts give the
 kernel breakdown of a run without touching per-kernel data in the loop.
 
-Block pricing (when the efficiency model prices columns, `ColumnEfficiencyModel`): a token count
-(or sampled count) not seen before is priced together with the other unpriced counts of an
-aligned window around it, in one vectorised kernel-model call per kernel kind. The kernels of
-those parts have fields affine in the count (GEMM m, pointwise tokens, collective bytes): the
-pricer builds the graph at counts 1 and 2, checks the affine form exactly against real graphs
-at several other counts (else it prices count by count, e.g. MoE), and fills the columns from it.
-The window doubles with the number of counts priced (64 first), so short runs price little and
-long runs make few calls. Numbers are those of count-by-count pricing (a test compares them).
+Block pricing (when the efficiency model prices columns, `ColumnEfficiencyModel`). Each part
+family is indexed by one count: the token part by the token count, the sampling part by the
+sampled count, a prefill part by its new tokens (for one context and multiplicity), a decode part
+by its decode count (for one mean context). From the second part of a family not seen before, a
+miss prices every unpriced count of an aligned window around it (128 counts first, then as wide
+as the counts the family has priced, so short runs price little and long runs make few calls) in
+one vectorised kernel-model call per kernel kind, and keeps them. The token, sampling and decode
+parts have kernel fields affine in the count (GEMM m, pointwise tokens, collective bytes, decode
+batch): their columns come from the nodes at counts 1 and 2, after an exact check against the
+real nodes at several other counts (a family that fails it, e.g. MoE expert counts, is priced
+count by count). Prefill attention grows with the square of the chunk, so its nodes are built
+per count and only the kernel model is vectorised. Prices equal count-by-count pricing to float
+rounding (tests compare them, per step and in the breakdown).
 """
 
 from __future__ import annotations
