@@ -21,12 +21,13 @@ sampled count, a prefill part by its new tokens (for one context and multiplicit
 by its decode count (for one mean context). From the second part of a family not seen before, a
 miss prices every unpriced count of an aligned window around it (128 counts first, then as wide
 as the counts the family has priced, so short runs price little and long runs make few calls) in
-one vectorised kernel-model call per kernel kind, and keeps them. The token, sampling and decode
-parts have kernel fields affine in the count (GEMM m, pointwise tokens, collective bytes, decode
-batch): their columns come from the nodes at counts 1 and 2, after an exact check against the
-real nodes at several other counts (a family that fails it, e.g. MoE expert counts, is priced
-count by count). Prefill attention grows with the square of the chunk, so its nodes are built
-per count and only the kernel model is vectorised. Prices equal count-by-count pricing to float
+one vectorised kernel-model call per kernel kind, and keeps them. The kernel fields of these
+parts are polynomials of degree <= 2 in the count (GEMM m, pointwise tokens, collective bytes and
+decode batch are linear; prefill attention FLOPs quadratic): their columns come from the nodes at
+counts 1, 2 and 3, after an exact check against the real nodes at enough other counts to rule
+out a second piece (`_PolynomialNodes.checks`). A family that fails the check is priced count by
+count (MoE: expected experts hit), or, for prefill attention with a sliding window, with nodes
+built per count and the kernel model vectorised. Prices equal count-by-count pricing to float
 rounding (tests compare them, per step and in the breakdown).
 """
 
@@ -116,57 +117,74 @@ class _BuiltNodes(_Template):
         return KernelColumns.of([nodes[r][0] for r in rows for nodes in built])
 
 
-class _AffineNodes(_Template):
-    """Nodes whose every numeric field is f(1) + (f(2) - f(1)) (n - 1), exactly (the fields are
-    integer-valued floats): columns without building a graph per count."""
+class _PolynomialNodes(_Template):
+    """Nodes whose every numeric field is a polynomial of degree <= 2 in the count n, in Newton
+    form f(1) + d1 k + d2 k (k - 1) / 2 with k = n - 1 (d1, d2 the differences at counts 1, 2, 3),
+    evaluated exactly: the fields are integer-valued floats. Columns without building nodes per
+    count."""
 
-    def __init__(self, one: _NodeList, two: _NodeList) -> None:
+    def __init__(self, one: _NodeList, two: _NodeList, three: _NodeList) -> None:
         super().__init__(one)
         rows: dict[tuple[object, ...], int] = {}
         self.row_of = []
-        self.base: list[tuple[list[float], list[int]]] = []
-        self.step: list[tuple[list[float], list[int]]] = []
-        for (w1, _), (w2, _) in zip(one, two, strict=True):
-            b = ([getattr(w1, f) for f in _FLOAT_FIELDS], list(w1.shape))
-            d = ([getattr(w2, f) - getattr(w1, f) for f in _FLOAT_FIELDS],
-                 [x2 - x1 for x1, x2 in zip(w1.shape, w2.shape, strict=True)])
+        self.coef: list[tuple[list[tuple[float, float, float]], list[tuple[int, int, int]]]] = []
+        for (w1, _), (w2, _), (w3, _) in zip(one, two, three, strict=True):
+            f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
+            floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
+            shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
             # Kernels alike but for the name are one row (priced once, as `_by_signature` does).
-            sig = (w1.kind, w1.dtype, w1.group_size, tuple(b[0]), tuple(b[1]), tuple(d[0]), tuple(d[1]))
+            sig = (w1.kind, w1.dtype, w1.group_size, tuple(floats), tuple(shape))
             if sig not in rows:
-                rows[sig] = len(self.base)
-                self.base.append(b)
-                self.step.append(d)
+                rows[sig] = len(self.coef)
+                self.coef.append((floats, shape))
             self.row_of.append(rows[sig])
-        self.num_rows = len(self.base)
+        self.num_rows = len(self.coef)
 
     @staticmethod
-    def of(build: Callable[[int], _NodeList], checks: list[int]) -> _AffineNodes | None:
-        """The affine form of `build`, or None if `build(n)` departs from it at any check count."""
-        one, two = build(1), build(2)
-        affine = _AffineNodes(one, two)
-        if not affine.same_nodes(two):
+    def checks(top: int) -> list[int]:
+        """Counts where the form is checked: powers of two, the top three and a few others.
+
+        A field that is one polynomial of degree <= 2 on either side of one breakpoint (prefill
+        attention: full below the window, capped above) and matches the form at all of them is
+        that polynomial everywhere in 1..top: the side above the breakpoint holds at least three
+        of these counts.
+        """
+        points = {top - 2, top - 1, top, 5, 17, 100, 1000}
+        k = 4
+        while k <= top:
+            points.add(k)
+            k *= 2
+        return sorted(c for c in points if 3 < c <= top)
+
+    @staticmethod
+    def of(build: Callable[[int], _NodeList], top: int) -> _PolynomialNodes | None:
+        """The form of `build` on counts 1..top, or None if `build(n)` departs from it at any check."""
+        one, two, three = build(1), build(2), build(3)
+        poly = _PolynomialNodes(one, two, three)
+        if not (poly.same_nodes(two) and poly.same_nodes(three)):
             return None
-        for n in checks:
+        for n in _PolynomialNodes.checks(top):
             real = build(n)
-            if not affine.same_nodes(real):
+            if not poly.same_nodes(real):
                 return None
-            for (work, _), row in zip(real, affine.row_of, strict=True):
-                b, d = affine.base[row], affine.step[row]
-                expected = [x + dx * (n - 1) for x, dx in zip(b[0], d[0], strict=True)]
-                if [getattr(work, f) for f in _FLOAT_FIELDS] != expected:
+            k, tri = n - 1, (n - 1) * (n - 2) // 2
+            for (work, _), row in zip(real, poly.row_of, strict=True):
+                floats, shape = poly.coef[row]
+                if [getattr(work, f) for f in _FLOAT_FIELDS] != [a + d1 * k + d2 * tri for a, d1, d2 in floats]:
                     return None
-                if list(work.shape) != [x + dx * (n - 1) for x, dx in zip(b[1], d[1], strict=True)]:
+                if list(work.shape) != [a + d1 * k + d2 * tri for a, d1, d2 in shape]:
                     return None
-        return affine
+        return poly
 
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
         kind, _, dtype, group, _, _ = self.nodes[self.row_of.index(rows[0])]
         k = ns - 1
-        kf = k.astype(float)
-        floats = [np.concatenate([self.base[r][0][i] + self.step[r][0][i] * kf for r in rows])
+        tri = k * (k - 1) // 2
+        kf, trif = k.astype(float), tri.astype(float)
+        floats = [np.concatenate([a + d1 * kf + d2 * trif for a, d1, d2 in (self.coef[r][0][i] for r in rows)])
                   for i in range(len(_FLOAT_FIELDS))]
-        ndim = len(self.base[rows[0]][1])
-        shape = tuple(np.concatenate([self.base[r][1][i] + self.step[r][1][i] * k for r in rows])
+        ndim = len(self.coef[rows[0]][1])
+        shape = tuple(np.concatenate([a + d1 * k + d2 * tri for a, d1, d2 in (self.coef[r][1][i] for r in rows)])
                       for i in range(ndim))
         by_name = dict(zip(_FLOAT_FIELDS, floats, strict=True))
         return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape, **by_name)
@@ -228,19 +246,19 @@ class _BlockPricer:
             size *= 2
         lo = (n - 1) // size * size + 1
         ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in self._where], dtype=np.int64)
-        affine = self._template
-        assert affine is not None
-        times = np.empty((affine.num_rows, len(ns)))
-        provs = np.empty((affine.num_rows, len(ns)), dtype=np.int64)
-        for rows in affine.groups():
-            t, p = self._cost.estimate_columns(affine.columns(rows, ns))
+        template = self._template
+        assert template is not None
+        times = np.empty((template.num_rows, len(ns)))
+        provs = np.empty((template.num_rows, len(ns)), dtype=np.int64)
+        for rows in template.groups():
+            t, p = self._cost.estimate_columns(template.columns(rows, ns))
             times[rows] = t.reshape(len(rows), len(ns))
             provs[rows] = p.reshape(len(rows), len(ns))
-        seconds = np.empty((len(affine.nodes), len(ns)))
+        seconds = np.empty((len(template.nodes), len(ns)))
         gpu, comm, gap = np.zeros(len(ns)), np.zeros(len(ns)), np.zeros(len(ns))
         worst = np.full(len(ns), int(Provenance.MEASURED), dtype=np.int64)
         # The sums run over the nodes in order, as `StepPricer._priced` adds them.
-        for i, ((kind, *_, repeat), row) in enumerate(zip(affine.nodes, affine.row_of, strict=True)):
+        for i, ((kind, *_, repeat), row) in enumerate(zip(template.nodes, template.row_of, strict=True)):
             time_s = times[row]
             sec = seconds[i] = time_s * repeat
             if kind.is_collective():
@@ -445,23 +463,26 @@ class StepPricer:
         assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
         max_tokens, max_seqs = engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens)
 
-        def affine(build: Callable[[int], _NodeList], top: int) -> Callable[[], _Template | None]:
-            checks = sorted({c for c in (3, 5, 17, 100, 1000, top - 1, top) if 2 < c <= top})
-            return lambda: _AffineNodes.of(build, checks)
+        def polynomial(build: Callable[[int], _NodeList], top: int, fallback: bool = False
+                       ) -> Callable[[], _Template | None]:
+            def make() -> _Template | None:
+                poly = _PolynomialNodes.of(build, top)
+                return poly if poly is not None or not fallback else _BuiltNodes(build)
+            return make
 
         kind, nodes, eager = which[0], self._nodes, self._host.eager_launch_s
         if kind == "token":
-            return _BlockPricer(affine(nodes.token, max_tokens), self._cost, eager, max_tokens)
+            return _BlockPricer(polynomial(nodes.token, max_tokens), self._cost, eager, max_tokens)
         if kind == "sampling":
-            return _BlockPricer(affine(nodes.sampling, max_seqs), self._cost, eager, max_seqs)
+            return _BlockPricer(polynomial(nodes.sampling, max_seqs), self._cost, eager, max_seqs)
         if kind == "decode":
             mean = int(which[1])  # type: ignore[call-overload]
-            return _BlockPricer(affine(lambda n: nodes.decode(n, mean), max_seqs), self._cost, eager, max_seqs)
+            return _BlockPricer(polynomial(lambda n: nodes.decode(n, mean), max_seqs), self._cost, eager, max_seqs)
         assert kind == "prefill"
         context, count = int(which[1]), int(which[2])  # type: ignore[call-overload]
-        # Attention FLOPs grow with the square of the chunk: nodes built per count, priced in columns.
-        return _BlockPricer(lambda: _BuiltNodes(lambda n: nodes.prefill(n, context, count)), self._cost, eager,
-                            max_tokens)
+        # Prefill attention is quadratic in the chunk; with a window, piecewise (then built per count).
+        return _BlockPricer(polynomial(lambda n: nodes.prefill(n, context, count), max_tokens, fallback=True),
+                            self._cost, eager, max_tokens)
 
     def _token_part(self, num_tokens: int) -> _Part:
         part = self._token_parts.get(num_tokens)

@@ -3,13 +3,14 @@ count-by-count pricing: per step, per kernel row, in provenance and in the kerne
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from conftest import REPO
 
 from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
-from sim.engine.pricer import StepKey, StepPricer
+from sim.engine.pricer import StepKey, StepPricer, _BuiltNodes, _PolynomialNodes
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelWork
 from sim.perf.efficiency import KernelColumns
@@ -79,15 +80,46 @@ def test_block_pricing_other_models_and_parallelism(overrides: dict[str, Any]) -
     _compare(load_scenario(LLAMA70, overrides), vectorised=True)
 
 
-def test_moe_token_part_is_not_affine_and_falls_back_to_count_by_count() -> None:
+def test_moe_token_part_is_not_polynomial_and_falls_back_to_count_by_count() -> None:
     sc = load_scenario(MIXTRAL)
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
     for t in (100, 101):
         block.step_s((((t, 0, True),), t - 90, 64))
     assert block._blocks is not None
-    assert block._blocks[("token",)]._template is None  # expected active experts: not affine
+    assert block._blocks[("token",)]._template is None  # expected active experts: not polynomial
     assert block._blocks[("sampling",)]._template is not None
+
+
+def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynomial() -> None:
+    sc = load_scenario(LLAMA70, {"model.name": "openai/gpt-oss-120b", "engine.tensor_parallel_size": 4})
+    assert any(w > 0 for w in sc.model.layer_window_tokens) and any(w <= 0 for w in sc.model.layer_window_tokens)
+    _compare(sc, vectorised=True)
+    block, _ = _pricers(sc)
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), 0, 0))
+    assert block._blocks is not None
+    assert isinstance(block._blocks[("prefill", 0, 1)]._template, _BuiltNodes)
+    llama, _ = _pricers(load_scenario(LLAMA70))
+    for t in (100, 101):
+        llama.step_s((((t, 300, False), (7, 0, True)), 0, 0))
+    assert llama._blocks is not None
+    assert isinstance(llama._blocks[("prefill", 300, 1)]._template, _PolynomialNodes)
+
+
+def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
+    sc = load_scenario(LLAMA70)
+    base = _pricers(sc)[0]._nodes.token
+    top = 8192
+    for breakpoint in (4, 6, 50, 700, 3000, 5000, 8000, top):
+        def build(n: int, b: int = breakpoint) -> Any:
+            nodes = base(n)
+            if n >= b:  # a second linear piece from the breakpoint on
+                work, repeat = nodes[0]
+                nodes[0] = (dataclasses.replace(work, flops=work.flops + 2.0 * (n - b + 1)), repeat)
+            return nodes
+        assert _PolynomialNodes.of(build, top) is None, breakpoint
+    assert _PolynomialNodes.of(base, top) is not None
 
 
 class _ScalarOnly:
