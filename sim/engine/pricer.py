@@ -360,29 +360,34 @@ class StepPricer:
         return tuple(prefills), num_decode, mean
 
     def decode_run(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
-                   max_time_s: float) -> list[tuple[StepKey, float, float]]:
-        """(key, seconds, end time) of consecutive decode-only steps of `num_decode` requests whose
-        total context is `context_tokens` at the first and grows by `num_decode` per step, from
-        `now_s`: at most `max_steps`, each ending before `horizon_s` and not after `max_time_s`.
-        The same keys and seconds as `decode_step` step by step; not counted in the breakdown."""
+                   max_time_s: float) -> tuple[list[tuple[StepKey, float, int]], list[float]]:
+        """Consecutive decode-only steps of `num_decode` requests whose total context is
+        `context_tokens` at the first and grows by `num_decode` per step, from `now_s`: at most
+        `max_steps`, each ending before `horizon_s` and not after `max_time_s`.
+
+        Returns (key, seconds, index of its first step) for each run of steps with one key (the
+        bucketed mean context changes every few steps) and the end time of every step. Keys and
+        seconds are those `price` gives such plans; nothing is counted in the breakdown.
+        """
         bucket, memo = self._bucket, self._memo
-        run: list[tuple[StepKey, float, float]] = []
+        groups: list[tuple[StepKey, float, int]] = []
+        ends: list[float] = []
         last_mean = -1
-        key: StepKey = ((), num_decode, 0)
         step_s = 0.0
         for j in range(max_steps):
             mean = max(bucket, round((context_tokens + j * num_decode) / num_decode / bucket) * bucket)
             if mean != last_mean:
                 last_mean = mean
-                key = ((), num_decode, mean)
+                key: StepKey = ((), num_decode, mean)
                 cached = memo.get(key)
                 step_s = memo[key] = self.step_s(key) if cached is None else cached
+                groups.append((key, step_s, j))
             end_s = now_s + step_s
             if end_s >= horizon_s or end_s > max_time_s:
                 break
-            run.append((key, step_s, end_s))
+            ends.append(end_s)
             now_s = end_s
-        return run
+        return groups, ends
 
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""

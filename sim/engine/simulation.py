@@ -266,7 +266,6 @@ class Simulation:
         counts = self._pricer.counts
         itl = self.itl
         limits = self._limits
-        time_append, usage_append = self.kv_time_s.append, self.kv_usage_frac.append
         while True:
             shape = scheduler.next_bulk_decode_steps()
             if shape is None:
@@ -274,26 +273,32 @@ class Simulation:
             num_decode, context_tokens, until_finish = shape
             horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
             max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
-            run = decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s, limits.max_sim_time_s)
-            if not run:
+            groups, ends = decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
+                                      limits.max_sim_time_s)
+            if not ends:
                 return []  # _start_step plans this step and queues its end
-            steps, finished, free_after = scheduler.run_bulk_decode_steps(len(run))
+            steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
             busy_s = replica.busy_s
-            for (key, step_s, end_s), free in zip(run[:steps], free_after, strict=True):
-                counts[key] += 1
-                busy_s += step_s
-                itl[step_s] = itl.get(step_s, 0) + num_decode
-                time_append(end_s)
-                usage_append((num_blocks - free) / num_blocks)
+            for g, (key, step_s, first) in enumerate(groups):
+                last = groups[g + 1][2] if g + 1 < len(groups) else steps
+                n = min(last, steps) - first
+                if n <= 0:
+                    break
+                counts[key] += n
+                itl[step_s] = itl.get(step_s, 0) + num_decode * n
+                for _ in range(n):
+                    busy_s += step_s
             replica.busy_s = busy_s
+            self.kv_time_s.extend(ends[:steps])
+            self.kv_usage_frac.extend([(num_blocks - free) / num_blocks for free in free_after])
+            self.now_s = ends[steps - 1]
             self.num_steps += steps
-            self.now_s = run[steps - 1][2]
             for req in finished:
                 self._record(req)
             if finished and self._held:
                 return finished
             self._in_flight -= len(finished)
-            if steps < len(run) and not finished:
+            if steps < len(ends) and not finished:
                 return []  # blocks ran out: the next step preempts
 
     def _finish_step(self, idx: int) -> list[RequestState]:
