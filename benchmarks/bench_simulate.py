@@ -2,8 +2,8 @@
 
 Run: `python benchmarks/bench_simulate.py [--requests N] [--tier auto|roofline|...] [--repeat K]
 [--reference]`. Prints wall and CPU time (best of K runs), requests/s, steps/s, peak RSS and the
-CPU time spent building and pricing kernel parts not seen before; numbers go in docs/benchmarks.md with the
-machine noted.
+CPU time spent building and pricing kernel parts not seen before (block pricing included); numbers
+go in docs/benchmarks.md with the machine noted. BLAS runs single-threaded (one core).
 
 ShareGPT-like lengths: input ~ uniform[102, 1946] (mean 1024), output ~ uniform[25, 487]
 (mean 256), i.e. `random_range_ratio = 0.9` around 1024/256 — wide, like ShareGPT's spread.
@@ -14,38 +14,50 @@ which gives the same results.
 
 from __future__ import annotations
 
-import argparse
-import resource
-import sys
-import time
-from collections.abc import Callable
-from typing import Any
+import os
 
-from sim.api import load_scenario, simulate
-from sim.engine.pricer import StepPricer
-from sim.engine.simulation import SimLimits
+# One core: BLAS threads in the vectorised kernel-model calls would spin on the other core
+# (more CPU time for the same wall). Set before numpy loads.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from sim.api import load_scenario, simulate  # noqa: E402
+from sim.engine.pricer import StepPricer, _BlockPricer, _Nodes  # noqa: E402
+from sim.engine.simulation import SimLimits  # noqa: E402
 
 SCENARIO = "scenarios/llama3_70b-h100-tp4.toml"
 BASE = {"workload.random_input_len": 1024, "workload.random_output_len": 256, "workload.random_range_ratio": 0.9}
 
 
 class _PricingClock:
-    """CPU seconds spent building and pricing new kernel parts of steps (the pricer's memo misses)."""
+    """CPU seconds spent building and pricing new kernel parts of steps (the pricer's memo misses,
+    block pricing included; nested calls counted once)."""
 
     def __init__(self) -> None:
         self.cpu_s = 0.0
+        self._depth = 0
 
     def install(self) -> None:
-        for name in ("_non_attention_nodes", "_priced"):
-            setattr(StepPricer, name, self._timed(getattr(StepPricer, name)))
+        for cls, name in ((_Nodes, "non_attention"), (StepPricer, "_priced"), (_BlockPricer, "part")):
+            setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any) -> Any:
-            start = time.process_time()
+            self._depth += 1
+            start = time.process_time() if self._depth == 1 else 0.0
             try:
                 return method(*args)
             finally:
-                self.cpu_s += time.process_time() - start
+                self._depth -= 1
+                if self._depth == 0:
+                    self.cpu_s += time.process_time() - start
 
         return timed
 

@@ -17,7 +17,7 @@ import numpy as np
 from sim.calibration.select import efficiency_model_for
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
-from sim.engine.simulation import SimLimits, Simulation, request_states
+from sim.engine.simulation import SimLimits, Simulation, gc_paused, request_states
 from sim.errors import InfeasibleScenario
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
@@ -146,7 +146,16 @@ def simulate(
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
 
     `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
+    Cyclic garbage collection is paused during the call (see `sim.engine.simulation.gc_paused`).
     """
+    with gc_paused():
+        return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
+                         progress=progress)
+
+
+def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
+              limits: SimLimits | None, profile: EngineProfile | None,
+              progress: Callable[[int], None] | None) -> SimResult:
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()

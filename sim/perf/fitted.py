@@ -22,9 +22,16 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.perf.efficiency import Efficiency
+from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.kernel_features import COLLECTIVE_FAMILIES, SCALAR, VECTOR, correction_coordinates, features
-from sim.perf.learners import CorrectionParams, MlpParams, correction_one, correction_residual, mlp_forward
+from sim.perf.learners import (
+    POOLED,
+    CorrectionParams,
+    MlpParams,
+    correction_one,
+    correction_residual,
+    mlp_forward,
+)
 from sim.perf.roofline import collective_wire_bytes
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
@@ -196,6 +203,142 @@ class FittedEfficiency:
             p["compute_s"] = p["tokens"] * p["width"] / hw.peak_flops_for(work.dtype)
             cats["op"] = KIND_OP.get(work.kind)
         return p, cats
+
+    # -- columns of one kernel kind (the simulator's block pricing) -----------------------------
+    def efficiency_columns(self, cols: KernelColumns, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+        """`efficiency` of every row of `cols` at once: the same arithmetic as `_one`, in arrays
+        (the MLP runs one stacked matrix-vector product per row, exactly as for one kernel, so the
+        float32 hidden layers round the same way), to float64 rounding."""
+        n = len(cols)
+        family = KIND_FAMILY.get(cols.kind)
+        params = self._families.get(family) if family else None
+        if family is None or params is None or n == 0:
+            return np.ones(n), np.full(n, int(Provenance.ROOFLINE), dtype=np.int64)
+        prims, cats = self._primitive_columns(family, cols, hw)
+        y = np.empty(n)
+        outside = np.zeros(n, dtype=bool)
+        corrected = np.zeros(n, dtype=bool)
+        # Categoricals are one value per call except the attention KV dtype label: rows by label.
+        labels = cats.pop("kv_label", None)
+        groups = [(np.arange(n), "")] if labels is None else [
+            (np.flatnonzero(labels == lv), str(lv)) for lv in np.unique(labels)]
+        for idx, label in groups:
+            row_cats: dict[str, str | None] = dict(cats)
+            if labels is not None:
+                row_cats["dtype"] = f"{row_cats['dtype']}/{label}"
+            sub = prims if len(idx) == n else {k: v[idx] for k, v in prims.items()}
+            y[idx], outside[idx], corrected[idx] = self._rows(family, params, sub, row_cats, hw)
+        prov = np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED))
+        if cols.kind in _PROXY_KINDS:
+            prov[:] = int(Provenance.EXTRAPOLATED)
+        prov[outside] = int(Provenance.EXTRAPOLATED)
+        return np.exp(-y), prov.astype(np.int64)
+
+    def _rows(self, family: str, params: FamilyParams, prims: dict[str, np.ndarray], cats: dict[str, str | None],
+              hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_one` for rows sharing their categoricals."""
+        n = len(next(iter(prims.values())))
+        cont = features(VECTOR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes))
+        x = np.empty((n, len(cont)))
+        for i, c in enumerate(cont):
+            x[:, i] = c
+        outside = np.zeros(n, dtype=bool)
+        rng = self._ranges[family]
+        if len(rng):
+            slack = _RANGE_SLACK * (rng[:, 1] - rng[:, 0])
+            outside = ((x < rng[:, 0] - slack) | (x > rng[:, 1] + slack)).any(1)
+            x = np.clip(x, rng[:, 0], rng[:, 1])
+        hots = [1.0 if cats.get(name) == level else 0.0 for name, levels in params.categoricals for level in levels]
+        mlp = self._mlp.get(family)
+        if mlp is not None:
+            x_all = np.concatenate([x, np.broadcast_to(np.asarray(hots), (n, len(hots)))], axis=1) if hots else x
+            # (n, 1, p) stacked products: one matrix-vector product per row, as `_one` does.
+            y: np.ndarray = mlp_forward(mlp, x_all[:, None, :])[:, 0]
+        else:
+            w = self._coef[family]
+            p = x.shape[1]
+            y = w[0] + x @ w[1:1 + p]
+            inter = 1 + p + len(hots)
+            for j, hot in enumerate(hots):
+                if hot:
+                    y = y + (w[1 + p + j] + x[:, :NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
+                                                                      inter + (j + 1) * NUM_INTERACTED])
+        corrected = np.zeros(n, dtype=bool)
+        corr = self._corr.get(family)
+        if corr is not None and params.correction is not None:
+            key = tuple(cats.get(c) or "" for c in params.correction.categoricals)
+            group = corr.groups.get(key)
+            for i in range(len(key)):
+                if group is not None:
+                    break
+                group = corr.groups.get((*key[:i], POOLED, *key[i + 1:]))
+            if group is not None:
+                offset, points, alpha, _ = group
+                # |z - p|^2 as |z'|^2 + |p'|^2 - 2 z'.p' about the points' centre (no n x m x d array;
+                # centring keeps the cancellation error ~1e-15 of the distances).
+                centre = points.mean(0)
+                pc = points - centre
+                z = correction_coordinates(family, prims) / corr.length_scales - centre
+                sq = z @ (-2.0 * pc.T)
+                sq += (z * z).sum(1)[:, None]
+                sq += (pc * pc).sum(1)[None, :]
+                np.maximum(sq, 0.0, out=sq)
+                sq *= -0.5
+                y = y + (offset + np.exp(sq, out=sq) @ alpha)
+                corrected[:] = True
+        return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside, corrected
+
+    def _primitive_columns(self, family: str, cols: KernelColumns, hw: HardwareSpec
+                           ) -> tuple[dict[str, np.ndarray], dict[str, str | None]]:
+        """`_primitives` for columns; cats["kv_label"] (an array) is the attention KV dtype per row."""
+        n = len(cols)
+        if family in COLLECTIVE_FAMILIES:
+            link = hw.link_for_group(cols.group_size)
+            g = cols.group_size
+            msg = cols.comm_bytes
+            if cols.kind is KernelKind.SEND_RECV:
+                wire = msg
+            elif g <= 1:
+                wire = np.zeros(n)
+            elif cols.kind is KernelKind.ALL_REDUCE:
+                wire = 2.0 * (g - 1) / g * msg
+            else:
+                wire = (g - 1) / g * msg
+            return ({"network_s": wire / link.bandwidth_bytes_per_s, "msg": np.maximum(msg, 1.0),
+                     "group": np.full(n, float(max(g, 2))),
+                     "nvlink": np.full(n, 1.0 if link.kind == "nvlink" else 0.0),
+                     "link_bw": np.full(n, link.bandwidth_bytes_per_s)},
+                    {"op": KIND_OP.get(cols.kind), "variant": None})
+        moved = cols.bytes_moved()
+        p: dict[str, np.ndarray] = {
+            "compute_s": cols.flops / hw.peak_flops_for(cols.dtype),
+            "memory_s": moved / hw.hbm_bandwidth_bytes_per_s,
+            "bytes": np.maximum(moved, 1.0),
+        }
+        s = [c.astype(float) for c in cols.shape]
+        cats: dict[str, object] = {"backend": self._backend}
+        if family == "gemm":
+            p.update(m=s[0], n=s[1], k=s[2])
+            cats["dtype"] = cols.dtype.value
+        elif family in ("attn_prefill", "attn_decode"):
+            batch, length, heads, kv_heads, head_dim, window = s[0], s[1], s[3], s[4], s[5], s[6]
+            if family == "attn_prefill":
+                length = s[1] + s[2]
+            p.update(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     windowed=(window > 0).astype(float))
+            p["seq" if family == "attn_prefill" else "kv"] = np.maximum(length, 1.0)
+            cats["dtype"] = "fp8" if cols.dtype in (DType.FP8, DType.FP8_BLOCK) else "bfloat16"
+            # `_kv_dtype_label` per row.
+            per_elem = cols.kv_write_bytes / np.maximum(1.0, 2.0 * cols.shape[0] * cols.shape[4] * cols.shape[5])
+            if cols.kind is KernelKind.ATTN_PREFILL:
+                per_elem = per_elem / np.maximum(1.0, s[1])
+            cats["kv_label"] = np.where(per_elem < 1.5, "fp8", "bfloat16")
+        else:
+            tokens, width = np.maximum(s[0], 1.0), np.maximum(s[1], 1.0)
+            p.update(tokens=tokens, width=width)
+            p["compute_s"] = tokens * width / hw.peak_flops_for(cols.dtype)
+            cats["op"] = KIND_OP.get(cols.kind)
+        return p, cats  # type: ignore[return-value]
 
     # -- vectorised ----------------------------------------------------------------------------
     def predict_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],

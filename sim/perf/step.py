@@ -1,6 +1,8 @@
 """Prices a step's kernel graph: per-kernel estimates, totals by kind, worst provenance.
 
 `StepCostModel` owns the only cache (per instance, keyed by the frozen `KernelWork`).
+`estimate_columns` prices many launches of one kernel kind at once (the pricer's blocks), with
+the same numbers as `estimate` row by row.
 """
 
 from __future__ import annotations
@@ -8,8 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.graph.kernels import KernelGraph, KernelKind, KernelWork
-from sim.perf.efficiency import EfficiencyModel
+from sim.perf.efficiency import ColumnEfficiencyModel, EfficiencyModel, KernelColumns
 from sim.perf.roofline import Roofline, roofline
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
@@ -80,6 +84,38 @@ class StepCostModel:
                              time_s=rf.time_s() / eff.value, provenance=eff.provenance)
         self._memo[work] = est
         return est
+
+    def prices_columns(self) -> bool:
+        """Whether `estimate_columns` is vectorised (the efficiency model prices columns)."""
+        return isinstance(self._efficiency, ColumnEfficiencyModel)
+
+    def estimate_columns(self, cols: KernelColumns) -> tuple[np.ndarray, np.ndarray]:
+        """(time of one launch, provenance code) per row: `estimate` of each row's `KernelWork`,
+        vectorised when the efficiency model prices columns, else row by row."""
+        if not isinstance(self._efficiency, ColumnEfficiencyModel):
+            ests = [self.estimate(cols.work(i)) for i in range(len(cols))]
+            return (np.array([e.time_s for e in ests], dtype=float),
+                    np.array([int(e.provenance) for e in ests], dtype=np.int64))
+        hw = self._hw
+        if cols.kind.is_collective():
+            link = hw.link_for_group(cols.group_size)
+            # `collective_wire_bytes` with the same operations, on a column of message sizes.
+            if cols.kind is KernelKind.SEND_RECV:
+                wire_bytes = cols.comm_bytes
+            elif cols.group_size <= 1:
+                wire_bytes = np.zeros(len(cols))
+            elif cols.kind is KernelKind.ALL_REDUCE:
+                wire_bytes = 2.0 * (cols.group_size - 1) / cols.group_size * cols.comm_bytes
+            else:
+                wire_bytes = (cols.group_size - 1) / cols.group_size * cols.comm_bytes
+            bound = np.maximum(wire_bytes / link.bandwidth_bytes_per_s, 0.0)
+        else:
+            bound = np.maximum(np.maximum(cols.flops / hw.peak_flops_for(cols.dtype),
+                                          cols.bytes_moved() / hw.hbm_bandwidth_bytes_per_s), 0.0)
+        eff, prov = self._efficiency.efficiency_columns(cols, hw)
+        assert bool(((eff > 0.0) & (eff <= 1.0 + 1e-12)).all()), (cols.kind, eff)
+        time_s: np.ndarray = bound / eff
+        return time_s, prov
 
     def cost(self, graph: KernelGraph) -> StepTiming:
         timings = tuple(KernelTiming(estimate=self.estimate(n.work), repeat=n.repeat) for n in graph.nodes)

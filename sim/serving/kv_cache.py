@@ -258,8 +258,9 @@ class KVCacheManager:
             for request_id, b in zip(ids, head[offset:offset + len(ids)], strict=True):
                 held[request_id].tail.append(b)
             return
-        for request_id in ids:
-            held[request_id].tail += self._take(1)
+        # Taking them all at once gives each request the block it would take alone, in order.
+        for request_id, b in zip(ids, self._take(len(ids)), strict=True):
+            held[request_id].tail.append(b)
 
     def commit(self, request_id: int, num_computed_tokens: int, keys: tuple[int, ...]) -> None:
         """Index the request's blocks that are full within `num_computed_tokens` and have a key.

@@ -1,0 +1,168 @@
+"""Block pricing (vectorised kernel-model calls over many token counts) gives the numbers of
+count-by-count pricing: per step, per kernel row, in provenance and in the kernel breakdown."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
+from sim.engine.pricer import StepKey, StepPricer, _BuiltNodes, _PolynomialNodes
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelWork
+from sim.perf.efficiency import KernelColumns
+from sim.perf.fitted import FittedEfficiency
+from sim.perf.step import StepCostModel
+from sim.specs.scenario import Scenario
+
+REL = 1e-9
+LLAMA70 = str(REPO / "scenarios" / "llama3_70b-h100-tp4.toml")
+MIXTRAL = str(REPO / "scenarios" / "mixtral_8x7b-h100-tp2.toml")
+
+
+def _pricers(sc: Scenario) -> tuple[StepPricer, StepPricer]:
+    def make(block: bool) -> StepPricer:
+        return StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"),
+                          block_pricing=block)
+    return make(True), make(False)
+
+
+def _keys(max_tokens: int) -> list[StepKey]:
+    keys: list[StepKey] = [((), n, ctx) for n in (1, 2, 3, 63, 64, 65, 257, 1000) for ctx in (16, 1024)]
+    keys += [(((t, 0, True),), 0, 0) for t in (*range(1, 300), *range(300, max_tokens + 1, 61), max_tokens)]
+    keys += [(((t, 200, False), (17, 0, True)), n, 512) for t in range(1, max_tokens - 400, 397) for n in (1, 90)]
+    return keys
+
+
+def _compare(sc: Scenario, *, vectorised: bool) -> None:
+    block, scalar = _pricers(sc)
+    assert block._cost.prices_columns() is vectorised
+    keys = _keys(sc.engine.max_num_batched_tokens or 0)
+    for key in keys:
+        assert block.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL, abs=0.0), key
+        block.counts[key] += 1
+        scalar.counts[key] += 1
+    assert block.worst_provenance == scalar.worst_provenance
+    kinds_b, names_b, host_b, floor_b = block.breakdown()
+    kinds_s, names_s, host_s, floor_s = scalar.breakdown()
+    assert kinds_b.keys() == kinds_s.keys() and names_b.keys() == names_s.keys()
+    for k in kinds_b:
+        assert kinds_b[k] == pytest.approx(kinds_s[k], rel=REL)
+    for k in names_b:
+        assert names_b[k] == pytest.approx(names_s[k], rel=REL)
+    assert (host_b, floor_b) == (host_s, floor_s)
+
+
+@pytest.mark.parametrize("tier", ["roofline", "auto", "cross-generation"])
+def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str) -> None:
+    sc = load_scenario(LLAMA70, {"perf.tier": tier})
+    if tier == "auto":
+        assert isinstance(scenario_efficiency(sc), FittedEfficiency)  # the shipped h100_sxm calibration
+    _compare(sc, vectorised=True)
+    block, _ = _pricers(sc)
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), 3, 64))
+        block.step_s((((t, 0, True),), 4, 64))
+    assert block._blocks is not None
+    assert set(block._blocks) == {("token",), ("sampling",), ("prefill", 0, 1), ("decode", 64)}
+    assert all(p._template is not None for p in block._blocks.values())
+
+
+@pytest.mark.parametrize("overrides", [
+    {"model.name": "nvidia/Llama-3.1-70B-Instruct-FP8"},
+    {"model.name": "Qwen/Qwen3-32B", "engine.tensor_parallel_size": 2},
+    {"engine.tensor_parallel_size": 2, "engine.pipeline_parallel_size": 2},
+])
+def test_block_pricing_other_models_and_parallelism(overrides: dict[str, Any]) -> None:
+    _compare(load_scenario(LLAMA70, overrides), vectorised=True)
+
+
+def test_moe_token_part_is_not_polynomial_and_falls_back_to_count_by_count() -> None:
+    sc = load_scenario(MIXTRAL)
+    _compare(sc, vectorised=True)
+    block, _ = _pricers(sc)
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), t - 90, 64))
+    assert block._blocks is not None
+    assert block._blocks[("token",)]._template is None  # expected active experts: not polynomial
+    assert block._blocks[("sampling",)]._template is not None
+
+
+def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynomial() -> None:
+    sc = load_scenario(LLAMA70, {"model.name": "openai/gpt-oss-120b", "engine.tensor_parallel_size": 4})
+    assert any(w > 0 for w in sc.model.layer_window_tokens) and any(w <= 0 for w in sc.model.layer_window_tokens)
+    _compare(sc, vectorised=True)
+    block, _ = _pricers(sc)
+    for t in (100, 101):
+        block.step_s((((t, 0, True),), 0, 0))
+    assert block._blocks is not None
+    assert isinstance(block._blocks[("prefill", 0, 1)]._template, _BuiltNodes)
+    llama, _ = _pricers(load_scenario(LLAMA70))
+    for t in (100, 101):
+        llama.step_s((((t, 300, False), (7, 0, True)), 0, 0))
+    assert llama._blocks is not None
+    assert isinstance(llama._blocks[("prefill", 300, 1)]._template, _PolynomialNodes)
+
+
+def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
+    sc = load_scenario(LLAMA70)
+    base = _pricers(sc)[0]._nodes.token
+    top = 8192
+    for breakpoint in (4, 6, 50, 700, 3000, 5000, 8000, top):
+        def build(n: int, b: int = breakpoint) -> Any:
+            nodes = base(n)
+            if n >= b:  # a second linear piece from the breakpoint on
+                work, repeat = nodes[0]
+                nodes[0] = (dataclasses.replace(work, flops=work.flops + 2.0 * (n - b + 1)), repeat)
+            return nodes
+        assert _PolynomialNodes.of(build, top) is None, breakpoint
+    assert _PolynomialNodes.of(base, top) is not None
+
+
+class _ScalarOnly:
+    """An efficiency model without the column entry point."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def efficiency(self, work: KernelWork, hw: Any) -> Any:
+        return self._inner.efficiency(work, hw)
+
+
+def test_models_without_columns_price_count_by_count() -> None:
+    sc = load_scenario(LLAMA70)
+    cost = StepCostModel(sc.hardware, _ScalarOnly(scenario_efficiency(sc)))
+    assert not cost.prices_columns()
+    pricer = StepPricer(sc, cost, load_host_params("vllm"))
+    _, scalar = _pricers(sc)
+    key: StepKey = (((300, 0, True),), 5, 128)
+    assert pricer.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL)
+    assert pricer._blocks is None
+
+
+@pytest.mark.parametrize("tier", ["auto", "cross-generation"])
+def test_efficiency_columns_equal_one_kernel_calls(tier: str) -> None:
+    """Every kernel kind of several graphs (attention with context, windows, fp8 KV, MoE)."""
+    works: dict[tuple[Any, ...], list[KernelWork]] = {}
+    for path, overrides in ((LLAMA70, {}), (MIXTRAL, {}), (LLAMA70, {"model.name": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
+                            (LLAMA70, {"engine.pipeline_parallel_size": 2, "engine.tensor_parallel_size": 2})):
+        sc = load_scenario(path, {**overrides, "perf.tier": tier})
+        for t in (1, 2, 3, 17, 100, 513, 2048, 8000):
+            for ctx in (0, 300):
+                for decodes in ((), (5,) * 7, (40_000,)):
+                    batch = BatchShape(prefills=(PrefillChunk(new_tokens=t, context_tokens=ctx),),
+                                       decode_context_tokens=decodes)
+                    for node in step_graph(sc, batch).nodes:
+                        w = node.work
+                        works.setdefault((w.kind, w.dtype, w.group_size, len(w.shape)), []).append(w)
+    model = scenario_efficiency(sc)
+    assert isinstance(model, FittedEfficiency)
+    for ws in works.values():
+        values, provenance = model.efficiency_columns(KernelColumns.of(ws), sc.hardware)
+        for w, value, prov in zip(ws, values.tolist(), provenance.tolist(), strict=True):
+            one = model.efficiency(w, sc.hardware)
+            assert value == pytest.approx(one.value, rel=REL, abs=0.0), w
+            assert prov == int(one.provenance), w
