@@ -52,9 +52,9 @@ CORRECTION_CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
 }
 """Categoricals whose levels get their own correction group (a leading `backend` also gets a pooled group)."""
 LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
-    "gemm": (1.0, 1.0, 1.0),
+    "gemm": (1.5, 2.0, 2.0),
     "attn_prefill": (1.5, 1.5, 1.5, 1.5, 1.5, 1.5),
-    "attn_decode": (1.5, 1.5, 1.5, 1.5, 1.5, 1.5),
+    "attn_decode": (2.5, 2.5, 2.5, 2.5, 2.5),
     "pointwise": (1.0, 1.0),
     "nccl": (1.5, 1.5),
     "custom_allreduce": (1.5, 1.5),

@@ -141,7 +141,7 @@ def collective_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
 CORRECTION_COORDINATES: Final[dict[str, tuple[str, ...]]] = {
     "gemm": ("log_m", "log_n", "log_k"),
     "attn_prefill": ("log_batch", "log_seq", "log_heads", "log_kv_heads", "log_head_dim", "windowed"),
-    "attn_decode": ("log_batch", "log_kv", "log_heads", "log_kv_heads", "log_head_dim", "windowed"),
+    "attn_decode": ("log_batch", "log_kv", "log_kv_width", "log_gqa", "windowed"),
     "pointwise": ("log_tokens", "log_width"),
     "nccl": ("log_msg", "log_group"),
     "custom_allreduce": ("log_msg", "log_group"),
@@ -155,9 +155,10 @@ def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> 
     lg = xp.log
     if family == "gemm":
         cols = [lg(p["m"]), lg(p["n"]), lg(p["k"])]
-    elif family in ("attn_prefill", "attn_decode"):
-        length = p["seq"] if family == "attn_prefill" else p["kv"]
-        cols = [lg(p["batch"]), lg(length), lg(p["heads"]), lg(p["kv_heads"]), lg(p["head_dim"]),
+    elif family == "attn_prefill":
+        cols = [lg(p["batch"]), lg(p["seq"]), lg(p["heads"]), lg(p["kv_heads"]), lg(p["head_dim"]), p["windowed"]]
+    elif family == "attn_decode":
+        cols = [lg(p["batch"]), lg(p["kv"]), lg(p["kv_heads"] * p["head_dim"]), lg(p["heads"] / p["kv_heads"]),
                 p["windowed"]]
     elif family == "pointwise":
         cols = [lg(p["tokens"]), lg(p["width"])]

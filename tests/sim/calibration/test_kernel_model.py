@@ -13,14 +13,14 @@ import pytest
 from orchestrator.cli import main
 from sim.calibration.artifact import CalibrationArtifact, from_json, load_artifact
 from sim.calibration.batch import family_batches, predict_latency_s
-from sim.calibration.fit import LEARNER, CorrectionSettings, Design, fit_correction_family
+from sim.calibration.fit import LEARNER, LENGTH_SCALES, CorrectionSettings, Design, fit_correction_family
 from sim.calibration.plan import MAX_POINTS, microbench_plan
 from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
 from sim.calibration.select import CALIBRATION_DIR, efficiency_model_for, load_for_tier
 from sim.calibration.tables import columns_of, read_vidur_pointwise
 from sim.errors import ConfigError
 from sim.perf.fitted import NUM_INTERACTED, FamilyParams, FittedEfficiency
-from sim.perf.kernel_features import correction_coordinates, feature_names
+from sim.perf.kernel_features import CORRECTION_COORDINATES, SCALAR, correction_coordinates, feature_names
 from sim.perf.learners import (
     POOLED,
     CorrectionGroup,
@@ -282,6 +282,21 @@ def test_fitted_correction_interpolates_measured_points_and_decays_far_away() ->
         arrays, correction_coordinates("gemm", {"m": m[:1], "n": n[:1], "k": k[:1]}),
         [np.array(["sglang"], dtype=object), np.array(["bfloat16"], dtype=object)])
     assert hit_other[0] and got_other[0] == pytest.approx(resid[0], abs=1e-5)
+
+
+def test_decode_correction_coordinates_are_kv_width_and_gqa() -> None:
+    """Decode corrections interpolate over KV bytes per token (kv_heads x head_dim) and the GQA
+    ratio: an unmeasured head configuration with the plan's KV width and GQA sits on its points."""
+    prims = {"batch": np.array([8.0, 8.0]), "kv": np.array([1024.0, 1024.0]), "heads": np.array([32.0, 16.0]),
+             "kv_heads": np.array([8.0, 4.0]), "head_dim": np.array([64.0, 128.0]),
+             "windowed": np.array([0.0, 0.0])}
+    z = correction_coordinates("attn_decode", prims)
+    assert z.shape == (2, len(CORRECTION_COORDINATES["attn_decode"]))
+    np.testing.assert_allclose(z[0], z[1])
+    np.testing.assert_allclose(z[0], [math.log(8), math.log(1024), math.log(512), math.log(4), 0.0])
+    one = {k: float(v[0]) for k, v in prims.items()}
+    assert correction_coordinates("attn_decode", one, SCALAR) == pytest.approx(z[0].tolist())
+    assert len(LENGTH_SCALES["attn_decode"]) == z.shape[1]
 
 
 def test_mlp_forward_hand_computed() -> None:
