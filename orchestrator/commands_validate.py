@@ -211,7 +211,8 @@ def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str
         path = Path(__file__).resolve().parent.parent / "sim" / "data" / "host" / f"{backend}.toml"
         header = (f"Engine profile `{backend}` (sim/perf/profile.py). Host overheads fitted by\n"
                   "`kernelsight validate --fit-profiles` on dev rows only; [policy] and [defaults] are the engine's\n"
-                  "documented behaviour and defaults (docs/validation.md), not fitted.")
+                  "documented behaviour and defaults (docs/validation.md), not fitted; [kernel_sources] was chosen on\n"
+                  "dev rows (docs/validation.md, Kernel sources).")
         path.write_text(profile_toml(fitted.profile, header=header))
         sys.stderr.write(f"{backend}: loss {fitted.loss_before:.3f} -> {fitted.loss_after:.3f} "
                          f"with {fitted.params} ({fitted.num_evaluations} evaluations); wrote {path}\n")

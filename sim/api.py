@@ -26,7 +26,14 @@ from sim.graph.transformer import build_step_graph
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
-from sim.perf.profile import PROFILE_TABLES, EngineDefaults, EngineProfile, FitRecord, SchedulingPolicy
+from sim.perf.profile import (
+    PROFILE_TABLES,
+    EngineDefaults,
+    EngineProfile,
+    FitRecord,
+    KernelSources,
+    SchedulingPolicy,
+)
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
@@ -86,10 +93,13 @@ def step_graph(scenario: Scenario, batch: BatchShape) -> KernelGraph:
     return build_step_graph(scenario.model, scenario.engine, scenario.precision, scenario.hardware, batch)
 
 
-def scenario_efficiency(scenario: Scenario) -> EfficiencyModel:
-    """The kernel model the scenario's `[perf]` section selects (default: best shipped tier)."""
+def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None) -> EfficiencyModel:
+    """The kernel model the scenario's `[perf]` section selects (default: best shipped tier), with
+    the kernel sources of the engine profile (default: the shipped profile of `engine.backend`)."""
+    profile = profile or load_engine_profile(scenario.engine.backend)
     return efficiency_model_for(scenario.hardware, tier=scenario.perf.tier,
-                                calibration_path=scenario.perf.calibration, backend=scenario.engine.backend)
+                                calibration_path=scenario.perf.calibration, backend=scenario.engine.backend,
+                                gemm_backends=profile.kernel_sources.gemm)
 
 
 def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: EfficiencyModel | None = None) -> StepTiming:
@@ -130,6 +140,7 @@ def load_engine_profile(backend: str, path: str | Path | None = None) -> EngineP
         backend=backend, host=host,
         policy=build(SchedulingPolicy, data.get("policy", {}), source=src, prefix="policy"),
         defaults=build(EngineDefaults, data.get("defaults", {}), source=src, prefix="defaults"),
+        kernel_sources=build(KernelSources, data.get("kernel_sources", {}), source=src, prefix="kernel_sources"),
         fit=fit,
     )
 
@@ -177,8 +188,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         for _ in range(engine.data_parallel_size)
     ]
     states = request_states(specs, replicas[0].kv)
-    pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario)),
-                        host or profile.host)
+    cost_model = StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario, profile))
+    pricer = StepPricer(scenario, cost_model, host or profile.host)
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                      max_concurrency=scenario.workload.max_concurrency, limits=limits,
                      progress=progress)

@@ -7,6 +7,7 @@ cross_generation.json and the target's datasheet, never the target's measurement
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
 
@@ -56,8 +57,9 @@ def load_for_tier(hw: HardwareSpec, tier: Tier, calibration_path: str | None
 
 def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
                          calibration_path: str | None = None,
-                         backend: str | None = DEFAULT_BACKEND) -> EfficiencyModel:
+                         backend: str | None = DEFAULT_BACKEND,
+                         gemm_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
     art = load_for_tier(hw, tier, calibration_path)
     if art is None:
         return RooflineEfficiency()
-    return FittedEfficiency(art.families, backend=backend)
+    return FittedEfficiency(art.families, backend=backend, gemm_backends=gemm_backends)

@@ -109,13 +109,17 @@ class FittedEfficiency:
     one-kernel calls and `predict-kernels` batches, so both give the same numbers.
     """
 
-    def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None) -> None:
+    def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None,
+                 gemm_backends: Mapping[str, str] | None = None) -> None:
         self._families = dict(families)
         self._coef = {f: np.asarray(p.coef, dtype=float) for f, p in self._families.items()}
         self._mlp = {f: p.mlp.arrays() for f, p in self._families.items() if p.mlp is not None}
         self._corr = {f: p.correction.arrays() for f, p in self._families.items() if p.correction is not None}
         self._ranges = {f: np.asarray(p.ranges, dtype=float).reshape(-1, 2) for f, p in self._families.items()}
         self._backend = backend
+        # GEMM weight format -> the backend level whose measurements price it (engine profile's
+        # `[kernel_sources]`): an engine whose own microbenchmark series is not what it serves with.
+        self._gemm_backends = dict(gemm_backends or {})
 
     def families(self) -> Mapping[str, FamilyParams]:
         return self._families
@@ -187,6 +191,8 @@ class FittedEfficiency:
         if family == "gemm":
             p.update(m=float(s[0]), n=float(s[1]), k=float(s[2]))
             cats["dtype"] = work.dtype.value
+            if work.kind is KernelKind.GEMM:  # MoE grouped GEMMs are another kernel path
+                cats["backend"] = self._gemm_backends.get(work.dtype.value, self._backend)
         elif family in ("attn_prefill", "attn_decode"):
             batch, length, heads, kv_heads, head_dim, window = s[0], s[1], s[3], s[4], s[5], s[6]
             if family == "attn_prefill":
@@ -320,6 +326,8 @@ class FittedEfficiency:
         if family == "gemm":
             p.update(m=s[0], n=s[1], k=s[2])
             cats["dtype"] = cols.dtype.value
+            if cols.kind is KernelKind.GEMM:
+                cats["backend"] = self._gemm_backends.get(cols.dtype.value, self._backend)
         elif family in ("attn_prefill", "attn_decode"):
             batch, length, heads, kv_heads, head_dim, window = s[0], s[1], s[3], s[4], s[5], s[6]
             if family == "attn_prefill":

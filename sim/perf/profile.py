@@ -7,6 +7,9 @@ A profile has three parts:
   only, decodes wait) and `reserve_full_output` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity
   scheduler: a request is admitted only when KV blocks for its prompt and all its output tokens
   are free, so nothing is ever preempted);
+- kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
+  engine's kernels where its own microbenchmark series is not what it runs when serving
+  (`gemm`: weight format -> backend level of the GEMM model), passed to the kernel model;
 - engine defaults (`[defaults]`): what the engine does where a benchmark does not say (token
   budget, CPU/GPU overlap, KV-cache format, how the KV-cache memory fraction is counted, CUDA-graph
   batch sizes). `sim.validation` uses them to turn measured rows into scenarios; `simulate` does
@@ -18,6 +21,7 @@ A profile has three parts:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -79,6 +83,24 @@ def _release(version: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts[:2]) if len(parts) >= 2 else None
 
 
+KNOWN_KERNEL_BACKENDS = ("vllm", "sglang", "trtllm")
+"""Backend levels the shipped kernel model has measurements for."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelSources:
+    """Which measured framework's kernels price an engine's kernels, where it is not the engine's own."""
+
+    gemm: Mapping[str, str] = field(default_factory=dict)
+    """GEMM weight format (`fp8`, `fp8_block`, `bfloat16`, `nvfp4`) -> backend whose GEMM
+    measurements price it; formats not named use the engine's own backend."""
+
+    def __post_init__(self) -> None:
+        for dtype, backend in self.gemm.items():
+            require(backend in KNOWN_KERNEL_BACKENDS, f"gemm.{dtype}", backend,
+                    f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FitRecord:
     """Provenance of fitted numbers: never empty for a fitted profile."""
@@ -101,8 +123,9 @@ class EngineProfile:
     host: HostOverheadParams
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     defaults: EngineDefaults = field(default_factory=EngineDefaults)
+    kernel_sources: KernelSources = field(default_factory=KernelSources)
     fit: FitRecord | None = None
 
 
-PROFILE_TABLES = ("policy", "defaults", "fit")
+PROFILE_TABLES = ("policy", "defaults", "kernel_sources", "fit")
 """Tables of a profile TOML that are not host-overhead parameters."""

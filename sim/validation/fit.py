@@ -155,6 +155,10 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
     lines += ["", "[policy]", *(f"{f.name} = {lit(getattr(pol, f.name))}" for f in dataclasses.fields(pol))]
     lines += ["", "[defaults]", *(f"{f.name} = {lit(getattr(d, f.name))}" for f in dataclasses.fields(d)
                                   if getattr(d, f.name) is not None)]
+    gemm_sources = profile.kernel_sources.gemm
+    if gemm_sources:
+        lines += ["", "[kernel_sources]",
+                  "gemm = { " + ", ".join(f"{k} = {lit(v)}" for k, v in sorted(gemm_sources.items())) + " }"]
     if profile.fit is not None:
         lines += ["", "[fit]", *(f"{f.name} = {lit(getattr(profile.fit, f.name))}"
                                  for f in dataclasses.fields(profile.fit))]

@@ -1,0 +1,93 @@
+"""Engine-profile kernel sources: an engine's dense GEMMs priced by another framework's measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.api import load_engine_profile, predict_step
+from sim.calibration.select import efficiency_model_for
+from sim.dtypes import DType
+from sim.errors import ConfigError
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.perf.efficiency import KernelColumns
+from sim.perf.fitted import FittedEfficiency
+from sim.specs.catalog import load_hardware
+from sim.specs.scenario import scenario_from_dict
+from sim.validation.fit import profile_toml
+
+H100 = load_hardware("h100_sxm")
+
+
+def _gemm(kind: KernelKind, dtype: DType, m: int, n: int = 4096, k: int = 4096) -> KernelWork:
+    per = 1.0 if dtype in (DType.FP8, DType.FP8_BLOCK) else 2.0
+    return KernelWork(kind=kind, name="g", dtype=dtype, flops=2.0 * m * n * k, weight_bytes=per * n * k,
+                      activation_bytes=per * m * k + 2.0 * m * n, shape=(m, n, k))
+
+
+def _model(backend: str, sources: dict[str, str] | None = None) -> FittedEfficiency:
+    model = efficiency_model_for(H100, tier="target-measured", backend=backend, gemm_backends=sources)
+    assert isinstance(model, FittedEfficiency)
+    return model
+
+
+def test_shipped_vllm_profile_prices_quantized_dense_gemms_with_sglang_kernels() -> None:
+    assert dict(load_engine_profile("vllm").kernel_sources.gemm) == {"fp8": "sglang", "fp8_block": "sglang"}
+    assert not load_engine_profile("sglang").kernel_sources.gemm
+    assert not load_engine_profile("trtllm").kernel_sources.gemm
+
+
+@pytest.mark.parametrize("m", [16, 256, 8192])
+def test_override_selects_the_other_backend_for_dense_gemms_only(m: int) -> None:
+    vllm, sglang = _model("vllm"), _model("sglang")
+    redirected = _model("vllm", {"fp8": "sglang"})
+    fp8 = _gemm(KernelKind.GEMM, DType.FP8, m)
+    assert redirected.efficiency(fp8, H100) == sglang.efficiency(fp8, H100)
+    assert redirected.efficiency(fp8, H100).value != vllm.efficiency(fp8, H100).value
+    # Formats not named, and MoE grouped GEMMs (another kernel path), keep the engine's own level.
+    bf16 = _gemm(KernelKind.GEMM, DType.BFLOAT16, m)
+    assert redirected.efficiency(bf16, H100) == vllm.efficiency(bf16, H100)
+    moe = _gemm(KernelKind.MOE_GEMM, DType.FP8, m)
+    assert redirected.efficiency(moe, H100) == vllm.efficiency(moe, H100)
+
+
+def test_column_path_applies_the_same_override() -> None:
+    redirected = _model("vllm", {"fp8": "sglang"})
+    works = [_gemm(KernelKind.GEMM, DType.FP8, m) for m in (1, 7, 64, 300, 4096)]
+    values, _ = redirected.efficiency_columns(KernelColumns.of(works), H100)
+    one = np.array([redirected.efficiency(w, H100).value for w in works])
+    np.testing.assert_allclose(values, one, rtol=1e-6)
+
+
+def test_simulated_step_uses_the_profile_kernel_sources() -> None:
+    base = {"hardware": {"name": "h100_sxm"}, "model": {"name": "meta-llama/Llama-3.1-8B"},
+            "engine": {"quantization": "fp8", "max_model_len": 4096}, "perf": {"tier": "target-measured"},
+            "workload": {"num_prompts": 1, "random_input_len": 16, "random_output_len": 4}}
+    scenario = scenario_from_dict(base, source="test")
+    batch = BatchShape(prefills=(PrefillChunk(new_tokens=4096),))
+    step = predict_step(scenario, batch)
+    own = predict_step(scenario, batch, efficiency=_model("vllm"))
+    redirected = predict_step(scenario, batch, efficiency=_model("vllm", {"fp8": "sglang", "fp8_block": "sglang"}))
+    assert step.device_s() == pytest.approx(redirected.device_s(), rel=1e-12)
+    assert step.device_s() != pytest.approx(own.device_s(), rel=1e-3)
+
+
+def test_bad_kernel_source_names_file_key_and_rule(tmp_path: Path) -> None:
+    profile = load_engine_profile("vllm")
+    text = profile_toml(profile, header="test").replace('fp8 = "sglang"', 'fp8 = "tensorrt"')
+    path = tmp_path / "vllm.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_engine_profile("vllm", path)
+    assert err.value.key == "kernel_sources.gemm.fp8" and err.value.value == "tensorrt"
+    assert str(path) in str(err.value) and "must be one of" in err.value.rule
+
+
+def test_profile_toml_round_trips_kernel_sources(tmp_path: Path) -> None:
+    profile = load_engine_profile("vllm")
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(profile, header="test"))
+    assert load_engine_profile("vllm", path) == profile
