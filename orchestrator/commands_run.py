@@ -37,6 +37,11 @@ class _Progress:
         if done == self._total:
             sys.stderr.write("\n")
 
+    def end(self, done: int) -> None:
+        """Close the bar of a run that stopped before every request finished."""
+        if self._shown and done != self._total:
+            sys.stderr.write("\n")
+
 
 def result_payload(result: SimResult) -> dict[str, Any]:
     bd = result.breakdown
@@ -78,12 +83,17 @@ def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
     progress = _Progress(scenario.workload.num_prompts)
     result = simulate(scenario, progress=progress)
+    s = result.summary
+    progress.end(s.num_completed)
+    if s.truncated:
+        sys.stderr.write(f"warning: truncated run: {s.num_completed} of {s.num_requests} requests finished "
+                         "(a simulation limit was reached or requests could not be scheduled); "
+                         "metrics cover the finished ones\n")
     if args.out:
         _write_out(result, Path(args.out), args.trace)
     if args.json:
         sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
         return 0
-    s = result.summary
     rows = [(f.name, f"{getattr(s, f.name):.6g}" if isinstance(getattr(s, f.name), float) else getattr(s, f.name))
             for f in dataclasses.fields(s)]
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])

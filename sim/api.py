@@ -82,6 +82,8 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
 
 
 def _longest_request(scenario: Scenario) -> int:
+    """Upper bound on one request's tokens: exact for synthetic lengths; `max_model_len` for a
+    dataset file, whose rows `generate` checks against it (a longer row is a `ConfigError`)."""
     w = scenario.workload
     if w.dataset_name in ("random", "fixed"):
         return w.max_input_tokens() + w.max_output_tokens()
@@ -173,7 +175,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     profile = profile or load_engine_profile(engine.backend)
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
-    specs = generate(scenario.workload, np.random.default_rng(workload_seq))
+    specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
     replicas = [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,

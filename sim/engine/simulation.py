@@ -133,6 +133,7 @@ class Simulation:
         self.kv_usage_frac = array("d")
         """After each step: its end time and the used fraction of its replica's KV blocks."""
         self.truncated = False
+        """The run stopped at a limit, or ended with requests that could not be scheduled."""
 
     @property
     def kv_usage(self) -> list[tuple[float, float]]:
@@ -168,6 +169,10 @@ class Simulation:
                 self._on_arrival(req)
             else:
                 self._on_step_done(idx)
+        if not self.truncated and len(self.records) < n:
+            # Every replica went idle with requests left: they can never be scheduled (e.g. one
+            # needs more KV blocks than the replica has). Report the run as cut short.
+            self.truncated = True
         return self.records
 
     def _on_arrival(self, req: RequestState) -> None:

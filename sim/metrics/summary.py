@@ -85,6 +85,8 @@ class SimSummary:
     cost_per_million_output_tokens_usd: float
     num_steps: int
     truncated: bool
+    """The run did not finish every request: it stopped at a `SimLimits` limit, or requests could
+    never be scheduled (`num_completed < num_requests`); its metrics cover the finished ones."""
     worst_provenance: str
 
 
@@ -140,5 +142,5 @@ def summarize(
         kv_usage_mean_frac=float(usage.mean()), kv_usage_max_frac=float(usage.max()),
         num_gpus=num_gpus, price_per_gpu_hour_usd=price_per_gpu_hour_usd, cost_per_hour_usd=cost_per_hour,
         cost_per_million_output_tokens_usd=cost_per_hour / (out_rate * 3600.0) * 1e6 if out_rate > 0 else math.inf,
-        num_steps=num_steps, truncated=truncated, worst_provenance=worst_provenance,
+        num_steps=num_steps, truncated=truncated or n < num_requests, worst_provenance=worst_provenance,
     )

@@ -33,15 +33,21 @@ from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment, pre
 _SOURCE = "[workload]"
 
 
-def generate(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[RequestSpec, ...]:
-    """The `spec.num_prompts` requests of one run, in arrival order; pure given `rng`'s state."""
+def generate(spec: WorkloadSpec, rng: np.random.Generator, *,
+             max_model_len: int | None = None) -> tuple[RequestSpec, ...]:
+    """The `spec.num_prompts` requests of one run, in arrival order; pure given `rng`'s state.
+
+    `max_model_len` checks the rows of a dataset file (a longer request raises `ConfigError`);
+    synthetic lengths are checked when the scenario is built.
+    """
     if spec.dataset_name in ("random", "fixed"):
         return _synthetic(spec, rng)
     # traces.py imports this module's arrival sampler, so the import goes here.
     from sim.workload.traces import read_trace, requests_from_trace
 
     assert spec.dataset_path is not None  # WorkloadSpec requires it for file datasets
-    return requests_from_trace(read_trace(spec.dataset_path, run_id=spec.dataset_run_id), spec, rng)
+    return requests_from_trace(read_trace(spec.dataset_path, run_id=spec.dataset_run_id), spec, rng,
+                               max_model_len=max_model_len)
 
 
 def sample_arrivals_s(

@@ -11,8 +11,10 @@ shared prefix. Accepted column (CSV) or key (JSONL) names, first match wins:
 - `run_id`, to select one run of a file that holds several
 
 Other columns are ignored. Either every row has an arrival time or none does; arrivals must be
-non-decreasing in file order. Errors name `<path> row <n>`, where n counts data rows from 1 (the
-CSV header is not a row) for CSV and lines from 1 for JSONL.
+non-decreasing in file order. With `max_model_len` given, a replayed row whose input plus output
+tokens exceed it is an error, as vLLM's OpenAI server rejects such a request (it never runs).
+Errors name `<path> row <n>`, where n counts data rows from 1 (the CSV header is not a row) for
+CSV and lines from 1 for JSONL; errors about the run selection name `workload.dataset_run_id`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import csv
 import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -40,6 +42,7 @@ ARRIVAL_NS_KEY: Final = "arrival_time_ns"
 PREFIX_GROUP_KEY: Final = "prefix_group"
 PREFIX_TOKENS_KEY: Final = "prefix_tokens"
 RUN_ID_KEY: Final = "run_id"
+DATASET_RUN_ID_KEY: Final = "workload.dataset_run_id"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +58,8 @@ class TraceRow:
     """-1 when the prompt shares no prefix."""
     prefix_tokens: int = 0
     """Leading input tokens shared with every row of `prefix_group`."""
+    row: int = field(default=0, compare=False)
+    """Where it is in the file (`<path> row <n>` of the errors); 0 when not read from a file."""
 
     def __post_init__(self) -> None:
         require(self.input_tokens >= 1, "input_tokens", self.input_tokens, "must be >= 1")
@@ -93,13 +98,15 @@ def read_trace(path: str | Path, *, run_id: str | None = None) -> tuple[TraceRow
 
 
 def requests_from_trace(
-    rows: tuple[TraceRow, ...], spec: WorkloadSpec, rng: np.random.Generator
+    rows: tuple[TraceRow, ...], spec: WorkloadSpec, rng: np.random.Generator, *,
+    max_model_len: int | None = None,
 ) -> tuple[RequestSpec, ...]:
     """The first `spec.num_prompts` rows as requests.
 
     Arrival times from the file are used, shifted so the first request arrives at 0, and
     `request_rate`/`burstiness` are ignored; without them arrivals are sampled as for synthetic
-    workloads. `random_*` length settings do not apply to traces.
+    workloads. `random_*` length settings do not apply to traces. With `max_model_len`, a row
+    whose input plus output tokens exceed it raises `ConfigError` (vLLM rejects the request).
     """
     n = spec.num_prompts
     source = spec.dataset_path or "<trace>"
@@ -107,6 +114,8 @@ def requests_from_trace(
         raise ConfigError(source=source, key="num_prompts", value=n,
                           rule=f"the trace has only {len(rows)} rows")
     rows = rows[:n]
+    if max_model_len is not None:
+        check_lengths(rows, max_model_len, source)
     timed = [r.arrival_s is not None for r in rows]
     if all(timed):
         arrivals_s = np.array([r.arrival_s for r in rows], dtype=np.float64)
@@ -128,6 +137,23 @@ def requests_from_trace(
         prefix_groups=np.array([r.prefix_group for r in rows], dtype=np.int64),
         prefix_tokens=np.array([r.prefix_tokens for r in rows], dtype=np.int64),
     )
+
+
+def check_lengths(rows: tuple[TraceRow, ...], max_model_len: int, source: str) -> None:
+    """Raise `ConfigError` for the first row whose input plus output tokens exceed `max_model_len`.
+
+    vLLM's OpenAI server rejects a request when prompt + max_tokens > max_model_len (and its engine
+    cannot hold a longer sequence), so replaying such a row would simulate a request that never ran.
+    """
+    for i, row in enumerate(rows):
+        total = row.input_tokens + row.output_tokens
+        if total > max_model_len:
+            where = f"{source} row {row.row}" if row.row else source
+            raise ConfigError(
+                source=where, key="input_tokens+output_tokens", value=total,
+                rule=f"request {i} asks for {row.input_tokens} prompt + {row.output_tokens} output tokens, "
+                f"over engine.max_model_len={max_model_len} (vLLM rejects requests longer than "
+                "max_model_len); raise engine.max_model_len or drop the row")
 
 
 _Record = tuple[int, Mapping[str, object]]
@@ -180,8 +206,8 @@ def _rows(records: Iterator[_Record], path: Path, run_id: str | None) -> tuple[T
                 continue
         elif run_id is not None:
             raise ConfigError(source=source, key=RUN_ID_KEY, value=None,
-                              rule=f"missing, so run_id={run_id!r} cannot be selected")
-        row = _row(record, source)
+                              rule=f"missing, so {DATASET_RUN_ID_KEY}={run_id!r} cannot be selected")
+        row = _row(record, source, n)
         if row.arrival_s is None:
             untimed_row = untimed_row or n
         else:
@@ -199,19 +225,19 @@ def _rows(records: Iterator[_Record], path: Path, run_id: str | None) -> tuple[T
                               f"{max(timed_row, untimed_row)} disagree on having an arrival time")
         rows.append(row)
     if run_id is None and len(run_ids) > 1:
-        raise ConfigError(source=str(path), key=RUN_ID_KEY, value=None,
+        raise ConfigError(source=str(path), key=DATASET_RUN_ID_KEY, value=None,
                           rule=f"the file holds {len(run_ids)} runs; choose one of "
                           f"{', '.join(sorted(run_ids))}")
     if not rows:
         if run_id is not None:
-            raise ConfigError(source=str(path), key=RUN_ID_KEY, value=run_id,
+            raise ConfigError(source=str(path), key=DATASET_RUN_ID_KEY, value=run_id,
                               rule="no rows of this run; the file has "
                               f"{', '.join(sorted(run_ids)) or 'no run_id values'}")
         raise ConfigError(source=str(path), key="<rows>", value=0, rule="the trace has no rows")
     return tuple(rows)
 
 
-def _row(record: Mapping[str, object], source: str) -> TraceRow:
+def _row(record: Mapping[str, object], source: str, n: int) -> TraceRow:
     input_key = _first_key(record, INPUT_KEYS, source, required=True)
     output_key = _first_key(record, OUTPUT_KEYS, source, required=True)
     assert input_key is not None and output_key is not None
@@ -230,6 +256,7 @@ def _row(record: Mapping[str, object], source: str) -> TraceRow:
             arrival_s=arrival_s,
             prefix_group=-1 if group is None else _as_int(group, source, PREFIX_GROUP_KEY),
             prefix_tokens=0 if prefix is None else _as_int(prefix, source, PREFIX_TOKENS_KEY),
+            row=n,
         )
     except FieldError as exc:
         key = {"input_tokens": input_key, "output_tokens": output_key,

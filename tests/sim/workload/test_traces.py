@@ -100,9 +100,10 @@ def test_llmservingsim_requests_for_one_run() -> None:
 def test_a_multi_run_file_needs_a_run_id() -> None:
     with pytest.raises(ConfigError, match="holds 4 runs") as info:
         read_trace(LLMSERVINGSIM_REQUESTS)
-    assert info.value.key == "run_id"
-    with pytest.raises(ConfigError, match="no rows of this run"):
+    assert info.value.key == "workload.dataset_run_id"
+    with pytest.raises(ConfigError, match="no rows of this run") as info:
         read_trace(LLMSERVINGSIM_REQUESTS, run_id="H100__nothing")
+    assert (info.value.key, info.value.value) == ("workload.dataset_run_id", "H100__nothing")
 
 
 def test_dataset_run_id_selects_one_run_of_a_multi_run_file(tmp_path: Path) -> None:
@@ -113,7 +114,11 @@ def test_dataset_run_id_selects_one_run_of_a_multi_run_file(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="holds 2 runs") as info:
         generate(WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=2),
                  np.random.default_rng(0))
-    assert info.value.key == "run_id"
+    assert info.value.key == "workload.dataset_run_id"
+    with pytest.raises(ConfigError, match="no rows of this run") as info:
+        generate(WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=1, dataset_run_id="c"),
+                 np.random.default_rng(0))
+    assert (info.value.key, info.value.value) == ("workload.dataset_run_id", "c")
 
 
 def test_dataset_run_id_needs_a_file_dataset() -> None:
@@ -198,3 +203,27 @@ def test_price_table_is_strict(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no price") as info:
         price_per_gpu_hour_usd("h100_sxm", partial)
     assert info.value.key == "h100_sxm"
+
+
+def test_rows_over_max_model_len_are_rejected_naming_file_row_and_rule(tmp_path: Path) -> None:
+    # vLLM rejects prompt + max_tokens > max_model_len; row 3 (request 2) asks for 60 + 41 = 101.
+    path = _write(tmp_path / "t.csv", "input_tokens,output_tokens\n10,5\n50,50\n60,41\n200,200\n")
+    spec = WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=3)
+    assert len(generate(spec, np.random.default_rng(0))) == 3  # unchecked without max_model_len
+    assert len(generate(spec, np.random.default_rng(0), max_model_len=101)) == 3  # 101 is allowed
+    with pytest.raises(ConfigError) as info:
+        generate(spec, np.random.default_rng(0), max_model_len=100)
+    err = info.value
+    assert err.source == f"{path} row 3"
+    assert (err.key, err.value) == ("input_tokens+output_tokens", 101)
+    assert "request 2" in err.rule and "max_model_len=100" in err.rule
+
+
+def test_jsonl_rows_over_max_model_len_name_their_line(tmp_path: Path) -> None:
+    lines = [{"input_toks": 10, "output_toks": 2}, {"input_toks": 90, "output_toks": 20}]
+    path = _write(tmp_path / "t.jsonl", "\n\n".join(json.dumps(x) for x in lines) + "\n")
+    spec = WorkloadSpec(dataset_name="trace", dataset_path=str(path), num_prompts=2)
+    with pytest.raises(ConfigError) as info:
+        generate(spec, np.random.default_rng(0), max_model_len=64)
+    assert info.value.source == f"{path} row 3"  # JSONL rows are lines; line 2 is blank
+    assert info.value.value == 110
