@@ -13,7 +13,12 @@ from typing import Any
 from orchestrator.commands_sim import overrides_from
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
+from sim.metrics.chrome_trace import write_chrome_trace
 from sim.serde import to_jsonable
+
+TRACE_MAX_STEP_EVENTS = 200_000
+"""Step events kept for `--trace` (runs of identical decode steps are one event): about 15 MB of
+memory and 60 MB of JSON at most; later steps are counted in the trace's `otherData`."""
 
 
 class _Progress:
@@ -74,15 +79,18 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
                    out / "kv_usage.parquet")
     (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
     if trace:
-        events = [{"name": f"req {r.request_id}", "ph": "X", "pid": r.replica, "tid": r.request_id,
-                   "ts": r.arrival_s * 1e6, "dur": (r.finish_s - r.arrival_s) * 1e6} for r in result.records]
-        (out / "trace.json").write_text(json.dumps({"traceEvents": events}))
+        with (out / "trace.json").open("w") as f:
+            write_chrome_trace(f, result.steps, result.records, num_steps_not_logged=result.num_steps_not_logged)
+        if result.num_steps_not_logged:
+            sys.stderr.write(f"warning: trace.json holds the first {len(result.steps)} step events; "
+                             f"{result.num_steps_not_logged} later steps are not in it\n")
 
 
 def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
     progress = _Progress(scenario.workload.num_prompts)
-    result = simulate(scenario, progress=progress)
+    result = simulate(scenario, progress=progress,
+                      max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)
     s = result.summary
     progress.end(s.num_completed)
     if s.truncated:

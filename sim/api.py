@@ -16,8 +16,9 @@ import numpy as np
 
 from sim.calibration.select import efficiency_model_for
 from sim.engine.pricer import StepPricer
-from sim.engine.records import RequestRecord
+from sim.engine.records import RequestRecord, StepRecord
 from sim.engine.simulation import SimLimits, Simulation, gc_paused, request_states
+from sim.engine.step_log import StepLog
 from sim.errors import InfeasibleScenario
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
@@ -120,6 +121,11 @@ class SimResult:
     memory: MemoryBreakdown
     scenario_hash: str
     sim_version: str
+    steps: tuple[StepRecord, ...] = ()
+    """The steps run, when `simulate(max_step_events=...)` asked for them (runs of identical
+    steps are one record); empty otherwise."""
+    num_steps_not_logged: int = 0
+    """Steps left out of `steps` because the log reached `max_step_events`."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -155,20 +161,23 @@ def simulate(
     limits: SimLimits | None = None,
     profile: EngineProfile | None = None,
     progress: Callable[[int], None] | None = None,
+    max_step_events: int = 0,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
 
     `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
+    `max_step_events` > 0 logs the steps run (`SimResult.steps`, at most that many records; see
+    `sim.engine.step_log`); the results are the same either way.
     Cyclic garbage collection is paused during the call (see `sim.engine.simulation.gc_paused`).
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
-                         progress=progress)
+                         progress=progress, max_step_events=max_step_events)
 
 
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
-              progress: Callable[[int], None] | None) -> SimResult:
+              progress: Callable[[int], None] | None, max_step_events: int) -> SimResult:
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -192,9 +201,10 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     states = request_states(specs, replicas[0].kv)
     cost_model = StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario, profile))
     pricer = StepPricer(scenario, cost_model, host or profile.host)
+    step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                      max_concurrency=scenario.workload.max_concurrency, limits=limits,
-                     progress=progress)
+                     progress=progress, step_log=step_log)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
     price = scenario.price_per_gpu_hour_usd
@@ -214,4 +224,6 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
                                   launch_floor_s=floor_s),
         records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
+        steps=step_log.records() if step_log is not None else (),
+        num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
+from sim.engine.step_log import StepLog
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.scheduler import BulkDecodeScheduler, StepPlan
@@ -110,7 +111,7 @@ class _Replica:
 class Simulation:
     def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
         self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler)) for s in replicas]
         self._pricer = pricer
         self._router = router
@@ -118,6 +119,8 @@ class Simulation:
         self._limits = limits
         self._inline = limits.bulk_decode
         self._progress = progress
+        self.step_log = step_log
+        """Steps run, when given (for a Chrome trace); None keeps the loop free of logging."""
         self._heap: list[tuple[float, int, int]] = []
         self._seq = itertools.count()
         self._next_arrival_s = float("inf")
@@ -223,6 +226,9 @@ class Simulation:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
         step_s = self._pricer.price(plan)
+        if self.step_log is not None:
+            self.step_log.add(replica=idx, start_s=now, step_s=step_s, num_steps=1, end_s=now + step_s,
+                              key=self._pricer.key(plan), num_preempted=len(plan.preempted))
         replica.busy, replica.plan, replica.step_s = True, plan, step_s
         replica.busy_s += step_s
         self.num_steps += 1
@@ -284,6 +290,7 @@ class Simulation:
                 return []  # _start_step plans this step and queues its end
             steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
             busy_s = replica.busy_s
+            step_log = self.step_log
             for g, (key, step_s, first) in enumerate(groups):
                 last = groups[g + 1][2] if g + 1 < len(groups) else steps
                 n = min(last, steps) - first
@@ -293,6 +300,9 @@ class Simulation:
                 itl[step_s] = itl.get(step_s, 0) + num_decode * n
                 for _ in range(n):
                     busy_s += step_s
+                if step_log is not None:
+                    step_log.add(replica=idx, start_s=ends[first - 1] if first else self.now_s, step_s=step_s,
+                                 num_steps=n, end_s=ends[first + n - 1], key=key, num_preempted=0)
             replica.busy_s = busy_s
             self.kv_time_s.extend(ends[:steps])
             self.kv_usage_frac.extend([(num_blocks - free) / num_blocks for free in free_after])

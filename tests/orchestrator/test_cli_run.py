@@ -29,7 +29,30 @@ def test_run_out_writes_parquet(tmp_path: Path) -> None:
     assert len(requests) == 20 and {"ttft_s", "tpot_s", "e2el_s"} <= set(requests[0])
     kernels = pq.read_table(out / "kernel_breakdown.parquet").to_pylist()
     assert {"qkv_proj", "host"} <= {k["kernel"] for k in kernels}
-    assert (out / "trace.json").exists()
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert steps and all(e["ph"] == "X" and e["dur"] > 0 for e in steps)
+    assert sum(e["args"]["num_steps"] for e in steps) == summary["num_steps"]  # every step, none dropped
+    assert {"prefill", "decode"} <= {e["args"]["kind"] for e in steps}
+    assert sum(e["args"]["num_prefill_tokens"] * e["args"]["num_steps"] for e in steps) == sum(
+        r["prompt_tokens"] for r in requests)  # no prefix sharing or preemption in this run
+    assert len([e for e in events if e.get("cat") == "request"]) == 20
+
+
+def test_run_trace_rows_over_max_model_len_exit_2_naming_file_row_and_rule(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("input_tokens,output_tokens\n100,10\n4000,97\n")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[hardware]\nname = "h100_sxm"\n[model]\nname = "meta-llama/Llama-3.1-8B"\n'
+                        '[engine]\nmax_model_len = 4096\n'
+                        '[workload]\ndataset_name = "trace"\ndataset_path = "trace.csv"\nnum_prompts = 2\n')
+    assert main(["run", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert f"{trace} row 2" in err and "4097" in err and "max_model_len=4096" in err
+    assert main(["run", str(scenario), "--set", "engine.max_model_len=4097", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["num_completed"] == 2
 
 
 def test_run_bad_override_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
