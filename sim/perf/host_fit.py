@@ -1,8 +1,11 @@
 """Fit `HostOverheadParams` from Vidur's measured per-step CPU overheads (csv + numpy only).
 
-`python -m sim.perf.host_fit ../shared/data/vidur/cpu_overheads_a100.csv` prints the TOML that
-ships as `sim/data/host/vllm.toml`. Each component's median (ms) is fitted by least squares as
-`a + b x batch_size` over every model and TP degree in the file.
+`python -m sim.perf.host_fit ../shared/data/vidur/cpu_overheads_a100.csv` prints host-overhead
+TOML in the layout of `sim/data/host/<backend>.toml`. Each component's median (ms) is fitted by
+least squares as `a + b x batch_size` over every model and TP degree in the file. This is not
+what ships: the shipped engine profiles hold host overheads fitted end to end on the dev rows by
+`kernelsight validate --fit-profiles` (see their `source` and `[fit]`, and docs/validation.md);
+this fit on Vidur's 2024 vLLM-v0 fork is kept for comparison.
 """
 
 from __future__ import annotations
