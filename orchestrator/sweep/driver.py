@@ -9,6 +9,8 @@ evaluated again and told once. The main thread makes every decision (asking, the
 pool); the recorder only writes, one trial at a time in completion order.
 
 Resume (`SweepDriver.run` on an existing study) first reconciles the two stores:
+- trials WAITING in Optuna (enqueued with `study.enqueue_trial`, never started) are left to `ask`,
+  which starts them with their enqueued parameters before it samples new ones;
 - trials RUNNING in Optuna (the killed driver's in-flight trials) are evaluated again with the
   parameters Optuna stored (drawing any it had not drawn yet), logged, reusing an MLflow run
   that already has their `trial_number`, and told once;
@@ -82,8 +84,9 @@ class SweepDriver:
         self._finished_here = 0
         self._num_finished = 0
         self._num_reconciled = 0
-        self._num_trials = len(study.get_trials(deepcopy=False))
-        """Trials in the study, every state; grows with each ask."""
+        self._num_trials = sum(t.state is not TrialState.WAITING for t in study.get_trials(deepcopy=False))
+        """Trials in the study that have started, every state but WAITING; grows with each ask (which
+        starts an enqueued WAITING trial before it creates a new one)."""
         self._recorder: Recorder | None = None
 
     # -- public -------------------------------------------------------------------------------
@@ -141,7 +144,9 @@ class SweepDriver:
             return
         logged = self.tracker.logged_trials()
         for ft in trials:
-            if ft.state in (TrialState.RUNNING, TrialState.WAITING):
+            if ft.state is TrialState.WAITING:
+                continue  # enqueued (`study.enqueue_trial`), never started: the next ask() takes it
+            if ft.state is TrialState.RUNNING:
                 self._redo.append((ft, logged.get(ft.number)))
                 continue
             stored = stored_result(ft)

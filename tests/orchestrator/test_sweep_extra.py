@@ -336,3 +336,30 @@ set = {{ "workload.num_prompts" = 40, "workload.random_input_len" = 512, "worklo
         "1": "slo_unreachable", "2": "ok", "3": "invalid", "4": "ok"}
     chosen = [r for r in candidates if r.data.tags["chosen"] == "true"]
     assert len(chosen) == 1 and chosen[0].data.params["engine.tensor_parallel_size"] == "2"
+
+
+# -- enqueued trials ------------------------------------------------------------------------------
+
+
+def test_enqueued_trials_run_first_with_their_parameters(ray_runtime: None, tmp_path: Path) -> None:
+    """Trials queued with Optuna's `study.enqueue_trial` (WAITING, never started) are run by the
+    next asks with the enqueued parameters and count toward n_trials once each."""
+    path = sweep_file(tmp_path, name="enqueued", sampler="random", n_trials=4,
+                      space='"engine.max_num_seqs" = { type = "int", low = 8, high = 256, log = true }\n',
+                      base_set=SMALL)
+    spec = load_sweep(path)
+    base = spec.load_base()
+    storage, _ = open_storage(None, tmp_path / "study")
+    study, _ = open_study(spec, storage, identity=spec.identity(base), resume=False)
+    study.enqueue_trial({"engine.max_num_seqs": 17})
+    study.enqueue_trial({"engine.max_num_seqs": 33})
+    pool = ShardPool(ray.put(base), num_actors=2, render_artifacts=False, name_prefix="test-enqueued")
+    try:
+        report = SweepDriver(spec, base, study, NullTracker(), pool, n_trials=spec.n_trials).run()
+    finally:
+        pool.close()
+    trials = study.get_trials(deepcopy=False)
+    assert [t.number for t in trials] == [0, 1, 2, 3]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert [t.params["engine.max_num_seqs"] for t in trials[:2]] == [17, 33]
+    assert sorted(r.number for r in report.records) == [0, 1, 2, 3]
