@@ -52,9 +52,14 @@ MODEL_NAMES: Final[dict[str, str]] = {
     "Mixtral 8x22B": "mistralai/Mixtral-8x22B-v0.1",
     "Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B",
+    # TensorRT-LLM 0.9 / perf-overview names of older dense checkpoints (their public HF configs ship)
+    "Mistral 7B": "mistralai/Mistral-7B-v0.1",
+    "LLaMA 7B": "meta-llama/Llama-2-7b-hf",
+    "LLaMA 70B": "meta-llama/Llama-2-70b-hf",
 }
-"""Source model name -> catalog model id. Names missing here (Mistral 7B, Llama 4, GPT-J 6B,
-Falcon 180B, Llama-2 7B/70B) have no shipped config."""
+"""Source model name -> catalog model id. Names missing here (Llama 4, GPT-J 6B, Falcon 180B) have
+no shipped config. "LLaMA 7B" / "LLaMA 70B" of the TensorRT-LLM 0.9 tables are Llama-2 (Llama-1 7B
+has the same layers; Llama-1 had no 70B); "LLaMA 70B" rows stay evaluation-only (rows.is_eval)."""
 
 QUANTIZATION: Final[dict[str, str | None]] = {
     "fp8": "fp8", "FP8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "fp4": "nvfp4", "FP4": "nvfp4",

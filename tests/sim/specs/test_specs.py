@@ -33,7 +33,7 @@ def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
 def test_shipped_models_load_by_hf_id_and_alias() -> None:
     assert load_model("meta-llama/Llama-3.1-70B").num_layers == 80
     assert load_model("meta-llama/Meta-Llama-3.1-70B").hidden_size == 8192
-    assert len(list_models()) == 16
+    assert len(list_models()) == 19
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,17 @@ def test_unmodelled_architectures_name_the_config_key(model: str, key: str) -> N
     with pytest.raises(ConfigError) as err:
         load_model(model)
     assert err.value.key == key
+
+
+@pytest.mark.parametrize(("model", "params", "window"), [
+    ("mistralai/Mistral-7B-v0.1", 7.24e9, 4096),  # published sizes: 7.24B, 6.74B, 68.98B
+    ("meta-llama/Llama-2-7b-hf", 6.74e9, 0),
+    ("meta-llama/Llama-2-70b-chat-hf", 68.98e9, 0),
+])
+def test_older_dense_checkpoints_ship_with_their_published_sizes(model: str, params: float, window: int) -> None:
+    spec = load_model(model)
+    assert spec.num_params() == pytest.approx(params, rel=0.002)
+    assert set(spec.layer_window_tokens) == {window}
 
 
 def test_moe_configs_parse() -> None:

@@ -186,3 +186,18 @@ def test_static_batch_rows(tmp_path: Path) -> None:
     assert bs1.replay is not None and bs1.replay.kind == "single_request"
     assert bs1.measured == {"ttft_mean_s": pytest.approx(0.1609)}
     assert gptj.skipped and "GPT-J" in (gptj.skip_reason or "")
+
+
+def test_static_batch_older_dense_checkpoints_are_represented(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text(
+        "engine,engine_version,gpu,gpu_label,precision,model,batch_size,tp,isl,kind,osl,out_tok_per_s_per_gpu,"
+        "first_token_latency_ms\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,Mistral 7B,1,1,128,first_token_latency_bs1,,,5.5\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,LLaMA 7B,1,1,128,first_token_latency_bs1,,,5.5\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,LLaMA 70B,1,4,128,first_token_latency_bs1,,,20.0\n")
+    mistral, llama7, llama70 = read_trtllm_static(path, PROFILES, SpecCache())
+    assert not mistral.skipped and mistral.sections is not None
+    assert mistral.sections["model"]["name"] == "mistralai/Mistral-7B-v0.1" and mistral.suite == "dev"
+    assert not llama7.skipped and llama7.suite == "dev"
+    assert not llama70.skipped and llama70.suite == "eval"  # a Llama 70B checkpoint: evaluation only
