@@ -1,6 +1,6 @@
 """kernelsight simulator: kernel-level LLM serving simulation without a GPU."""
 
-from sim.api import load_scenario, predict_step
+from sim.api import __version__, load_scenario, predict_step
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.provenance import Provenance
@@ -10,8 +10,6 @@ from sim.specs.model import ModelSpec, MoESpec
 from sim.specs.scenario import Scenario
 from sim.specs.slo import SloSpec
 from sim.specs.workload import WorkloadSpec
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchShape",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.calibration.select import efficiency_model_for
+from sim.calibration.select import EfficiencyModels, efficiency_model_for
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord, StepRecord
 from sim.engine.simulation import SimLimits, Simulation, gc_paused, request_states
@@ -44,7 +44,7 @@ from sim.specs.prices import load_prices, price_per_gpu_hour_usd
 from sim.specs.scenario import Scenario, load_scenario_file
 from sim.workload.generate import generate
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _GIB = float(1 << 30)
 
@@ -96,13 +96,15 @@ def step_graph(scenario: Scenario, batch: BatchShape) -> KernelGraph:
     return build_step_graph(scenario.model, scenario.engine, scenario.precision, scenario.hardware, batch)
 
 
-def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None) -> EfficiencyModel:
+def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None, *,
+                        models: EfficiencyModels | None = None) -> EfficiencyModel:
     """The kernel model the scenario's `[perf]` section selects (default: best shipped tier), with
-    the kernel sources of the engine profile (default: the shipped profile of `engine.backend`)."""
+    the kernel sources of the engine profile (default: the shipped profile of `engine.backend`);
+    `models` reuses the models a long-lived caller (a sweep worker) has built before."""
     profile = profile or load_engine_profile(scenario.engine.backend)
-    return efficiency_model_for(scenario.hardware, tier=scenario.perf.tier,
-                                calibration_path=scenario.perf.calibration, backend=scenario.engine.backend,
-                                gemm_backends=profile.kernel_sources.gemm)
+    select = efficiency_model_for if models is None else models.get
+    return select(scenario.hardware, tier=scenario.perf.tier, calibration_path=scenario.perf.calibration,
+                  backend=scenario.engine.backend, gemm_backends=profile.kernel_sources.gemm)
 
 
 def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: EfficiencyModel | None = None) -> StepTiming:

@@ -287,9 +287,16 @@ def wanted_trials(spec: SweepSpec, n_trials: int) -> int:
 
 
 def needs_actors(study: optuna.Study, spec: SweepSpec, n_trials: int) -> bool:
-    """Whether any trial is left to evaluate (new, or in flight when a driver stopped)."""
+    """Whether any trial is left to evaluate (new, enqueued within n_trials, or in flight when a driver
+    stopped)."""
     trials = study.get_trials(deepcopy=False)
-    return len(trials) < wanted_trials(spec, n_trials) or any(not t.state.is_finished() for t in trials)
+    started = [t for t in trials if t.state is not TrialState.WAITING]
+    waiting = len(trials) - len(started)
+    wanted = wanted_trials(spec, n_trials)
+    if waiting and len(started) >= wanted:
+        logger.warning("%d enqueued trial(s) left waiting: the study already holds %d started trials "
+                       "(n_trials = %d); raise --trials to run them", waiting, len(started), wanted)
+    return len(started) < wanted or any(t.state is TrialState.RUNNING for t in trials)
 
 
 def _ms(trial: Any) -> int:

@@ -16,7 +16,8 @@ from orchestrator.sweep.metrics import trial_metrics
 from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.spec import ParamValue
 from sim.api import __version__ as sim_version
-from sim.api import simulate
+from sim.api import scenario_efficiency, simulate
+from sim.calibration.select import EfficiencyModels
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.specs.scenario import Scenario
 
@@ -37,6 +38,7 @@ class TrialEvaluator:
     def __init__(self, base: Scenario, *, render_artifacts: bool = True) -> None:
         self._base = base
         self._render = render_artifacts
+        self._models = EfficiencyModels()
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
         start_s = time.perf_counter()
@@ -49,7 +51,7 @@ class TrialEvaluator:
         failed = TrialResult(number=trial.number, status=TrialStatus.FAILED, params=params,
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
-            result = simulate(scenario)
+            result = simulate(scenario, efficiency=scenario_efficiency(scenario, models=self._models))
         except InfeasibleScenario as exc:
             return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
                            duration_s=time.perf_counter() - start_s)

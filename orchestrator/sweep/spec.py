@@ -130,8 +130,12 @@ class SweepSpec:
             raise
 
     def identity(self, base: Scenario) -> str:
-        """Hash of what the trials' results depend on: everything but `n_trials` and the file text."""
+        """Hash of what the trials' results depend on: everything but `n_trials` and the file text, plus
+        the simulator version (a new release may price the same scenario differently)."""
+        from sim import api
+
         return config_hash({
+            "sim_version": api.__version__,
             "name": self.name, "sampler": self.sampler, "seed": self.seed, "objectives": self.objectives,
             "slo": self.slo, "space": self.space, "sampler_options": dict(self.sampler_options),
             "capacity": self.capacity, "base": base.scenario_hash(),

@@ -161,8 +161,8 @@ def open_study(spec: SweepSpec, storage: BaseStorage, *, identity: str, resume: 
         study.set_user_attr(SPEC_ATTR, spec.text)
     elif attrs.get(IDENTITY_ATTR) != identity:
         raise ConfigError(source=spec.source, key="study", value=spec.name,
-                          rule="the sweep file or its base scenario changed since this study started "
-                               "(only study.n_trials may change on --resume); give the study a new name")
+                          rule="the sweep file, its base scenario or the kernelsight version changed since this study "
+                               "started (only study.n_trials may change on --resume); give the study a new name")
     if existed and [d.name.lower() for d in study.directions] != [o.direction for o in spec.objectives]:
         raise ConfigError(source=spec.source, key="study.objectives", value=[o.direction for o in spec.objectives],
                           rule="the stored study has different objective directions")

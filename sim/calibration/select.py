@@ -7,6 +7,7 @@ cross_generation.json and the target's datasheet, never the target's measurement
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
@@ -15,6 +16,7 @@ from sim.calibration.artifact import CalibrationArtifact, load_artifact
 from sim.errors import ConfigError
 from sim.perf.efficiency import EfficiencyModel, RooflineEfficiency
 from sim.perf.fitted import FittedEfficiency
+from sim.serde import config_hash
 from sim.specs.hardware import HardwareSpec
 
 Tier = Literal["auto", "roofline", "cross-generation", "target-measured"]
@@ -22,30 +24,6 @@ CALIBRATION_DIR: Final = Path(__file__).resolve().parent.parent / "data" / "cali
 CROSS_GENERATION_FILE: Final = "cross_generation.json"
 DEFAULT_BACKEND: Final = "vllm"
 """Backend whose kernels the simulator prices (it models vLLM's engine)."""
-
-
-def _load(path: str | Path) -> CalibrationArtifact:
-    """`load_artifact`, parsed once per process per file version: a sweep worker or a validate
-    worker simulates many scenarios on a few calibrations, and parsing one is ~40 ms, about a third
-    of a small trial. A file rewritten in place (new mtime or size) is read again; errors name the
-    path as given."""
-    try:
-        st = Path(path).stat()
-        key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
-    except OSError:
-        return load_artifact(path)  # the loader reports the missing file
-    art = _ARTIFACTS.get(key)
-    if art is None:
-        art = load_artifact(path)
-        if len(_ARTIFACTS) >= _MAX_ARTIFACTS:
-            _ARTIFACTS.clear()
-        _ARTIFACTS[key] = art
-    return art
-
-
-_ARTIFACTS: dict[tuple[str, int, int], CalibrationArtifact] = {}
-"""(resolved path, mtime, size) -> parsed artifact; artifacts are frozen values, safe to share."""
-_MAX_ARTIFACTS: Final = 32
 
 
 def shipped_calibration(hw_name: str) -> Path | None:
@@ -60,19 +38,19 @@ def load_for_tier(hw: HardwareSpec, tier: Tier, calibration_path: str | None
         return None
     if tier == "cross-generation":
         if calibration_path is not None:
-            art = _load(calibration_path)
+            art = load_artifact(calibration_path)
             if art.tier != "cross-generation":
                 raise ConfigError(source=calibration_path, key="tier", value=art.tier,
                                   rule="the cross-generation tier never reads target measurements")
             return art
-        return _load(CALIBRATION_DIR / CROSS_GENERATION_FILE)
+        return load_artifact(CALIBRATION_DIR / CROSS_GENERATION_FILE)
     path = calibration_path or shipped_calibration(hw.name)
     if tier == "auto" and path is None:
-        return _load(CALIBRATION_DIR / CROSS_GENERATION_FILE)
+        return load_artifact(CALIBRATION_DIR / CROSS_GENERATION_FILE)
     if path is None:
         raise ConfigError(source="efficiency_model_for", key="calibration_path", value=None,
                           rule=f"no shipped calibration for {hw.name!r}; run `kernelsight calibrate`")
-    art = _load(path)
+    art = load_artifact(path)
     if art.tier != "target-measured" or art.hardware != hw.name:
         raise ConfigError(source=str(path), key="hardware", value=art.hardware,
                           rule=f"must be a target-measured calibration of {hw.name!r}")
@@ -86,4 +64,36 @@ def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
     art = load_for_tier(hw, tier, calibration_path)
     if art is None:
         return RooflineEfficiency()
+    gemm = art.families.get("gemm")
+    levels = dict(gemm.categoricals).get("backend", ()) if gemm is not None else ()
+    for dtype, source in (gemm_backends or {}).items():
+        if source not in levels:
+            raise ConfigError(source=calibration_path or "shipped calibration", key=f"kernel_sources.gemm.{dtype}",
+                              value=source, rule=f"the calibration's GEMM model has backend levels "
+                                                 f"{', '.join(levels) or 'none'}")
     return FittedEfficiency(art.families, backend=backend, gemm_backends=gemm_backends)
+
+
+class EfficiencyModels:
+    """Kernel models by what selects them (hardware, tier, calibration file version, backend, kernel
+    sources), built once per instance: a sweep worker simulates many trials on a few of them, and
+    parsing a calibration is ~40 ms, about a third of a small trial. Models are pure values, so one
+    serves every trial that selects it; a calibration file rewritten in place is read again."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[object, ...], EfficiencyModel] = {}
+
+    def get(self, hw: HardwareSpec, *, tier: Tier, calibration_path: str | None, backend: str | None,
+            gemm_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
+        version: tuple[int, ...] = ()
+        if calibration_path is not None:
+            with contextlib.suppress(OSError):  # a missing file is reported by the loader
+                st = Path(calibration_path).stat()
+                version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        key = (config_hash(hw), tier, calibration_path, version, backend,
+               tuple(sorted((gemm_backends or {}).items())))
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = efficiency_model_for(hw, tier=tier, calibration_path=calibration_path,
+                                                             backend=backend, gemm_backends=gemm_backends)
+        return model

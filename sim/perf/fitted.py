@@ -106,7 +106,9 @@ class FittedEfficiency:
     """`EfficiencyModel` backed by fitted per-family parameters; pure.
 
     One implementation (the vectorised `predict_log_slowdown`) serves both the simulator's
-    one-kernel calls and `predict-kernels` batches, so both give the same numbers.
+    one-kernel calls and `predict-kernels` batches, so both give the same numbers. The engine
+    profile's GEMM kernel sources (`gemm_backends`) apply where the model builds the categoricals
+    (`efficiency`, `efficiency_columns`); `predict-kernels` rows name their backend themselves.
     """
 
     def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None,

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sim.dtypes import DType
 from sim.perf.host import HostOverheadParams
 from sim.serde import require
 
@@ -91,12 +92,15 @@ KNOWN_KERNEL_BACKENDS = ("vllm", "sglang", "trtllm")
 class KernelSources:
     """Which measured framework's kernels price an engine's kernels, where it is not the engine's own."""
 
-    gemm: Mapping[str, str] = field(default_factory=dict)
+    gemm: Mapping[str, str] = field(default_factory=dict, hash=False)
     """GEMM weight format (`fp8`, `fp8_block`, `bfloat16`, `nvfp4`) -> backend whose GEMM
-    measurements price it; formats not named use the engine's own backend."""
+    measurements price it; formats not named use the engine's own backend. (Left out of the hash:
+    a mapping is not hashable; equality still compares it.)"""
 
     def __post_init__(self) -> None:
+        formats = sorted(d.value for d in DType)
         for dtype, backend in self.gemm.items():
+            require(dtype in formats, f"gemm.{dtype}", dtype, f"must be a weight format: {', '.join(formats)}")
             require(backend in KNOWN_KERNEL_BACKENDS, f"gemm.{dtype}", backend,
                     f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
 

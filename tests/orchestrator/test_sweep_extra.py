@@ -363,3 +363,31 @@ def test_enqueued_trials_run_first_with_their_parameters(ray_runtime: None, tmp_
     assert [t.state.name for t in trials] == ["COMPLETE"] * 4
     assert [t.params["engine.max_num_seqs"] for t in trials[:2]] == [17, 33]
     assert sorted(r.number for r in report.records) == [0, 1, 2, 3]
+
+
+def test_enqueued_trials_beyond_n_trials_need_no_actors_and_are_reported(
+        ray_runtime: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Resuming a finished study that also holds enqueued trials past n_trials starts no pool and
+    says why those trials stay waiting; enqueued trials within n_trials still need actors."""
+    from orchestrator.sweep.driver import needs_actors
+
+    path = sweep_file(tmp_path, name="leftover", sampler="random", n_trials=2,
+                      space='"engine.max_num_seqs" = { type = "int", low = 8, high = 256, log = true }\n',
+                      base_set=SMALL)
+    spec = load_sweep(path)
+    base = spec.load_base()
+    storage, _ = open_storage(None, tmp_path / "study")
+    study, _ = open_study(spec, storage, identity=spec.identity(base), resume=False)
+    study.enqueue_trial({"engine.max_num_seqs": 17})
+    assert needs_actors(study, spec, 2)
+    pool = ShardPool(ray.put(base), num_actors=1, render_artifacts=False, name_prefix="test-leftover")
+    try:
+        SweepDriver(spec, base, study, NullTracker(), pool, n_trials=2).run()
+    finally:
+        pool.close()
+    assert [t.state.name for t in study.get_trials(deepcopy=False)] == ["COMPLETE", "COMPLETE"]
+    study.enqueue_trial({"engine.max_num_seqs": 33})
+    with caplog.at_level(logging.WARNING, logger="orchestrator.sweep.driver"):
+        assert not needs_actors(study, spec, 2)
+    assert "1 enqueued trial(s) left waiting" in caplog.text
+    assert needs_actors(study, spec, 3)

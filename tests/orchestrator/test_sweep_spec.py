@@ -299,6 +299,18 @@ def test_identity_ignores_n_trials_but_not_the_space(tmp_path: Path) -> None:
     assert spec.identity(base) == more.identity(base) != other.identity(base)
 
 
+def test_identity_changes_with_the_simulator_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study started by another kernelsight release is not resumed: its stored results were priced
+    by that release."""
+    from sim import api
+
+    spec = load_sweep(write(tmp_path, GOOD))
+    base = spec.load_base()
+    now = spec.identity(base)
+    monkeypatch.setattr(api, "__version__", "0.0.1")
+    assert spec.identity(base) != now
+
+
 def test_journal_repair_drops_a_torn_last_record(tmp_path: Path) -> None:
     spec = load_sweep(write(tmp_path, GOOD))
     storage, _ = open_storage(None, tmp_path / "s")

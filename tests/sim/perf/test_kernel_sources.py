@@ -91,3 +91,17 @@ def test_profile_toml_round_trips_kernel_sources(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text(profile_toml(profile, header="test"))
     assert load_engine_profile("vllm", path) == profile
+
+
+def test_unknown_weight_format_is_an_error_naming_it(tmp_path: Path) -> None:
+    text = profile_toml(load_engine_profile("vllm"), header="test").replace("fp8_block = ", "fp8block = ")
+    path = tmp_path / "vllm.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_engine_profile("vllm", path)
+    assert err.value.key == "kernel_sources.gemm.fp8block" and "weight format" in err.value.rule
+
+
+def test_profiles_stay_hashable_values() -> None:
+    profile = load_engine_profile("vllm")
+    assert hash(profile) == hash(load_engine_profile("vllm")) and profile == load_engine_profile("vllm")
