@@ -33,10 +33,12 @@ from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.results import TrialResult
 from orchestrator.sweep.space import suggest_params
+from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import make_sampler, open_storage, open_study
 from orchestrator.sweep.tracking import NullTracker
 from sim.api import simulate
 from sim.errors import ConfigError
+from sim.specs.scenario import Scenario
 
 pytestmark = pytest.mark.ray
 
@@ -341,16 +343,22 @@ set = {{ "workload.num_prompts" = 40, "workload.random_input_len" = 512, "worklo
 # -- enqueued trials ------------------------------------------------------------------------------
 
 
-def test_enqueued_trials_run_first_with_their_parameters(ray_runtime: None, tmp_path: Path) -> None:
-    """Trials queued with Optuna's `study.enqueue_trial` (WAITING, never started) are run by the
-    next asks with the enqueued parameters and count toward n_trials once each."""
-    path = sweep_file(tmp_path, name="enqueued", sampler="random", n_trials=4,
+def _seqs_study(tmp_path: Path, name: str, n_trials: int) -> tuple[SweepSpec, Scenario, optuna.Study]:
+    """A random-sampler study over max_num_seqs with the SMALL workload, in a journal under tmp_path."""
+    path = sweep_file(tmp_path, name=name, sampler="random", n_trials=n_trials,
                       space='"engine.max_num_seqs" = { type = "int", low = 8, high = 256, log = true }\n',
                       base_set=SMALL)
     spec = load_sweep(path)
     base = spec.load_base()
     storage, _ = open_storage(None, tmp_path / "study")
     study, _ = open_study(spec, storage, identity=spec.identity(base), resume=False)
+    return spec, base, study
+
+
+def test_enqueued_trials_run_first_with_their_parameters(ray_runtime: None, tmp_path: Path) -> None:
+    """Trials queued with Optuna's `study.enqueue_trial` (WAITING, never started) are run by the
+    next asks with the enqueued parameters and count toward n_trials once each."""
+    spec, base, study = _seqs_study(tmp_path, "enqueued", 4)
     study.enqueue_trial({"engine.max_num_seqs": 17})
     study.enqueue_trial({"engine.max_num_seqs": 33})
     pool = ShardPool(ray.put(base), num_actors=2, render_artifacts=False, name_prefix="test-enqueued")
@@ -371,13 +379,7 @@ def test_enqueued_trials_beyond_n_trials_need_no_actors_and_are_reported(
     says why those trials stay waiting; enqueued trials within n_trials still need actors."""
     from orchestrator.sweep.driver import needs_actors
 
-    path = sweep_file(tmp_path, name="leftover", sampler="random", n_trials=2,
-                      space='"engine.max_num_seqs" = { type = "int", low = 8, high = 256, log = true }\n',
-                      base_set=SMALL)
-    spec = load_sweep(path)
-    base = spec.load_base()
-    storage, _ = open_storage(None, tmp_path / "study")
-    study, _ = open_study(spec, storage, identity=spec.identity(base), resume=False)
+    spec, base, study = _seqs_study(tmp_path, "leftover", 2)
     study.enqueue_trial({"engine.max_num_seqs": 17})
     assert needs_actors(study, spec, 2)
     pool = ShardPool(ray.put(base), num_actors=1, render_artifacts=False, name_prefix="test-leftover")
