@@ -7,6 +7,20 @@ shape features. Behaviour keys on `kind`; `name` is a label for reports. Collect
 Shape conventions (`shape`):
 - GEMM: (m, n, k) for Y[m, n] = X[m, k] W[n, k]^T
 - MOE_GEMM: (routed_tokens, n, k, local_experts, active_experts)
+- MOE: one fused MoE layer on one rank (routing + grouped expert GEMMs + finalize, no communication),
+  the key of `moe.csv.gz`: (num_tokens, hidden_size, inter_size, topk, num_experts, moe_tp_size,
+  moe_ep_size); `inter_size` is the full (unsharded) expert width, `num_tokens` the tokens entering the
+  layer on this rank before top-k expansion; `variant` is the routing distribution (`balanced`,
+  `power_law_1.2`, ...); `dtype` is the expert weight format (`moe_dtype`)
+- MLA_PREFILL: (batch, new_tokens, context_tokens, heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+  decompressed (un-absorbed) MLA attention over fresh tokens, per-GPU heads (`mla_context`)
+- MLA_DECODE: (batch, mean_kv_tokens, max_kv_tokens, heads, kv_lora_rank, qk_rope_head_dim)
+  weight-absorbed MLA decode against the latent cache; kv_tokens include the new token (`mla_generation`)
+- MLA_BMM: (tokens, heads, n, k) per-head batched matmul around absorbed decode; `variant` is
+  `mla_gen_pre` (q_nope -> latent) or `mla_gen_post` (latent -> v) (`mla_bmm`)
+- EP_ALL_TO_ALL: (num_tokens_per_rank, hidden_size, topk, num_experts, num_gpus, node_num) one
+  expert-parallel dispatch + combine pair (DeepEP); `variant` is `normal` (prefill) or `low_latency`
+  (decode) (`deepep_normal` / `deepep_ll`); `comm_bytes` and `group_size` as for collectives
 - ATTN_PREFILL: (batch, new_tokens, context_tokens, heads, kv_heads, head_dim, window)
 - ATTN_DECODE: (batch, mean_kv_tokens, max_kv_tokens, heads, kv_heads, head_dim, window)
 - NORM, ELEMENTWISE, EMBEDDING, SAMPLING: (tokens, width)
@@ -25,6 +39,10 @@ from sim.dtypes import DType
 class KernelKind(StrEnum):
     GEMM = "gemm"
     MOE_GEMM = "moe_gemm"
+    MOE = "moe"
+    MLA_PREFILL = "mla_prefill"
+    MLA_DECODE = "mla_decode"
+    MLA_BMM = "mla_bmm"
     ATTN_PREFILL = "attn_prefill"
     ATTN_DECODE = "attn_decode"
     NORM = "norm"
@@ -36,13 +54,14 @@ class KernelKind(StrEnum):
     REDUCE_SCATTER = "reduce_scatter"
     ALL_TO_ALL = "all_to_all"
     SEND_RECV = "send_recv"
+    EP_ALL_TO_ALL = "ep_all_to_all"
 
     def is_collective(self) -> bool:
         return self in _COLLECTIVES
 
 
 _COLLECTIVES = frozenset({KernelKind.ALL_REDUCE, KernelKind.ALL_GATHER, KernelKind.REDUCE_SCATTER,
-                          KernelKind.ALL_TO_ALL, KernelKind.SEND_RECV})
+                          KernelKind.ALL_TO_ALL, KernelKind.SEND_RECV, KernelKind.EP_ALL_TO_ALL})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +81,9 @@ class KernelWork:
     """Per-GPU message size of a collective (the buffer each rank contributes or receives)."""
     group_size: int = 1
     shape: tuple[int, ...] = ()
+    variant: str = ""
+    """Kind-specific discriminator the kernel models key on (see the shape conventions above); empty
+    for kinds that have none."""
 
     def bytes_moved(self) -> float:
         """HBM traffic of a compute kernel (collectives move `comm_bytes` over links instead)."""
