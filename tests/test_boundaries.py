@@ -136,7 +136,22 @@ def test_sim_has_no_import_cycles() -> None:
 
 
 @pytest.mark.parametrize("module", ["sim.workload.traces", "sim.workload.generate", "sim.workload.requests",
-                                    "sim.workload.arrivals", "sim.engine.pricer"])
+                                    "sim.workload.arrivals", "sim.engine.block_pricing", "sim.engine.step_parts",
+                                    "sim.engine.pricer"])
 def test_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_engine_and_workload_modules_depend_one_way() -> None:
+    """Block pricing knows no part family; the families know no pricer; traces know no generator."""
+    graph = sim_import_graph()
+
+    def inside(module: str, package: str) -> set[str]:
+        return {m for m in graph[module] if m.startswith(package)}
+
+    assert inside("sim.engine.block_pricing", "sim.engine.") == set()
+    assert inside("sim.engine.step_parts", "sim.engine.") == {"sim.engine.block_pricing"}
+    assert inside("sim.workload.requests", "sim.workload.") == set()
+    assert inside("sim.workload.arrivals", "sim.workload.") == set()
+    assert inside("sim.workload.traces", "sim.workload.") == {"sim.workload.requests", "sim.workload.arrivals"}

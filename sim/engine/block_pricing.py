@@ -103,7 +103,7 @@ class PolynomialNodes(NodeTemplate):
             f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
             floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
             shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
-            # Kernels alike but for the name are one row (priced once, as the step pricer's per-signature memo does).
+            # Kernels alike but for the name are one row (priced once, as `StepPricer._priced` does).
             sig = (w1.kind, w1.dtype, w1.group_size, tuple(floats), tuple(shape))
             if sig not in rows:
                 rows[sig] = len(self.coef)
