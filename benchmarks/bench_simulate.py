@@ -29,8 +29,10 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from sim.api import load_scenario, simulate  # noqa: E402
-from sim.engine.pricer import StepPricer, _BlockPricer, _Nodes  # noqa: E402
+from sim.engine.block_pricing import BlockPricer  # noqa: E402
+from sim.engine.pricer import StepPricer  # noqa: E402
 from sim.engine.simulation import SimLimits  # noqa: E402
+from sim.engine.step_parts import PartNodes  # noqa: E402
 
 SCENARIO = "scenarios/llama3_70b-h100-tp4.toml"
 BASE = {"workload.random_input_len": 1024, "workload.random_output_len": 256, "workload.random_range_ratio": 0.9}
@@ -45,7 +47,7 @@ class _PricingClock:
         self._depth = 0
 
     def install(self) -> None:
-        for cls, name in ((_Nodes, "non_attention"), (StepPricer, "_priced"), (_BlockPricer, "part")):
+        for cls, name in ((PartNodes, "non_attention"), (StepPricer, "_priced"), (BlockPricer, "part")):
             setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:

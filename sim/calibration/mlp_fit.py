@@ -39,6 +39,41 @@ def _silu_and_grad(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return z * s, s * (1.0 + z * (1.0 - s))
 
 
+def _loss_and_grad(params: list[np.ndarray], x: np.ndarray, y: np.ndarray, w: np.ndarray,
+                   huber_delta: float) -> tuple[float, list[np.ndarray]]:
+    """Loss of one batch and its gradient with respect to `params` (W1, b1, W2, b2, W3, b3).
+
+    The loss is sum_i w_i huber(r_i) / (delta n), r = net(x) - y, huber(r) = r^2 / 2 below delta
+    and delta (|r| - delta / 2) above: per row, a squared error near the fit and an absolute error
+    (slope 1) far from it. Weight decay is decoupled (`_adam_step`), so it is not in the loss.
+    """
+    z1 = x @ params[0] + params[1]
+    a1, g1 = _silu_and_grad(z1)
+    z2 = a1 @ params[2] + params[3]
+    a2, g2 = _silu_and_grad(z2)
+    out = (a2 @ params[4])[:, 0] + params[5][0]
+    r = out - y
+    small = np.abs(r) < huber_delta
+    huber = np.where(small, 0.5 * r * r, huber_delta * (np.abs(r) - 0.5 * huber_delta))
+    loss = float((w * huber).sum() / (huber_delta * len(y)))
+    d = (np.where(small, r / huber_delta, np.sign(r)) * w / len(y))[:, None]
+    d2 = (d @ params[4].T) * g2
+    d1 = (d2 @ params[2].T) * g1
+    return loss, [x.T @ d1, d1.sum(0), a1.T @ d2, d2.sum(0), a2.T @ d, d.sum(0)]
+
+
+def _adam_step(params: list[np.ndarray], grads: list[np.ndarray], m1: list[np.ndarray], m2: list[np.ndarray],
+               step: int, lr: float, weight_decay: float) -> None:
+    """One Adam update in place (step counts from 1), with weight decay on the matrices only."""
+    for j, g in enumerate(grads):
+        m1[j] = 0.9 * m1[j] + 0.1 * g
+        m2[j] = 0.999 * m2[j] + 0.001 * g * g
+        upd = (m1[j] / (1 - 0.9 ** step)) / (np.sqrt(m2[j] / (1 - 0.999 ** step)) + 1e-8)
+        if j % 2 == 0:
+            upd = upd + weight_decay * params[j]
+        params[j] = params[j] - lr * upd
+
+
 def fit_mlp(x: np.ndarray, y: np.ndarray, w: np.ndarray, cfg: MlpConfig = MlpConfig()) -> MlpParams:
     """Fit y ~ net(x) with per-row weights `w`; returns plain-number parameters."""
     rng = np.random.default_rng(cfg.seed)
@@ -68,28 +103,12 @@ def fit_mlp(x: np.ndarray, y: np.ndarray, w: np.ndarray, cfg: MlpConfig = MlpCon
         perm = rng.permutation(n)
         for i in range(per_epoch):
             idx = perm[i * batch:(i + 1) * batch]
-            xb, yb, wb = z[idx], yt[idx], wt[idx]
-            z1 = xb @ params[0] + params[1]
-            a1, g1 = _silu_and_grad(z1)
-            z2 = a1 @ params[2] + params[3]
-            a2, g2 = _silu_and_grad(z2)
-            out = (a2 @ params[4])[:, 0] + params[5][0]
-            r = out - yb
-            d = (np.where(np.abs(r) < cfg.huber_delta, r / cfg.huber_delta, np.sign(r)) * wb / len(idx))[:, None]
-            d2 = (d @ params[4].T) * g2
-            d1 = (d2 @ params[2].T) * g1
-            grads = [xb.T @ d1, d1.sum(0), a1.T @ d2, d2.sum(0), a2.T @ d, d.sum(0)]
+            _, grads = _loss_and_grad(params, z[idx], yt[idx], wt[idx], cfg.huber_delta)
             step += 1
             frac = step / total
             lr = cfg.learning_rate * (frac / WARMUP_FRAC if frac < WARMUP_FRAC
                                       else 0.5 * (1.0 + np.cos(np.pi * (frac - WARMUP_FRAC) / (1 - WARMUP_FRAC))))
-            for j, g in enumerate(grads):
-                m1[j] = 0.9 * m1[j] + 0.1 * g
-                m2[j] = 0.999 * m2[j] + 0.001 * g * g
-                upd = (m1[j] / (1 - 0.9 ** step)) / (np.sqrt(m2[j] / (1 - 0.999 ** step)) + 1e-8)
-                if j % 2 == 0:
-                    upd = upd + cfg.weight_decay * params[j]
-                params[j] = params[j] - lr * upd
+            _adam_step(params, grads, m1, m2, step, lr, cfg.weight_decay)
     mats = (params[0], params[2], params[4])
     vecs = (params[1], params[3], params[5])
     return MlpParams(

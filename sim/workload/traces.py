@@ -32,8 +32,8 @@ import numpy as np
 from sim.errors import ConfigError
 from sim.serde import FieldError, require
 from sim.specs.workload import WorkloadSpec
-from sim.workload.generate import build_requests, sample_arrivals_s
-from sim.workload.requests import RequestSpec
+from sim.workload.arrivals import sample_arrivals_s
+from sim.workload.requests import RequestSpec, build_requests
 
 INPUT_KEYS: Final = ("input_tokens", "input_toks", "prompt_tokens", "prompt_len")
 OUTPUT_KEYS: Final = ("output_tokens", "output_toks", "output_len")

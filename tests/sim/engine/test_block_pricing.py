@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO
 
 from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
-from sim.engine.pricer import StepKey, StepPricer, _BuiltNodes, _PolynomialNodes
+from sim.engine.block_pricing import BuiltNodes, PolynomialNodes
+from sim.engine.pricer import StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelWork
 from sim.perf.efficiency import KernelColumns
@@ -99,12 +100,12 @@ def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynom
     for t in (100, 101):
         block.step_s((((t, 0, True),), 0, 0))
     assert block._blocks is not None
-    assert isinstance(block._blocks[("prefill", 0, 1)]._template, _BuiltNodes)
+    assert isinstance(block._blocks[("prefill", 0, 1)]._template, BuiltNodes)
     llama, _ = _pricers(load_scenario(LLAMA70))
     for t in (100, 101):
         llama.step_s((((t, 300, False), (7, 0, True)), 0, 0))
     assert llama._blocks is not None
-    assert isinstance(llama._blocks[("prefill", 300, 1)]._template, _PolynomialNodes)
+    assert isinstance(llama._blocks[("prefill", 300, 1)]._template, PolynomialNodes)
 
 
 def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
@@ -118,8 +119,8 @@ def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
                 work, repeat = nodes[0]
                 nodes[0] = (dataclasses.replace(work, flops=work.flops + 2.0 * (n - b + 1)), repeat)
             return nodes
-        assert _PolynomialNodes.of(build, top) is None, breakpoint
-    assert _PolynomialNodes.of(base, top) is not None
+        assert PolynomialNodes.of(build, top) is None, breakpoint
+    assert PolynomialNodes.of(base, top) is not None
 
 
 class _ScalarOnly:

@@ -13,7 +13,8 @@ import pytest
 
 from sim.errors import ConfigError
 from sim.specs.workload import WorkloadSpec, length_bounds
-from sim.workload.generate import generate, sample_arrivals_s
+from sim.workload.arrivals import sample_arrivals_s
+from sim.workload.generate import generate
 from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment
 
 REPO = Path(__file__).resolve().parents[3]

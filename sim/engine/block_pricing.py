@@ -1,0 +1,243 @@
+"""Block pricing: the parts of one family, a kernel-node list indexed by a count n >= 1, priced
+for many counts at once (used when the efficiency model prices columns, `ColumnEfficiencyModel`).
+
+From the second part of a family not seen before, a miss prices every unpriced count of an
+aligned window around it (128 counts first, then as wide as the counts the family has priced, so
+short runs price little and long runs make few calls) in one vectorised kernel-model call per
+kernel kind, and keeps them. The kernel fields of the step parts are polynomials of degree <= 2
+in the count (GEMM m, pointwise tokens, collective bytes and decode batch are linear; prefill
+attention FLOPs quadratic): their columns come from the nodes at counts 1, 2 and 3, after an
+exact check against the real nodes at enough other counts to rule out a second piece
+(`PolynomialNodes.checks`). A family that fails the check is priced count by count by the caller
+(MoE: expected experts hit), or, where the family asks for it (prefill attention with a sliding
+window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices equal
+count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
+Which families there are and how each is built: `sim.engine.step_parts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from sim.graph.kernels import KernelWork
+from sim.perf.efficiency import KernelColumns
+from sim.perf.step import StepCostModel
+from sim.provenance import Provenance
+
+NodeList = list[tuple[KernelWork, int]]
+"""Kernel nodes of a part: (work, repeat) in step order."""
+_FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
+_MIN_BLOCK = 128
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Part:
+    """Priced kernel nodes of one part of a step."""
+
+    labels: tuple[tuple[str, str], ...]
+    """(kind, name) per node (one tuple shared by the parts of a block)."""
+    seconds: tuple[float, ...] | np.ndarray
+    """Seconds of each node in the step (launch time x repeat)."""
+    gpu_s: float
+    comm_s: float
+    num_launches: int
+    short_kernel_gap_s: float
+    """Sum over launches of max(0, eager launch cost - kernel time)."""
+    worst_provenance: Provenance
+
+
+class NodeTemplate:
+    """The kernel nodes of a part as a function of a count n >= 1: node labels and repeats (the
+    same for every n), distinct kernel rows, and the rows' columns at many counts."""
+
+    def __init__(self, first: NodeList) -> None:
+        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in first]
+        self.row_of: list[int] = list(range(len(first)))
+        self.num_rows = len(first)
+
+    def groups(self) -> list[list[int]]:
+        """Rows by (kind, dtype, group size, shape length): one kernel-model call each."""
+        out: dict[tuple[object, ...], list[int]] = {}
+        for (kind, _, dtype, group, ndim, _), row in zip(self.nodes, self.row_of, strict=True):
+            rows = out.setdefault((kind, dtype, group, ndim), [])
+            if row not in rows:
+                rows.append(row)
+        return list(out.values())
+
+    def same_nodes(self, nodes: NodeList) -> bool:
+        return [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in nodes] == self.nodes
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
+        raise NotImplementedError
+
+
+class BuiltNodes(NodeTemplate):
+    """Nodes built for every count (exact for any shape function; a Python object per kernel)."""
+
+    def __init__(self, build: Callable[[int], NodeList]) -> None:
+        super().__init__(build(1))
+        self._build = build
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        built = [self._build(n) for n in ns.tolist()]
+        assert all(self.same_nodes(nodes) for nodes in built)
+        return KernelColumns.of([nodes[r][0] for r in rows for nodes in built])
+
+
+class PolynomialNodes(NodeTemplate):
+    """Nodes whose every numeric field is a polynomial of degree <= 2 in the count n, in Newton
+    form f(1) + d1 k + d2 k (k - 1) / 2 with k = n - 1 (d1, d2 the differences at counts 1, 2, 3),
+    evaluated exactly: the fields are integer-valued floats. Columns without building nodes per
+    count."""
+
+    def __init__(self, one: NodeList, two: NodeList, three: NodeList) -> None:
+        super().__init__(one)
+        rows: dict[tuple[object, ...], int] = {}
+        self.row_of = []
+        self.coef: list[tuple[list[tuple[float, float, float]], list[tuple[int, int, int]]]] = []
+        for (w1, _), (w2, _), (w3, _) in zip(one, two, three, strict=True):
+            f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
+            floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
+            shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
+            # Kernels alike but for the name are one row (priced once, as `StepPricer._priced` does).
+            sig = (w1.kind, w1.dtype, w1.group_size, tuple(floats), tuple(shape))
+            if sig not in rows:
+                rows[sig] = len(self.coef)
+                self.coef.append((floats, shape))
+            self.row_of.append(rows[sig])
+        self.num_rows = len(self.coef)
+
+    @staticmethod
+    def checks(top: int) -> list[int]:
+        """Counts where the form is checked: powers of two, the top three and a few others.
+
+        A field that is one polynomial of degree <= 2 on either side of one breakpoint (prefill
+        attention: full below the window, capped above) and matches the form at all of them is
+        that polynomial everywhere in 1..top: the side above the breakpoint holds at least three
+        of these counts.
+        """
+        points = {top - 2, top - 1, top, 5, 17, 100, 1000}
+        k = 4
+        while k <= top:
+            points.add(k)
+            k *= 2
+        return sorted(c for c in points if 3 < c <= top)
+
+    @staticmethod
+    def of(build: Callable[[int], NodeList], top: int) -> PolynomialNodes | None:
+        """The form of `build` on counts 1..top, or None if `build(n)` departs from it at any check."""
+        one, two, three = build(1), build(2), build(3)
+        poly = PolynomialNodes(one, two, three)
+        if not (poly.same_nodes(two) and poly.same_nodes(three)):
+            return None
+        for n in PolynomialNodes.checks(top):
+            real = build(n)
+            if not poly.same_nodes(real):
+                return None
+            k, tri = n - 1, (n - 1) * (n - 2) // 2
+            for (work, _), row in zip(real, poly.row_of, strict=True):
+                floats, shape = poly.coef[row]
+                if [getattr(work, f) for f in _FLOAT_FIELDS] != [a + d1 * k + d2 * tri for a, d1, d2 in floats]:
+                    return None
+                if list(work.shape) != [a + d1 * k + d2 * tri for a, d1, d2 in shape]:
+                    return None
+        return poly
+
+    def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
+        kind, _, dtype, group, _, _ = self.nodes[self.row_of.index(rows[0])]
+        k = ns - 1
+        tri = k * (k - 1) // 2
+        kf, trif = k.astype(float), tri.astype(float)
+        floats = [np.concatenate([a + d1 * kf + d2 * trif for a, d1, d2 in (self.coef[r][0][i] for r in rows)])
+                  for i in range(len(_FLOAT_FIELDS))]
+        ndim = len(self.coef[rows[0]][1])
+        shape = tuple(np.concatenate([a + d1 * k + d2 * tri for a, d1, d2 in (self.coef[r][1][i] for r in rows)])
+                      for i in range(ndim))
+        by_name = dict(zip(_FLOAT_FIELDS, floats, strict=True))
+        return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape, **by_name)
+
+
+@dataclass(slots=True)
+class _Block:
+    """Parts of several counts priced at once; `Part`s are made on first use."""
+
+    seconds: np.ndarray
+    """Per node, seconds in the step (launch time x repeat) at each count."""
+    gpu_s: np.ndarray
+    comm_s: np.ndarray
+    short_kernel_gap_s: np.ndarray
+    worst: np.ndarray
+
+
+class BlockPricer:
+    """Parts of counts 1..`max_count` priced in windows (see the module docstring)."""
+
+    def __init__(self, template: Callable[[], NodeTemplate | None], cost: StepCostModel, eager_launch_s: float,
+                 max_count: int) -> None:
+        self._make_template = template
+        self._template: NodeTemplate | None = None
+        self._cost = cost
+        self._eager = eager_launch_s
+        self._max = max_count
+        self._where: dict[int, tuple[_Block, int]] = {}
+        self._misses = 0
+        self._labels: tuple[tuple[str, str], ...] = ()
+        self._launches = 0
+
+    def part(self, n: int) -> Part | None:
+        """The part of count `n`, or None where the caller prices it alone: outside 1..max_count,
+        on the first miss (a part asked for once needs no window), or when no template applies."""
+        at = self._where.get(n)
+        if at is None:
+            self._misses += 1
+            if not 1 <= n <= self._max or self._misses == 1:
+                return None
+            if self._template is None:
+                self._template = self._make_template()
+                if self._template is None:
+                    self._max = 0
+                    return None
+                self._labels = tuple((node[0].value, node[1]) for node in self._template.nodes)
+                self._launches = sum(node[-1] for node in self._template.nodes)
+            self._price_window(n)
+            at = self._where[n]
+        block, j = at
+        return Part(labels=self._labels, seconds=block.seconds[:, j], gpu_s=float(block.gpu_s[j]),
+                     comm_s=float(block.comm_s[j]), num_launches=self._launches,
+                     short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
+                     worst_provenance=Provenance(int(block.worst[j])))
+
+    def _price_window(self, n: int) -> None:
+        size = _MIN_BLOCK
+        while size < len(self._where):
+            size *= 2
+        lo = (n - 1) // size * size + 1
+        ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in self._where], dtype=np.int64)
+        template = self._template
+        assert template is not None
+        times = np.empty((template.num_rows, len(ns)))
+        provs = np.empty((template.num_rows, len(ns)), dtype=np.int64)
+        for rows in template.groups():
+            t, p = self._cost.estimate_columns(template.columns(rows, ns))
+            times[rows] = t.reshape(len(rows), len(ns))
+            provs[rows] = p.reshape(len(rows), len(ns))
+        seconds = np.empty((len(template.nodes), len(ns)))
+        gpu, comm, gap = np.zeros(len(ns)), np.zeros(len(ns)), np.zeros(len(ns))
+        worst = np.full(len(ns), int(Provenance.MEASURED), dtype=np.int64)
+        # The sums run over the nodes in order, as `StepPricer._priced` adds them.
+        for i, ((kind, *_, repeat), row) in enumerate(zip(template.nodes, template.row_of, strict=True)):
+            time_s = times[row]
+            sec = seconds[i] = time_s * repeat
+            if kind.is_collective():
+                comm += sec
+            else:
+                gpu += sec
+            gap += np.maximum(0.0, self._eager - time_s) * repeat
+            np.maximum(worst, provs[row], out=worst)
+        block = _Block(seconds=seconds, gpu_s=gpu, comm_s=comm, short_kernel_gap_s=gap, worst=worst)
+        for j, m in enumerate(ns.tolist()):
+            self._where[m] = (block, j)

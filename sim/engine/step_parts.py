@@ -1,0 +1,106 @@
+"""The parts a step is priced from, and the kernel nodes of each, from the scenario alone.
+
+A step's kernel graph splits into parts that recur across steps far more often than whole steps:
+
+- the token part: every kernel whose work depends only on the step's token count (embedding,
+  norms, projections, MLP or MoE, collectives);
+- the sampling part: the kernels of sampled tokens only (LM head, logits gather, sampler);
+- one attention part per distinct prefill chunk (new tokens, context, how many alike);
+- the decode attention part (count, mean context).
+
+The parts are exactly the nodes `build_step_graph` gives for a batch (tests compare the two).
+Each part family is indexed by one count, which is what block pricing (`sim.engine.block_pricing`)
+needs: the token part by the token count, the sampling part by the sampled count, a prefill part
+by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
+mean context). A family is named by a `PartFamily` key: ("token",), ("sampling",),
+("prefill", context_tokens, count), ("decode", mean_context_tokens).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelKind
+from sim.graph.transformer import (
+    ShardedShapes,
+    build_step_graph,
+    decode_attention_work,
+    prefill_attention_work,
+)
+from sim.perf.step import StepCostModel
+from sim.specs.scenario import Scenario
+
+PartFamily = tuple[object, ...]
+_ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
+
+
+class PartNodes:
+    """The kernel nodes of each kind of part, from the scenario alone (no reference back to the
+    pricer, so the pricer's memos are freed by reference counting)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._sc = scenario
+        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
+        self.windows = sorted(Counter(scenario.model.layer_window_tokens).items())
+
+    def non_attention(self, num_tokens: int, num_sampled: int) -> NodeList:
+        """Kernels other than attention of any batch with these token and sampled counts."""
+        prefills: tuple[PrefillChunk, ...] = ()
+        if num_tokens > num_sampled:
+            prefills = (PrefillChunk(new_tokens=num_tokens - num_sampled, samples=False),)
+        batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
+        sc = self._sc
+        graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
+        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
+
+    def token(self, num_tokens: int) -> NodeList:
+        return self.non_attention(num_tokens, 0)
+
+    def sampling(self, num_sampled: int) -> NodeList:
+        """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
+        unsampled = Counter(self.non_attention(num_sampled, 0))
+        return [node for node in self.non_attention(num_sampled, num_sampled) if unsampled[node] == 0]
+
+    def prefill(self, new_tokens: int, context_tokens: int, count: int) -> NodeList:
+        s, p = self._shapes, self._sc.precision
+        return [(prefill_attention_work(
+            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
+            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
+            kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+
+    def decode(self, num_decode: int, mean_context_tokens: int) -> NodeList:
+        s, p = self._shapes, self._sc.precision
+        contexts = (mean_context_tokens,) * num_decode
+        return [(decode_attention_work(
+            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+
+    def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float) -> BlockPricer:
+        """The block pricer of one part family, over the counts the engine's limits allow."""
+        engine = self._sc.engine
+        assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
+        max_tokens, max_seqs = engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens)
+
+        def polynomial(build: Callable[[int], NodeList], top: int, fallback: bool = False
+                       ) -> Callable[[], NodeTemplate | None]:
+            def make() -> NodeTemplate | None:
+                poly = PolynomialNodes.of(build, top)
+                return poly if poly is not None or not fallback else BuiltNodes(build)
+            return make
+
+        kind, eager = family[0], eager_launch_s
+        if kind == "token":
+            return BlockPricer(polynomial(self.token, max_tokens), cost, eager, max_tokens)
+        if kind == "sampling":
+            return BlockPricer(polynomial(self.sampling, max_seqs), cost, eager, max_seqs)
+        if kind == "decode":
+            mean = int(family[1])  # type: ignore[call-overload]
+            return BlockPricer(polynomial(lambda n: self.decode(n, mean), max_seqs), cost, eager, max_seqs)
+        assert kind == "prefill"
+        context, count = int(family[1]), int(family[2])  # type: ignore[call-overload]
+        # Prefill attention is quadratic in the chunk; with a window, piecewise (then built per count).
+        return BlockPricer(polynomial(lambda n: self.prefill(n, context, count), max_tokens, fallback=True),
+                           cost, eager, max_tokens)
