@@ -12,7 +12,7 @@ import numpy as np
 
 from orchestrator.render import si, table
 from sim.api import load_scenario, predict_step, scenario_efficiency, scenario_memory
-from sim.errors import ConfigError
+from sim.errors import ConfigError, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, model_aliases, read_toml
@@ -175,6 +175,9 @@ def cmd_check(args: Namespace) -> int:
         except ConfigError as exc:
             failed += 1
             sys.stderr.write(f"error {exc}\n")
+        except OSError as exc:  # a file the checked one names (dataset, calibration) cannot be read
+            failed += 1
+            sys.stderr.write(f"error {file_error(exc)}\n")
     return 2 if failed else 0
 
 

@@ -106,7 +106,7 @@ class _Row:
         except ValueError:
             raise self.fail(column, "must be an integer") from None
         if not math.isfinite(value) or value != int(value) or not minimum <= value <= max_cell(column):
-            raise self.fail(column, f"must be an integer in [{minimum}, {max_cell(column)}]")
+            raise self.fail(column, f"must be an integer >= {minimum} and <= {max_cell(column)}")
         return int(value)
 
     def dtype(self, column: str, default: str | None = None) -> DType:

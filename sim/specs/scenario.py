@@ -146,10 +146,9 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     sections = build(ScenarioSections, data, source=source)
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
                        ("perf.calibration", sections.perf.calibration)):
-        if value is not None and not Path(value).is_file():
+        if value is not None and not Path(value).exists():
             raise ConfigError(source=source, key=key, value=value,
-                              rule=("is a directory; give a file" if Path(value).is_dir() else "file not found")
-                              + " (a relative path is relative to the scenario file)")
+                              rule="file not found (a relative path is relative to the scenario file)")
     hardware = _resolve(load_hardware, sections.hardware.name, source, "hardware.name")
     model = _resolve(load_model, sections.model.name, source, "model.name")
     engine = sections.engine.resolve(
