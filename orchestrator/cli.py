@@ -10,14 +10,30 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, file_error
+
+
+class UsageError(Exception):
+    """A command line argparse refuses: `prog` is the (sub)command, `message` what is wrong."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        self.prog, self.message = prog, message
+        super().__init__(f"{prog}: {message}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad command line as the project's error (exit 2), not argparse's usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator import commands_sim as sim_cmds
 
-    parser = argparse.ArgumentParser(prog="kernelsight", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="kernelsight", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     sub = parser.add_subparsers(dest="verb", required=True)
 
@@ -61,8 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; bad input (flags, files, values) prints one `error: ...` line and returns 2.
+
+    File errors name the file, the key or flag, the value and the rule (`ConfigError`); an OS error
+    no verb caught (a missing, unreadable or unwritable path) is reported the same way.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc.prog}: {exc.message} (see {exc.prog} --help)\n")
+        return 2
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -71,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     except OSError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {file_error(exc)}\n")
         return 2
     return code
 

@@ -17,9 +17,9 @@ import numpy as np
 from sim.calibration.artifact import load_artifact
 from sim.calibration.batch import predict_latency_s
 from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microbench_plan
-from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, row_to_work
+from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, max_cell, row_to_work
 from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
-from sim.errors import ConfigError
+from sim.errors import ConfigError, decode_error, file_error
 from sim.perf.fitted import FittedEfficiency
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
@@ -59,7 +59,7 @@ def predict_columns(cols: dict[str, np.ndarray], hw: HardwareSpec, tier: str,
 
 
 def _read_header(src: Path) -> list[str]:
-    with src.open(newline="") as f:
+    with src.open(newline="", encoding="utf-8") as f:
         header = next(csv.reader(f), None)
     if not header or "kernel" not in header:
         raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
@@ -91,7 +91,10 @@ def _read_fast(src: Path, header: list[str]) -> tuple[dict[str, Any], dict[str, 
         for h in header:
             if h in _NUMERIC:
                 c = text[h]
-                cols[h] = pc.cast(pc.if_else(pc.equal(c, ""), null, c), pa.float64()).to_numpy(zero_copy_only=False)
+                num = pc.cast(pc.if_else(pc.equal(c, ""), null, c), pa.float64())
+                if pc.any(pc.invert(pc.is_finite(num))).as_py():  # "nan", "inf": not blank, not valid
+                    return None
+                cols[h] = num.to_numpy(zero_copy_only=False)
             elif h in _MODEL_TEXT:
                 cols[h] = text[h].to_numpy(zero_copy_only=False).astype(object)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -115,7 +118,7 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
         v = cols.get(c)
         if v is None:
             continue
-        ok = np.isnan(v) | ((v == np.floor(v)) & (v >= (0 if c == "window_size" else 1)))
+        ok = np.isnan(v) | ((v == np.floor(v)) & (v >= (0 if c == "window_size" else 1)) & (v <= max_cell(c)))
         if not ok.all():
             return False
     heads, kv = cols.get("num_heads"), cols.get("num_kv_heads")
@@ -128,7 +131,7 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
 
 def _validate_rows(src: Path) -> tuple[list[str], list[list[str]]]:
     """Row-by-row reading: names the first malformed row and column (ConfigError)."""
-    with src.open(newline="") as f:
+    with src.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
         rows = list(reader)
@@ -166,15 +169,22 @@ def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, 
 def cmd_predict_kernels(args: Namespace) -> int:
     hw = load_hardware(args.hardware)
     src = Path(args.input)
-    header = _read_header(src)
-    fast = _read_fast(src, header)
-    rows: list[list[str]] = []
-    if fast is not None:
-        text, cols = fast
-        n = len(cols["kernel"])
-    else:
-        header, rows = _validate_rows(src)
-        cols, n = _columns(rows, header), len(rows)
+    try:
+        header = _read_header(src)
+        fast = _read_fast(src, header)
+        rows: list[list[str]] = []
+        if fast is not None:
+            text, cols = fast
+            n = len(cols["kernel"])
+        else:
+            header, rows = _validate_rows(src)
+            cols, n = _columns(rows, header), len(rows)
+    except OSError as exc:
+        raise file_error(exc, path=src, key="--in") from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(exc, path=src, what="kernel-row CSV") from None
+    except csv.Error as exc:
+        raise ConfigError(source=str(src), key="--in", value=str(src), rule=f"malformed CSV: {exc}") from None
     try:
         latency_s, prov = predict_columns(cols, hw, args.tier, args.calibration)
     except ValueError as exc:
@@ -183,21 +193,35 @@ def cmd_predict_kernels(args: Namespace) -> int:
         _validate_rows(src)
         raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    if fast is not None:
-        _write_fast(tmp, text, n, latency_s, prov)
-    else:
-        labels = {int(p): p.label() for p in Provenance}
-        pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
-        with tmp.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(PREDICTION_COLUMNS)
-            for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
-                writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
-    tmp.replace(out)
+    try:
+        _write_predictions(out, fast is not None, text if fast is not None else {}, header, rows, n,
+                           latency_s, prov)
+    except OSError as exc:
+        raise file_error(exc, path=out, key="--out", writing=True) from None
     sys.stderr.write(f"wrote {n} predictions ({args.tier}) to {out}\n")
     return 0
+
+
+def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list[str], rows: list[list[str]],
+                       n: int, latency_s: np.ndarray, prov: np.ndarray) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(out))
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    try:
+        if fast:
+            _write_fast(tmp, text, n, latency_s, prov)
+        else:
+            labels = {int(p): p.label() for p in Provenance}
+            pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
+            with tmp.open("w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(PREDICTION_COLUMNS)
+                for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
+                    writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind
 
 
 def cmd_calibrate(args: Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from argparse import Namespace
@@ -13,6 +14,7 @@ from typing import Any
 from orchestrator.commands_sim import overrides_from
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
+from sim.errors import ConfigError, file_error
 from sim.metrics.chrome_trace import write_chrome_trace
 from sim.serde import to_jsonable
 
@@ -86,8 +88,23 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
                              f"{result.num_steps_not_logged} later steps are not in it\n")
 
 
+def _prepare_out(out: Path) -> None:
+    """Create `--out` before the run, so an unwritable directory fails fast instead of after it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(out))
+    except FileExistsError:
+        raise ConfigError(source=str(out), key="--out", value=str(out),
+                          rule="is a file; give a directory for the Parquet records") from None
+    except OSError as exc:
+        raise file_error(exc, path=out, key="--out", writing=True) from None
+
+
 def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
+    if args.out:
+        _prepare_out(Path(args.out))
     progress = _Progress(scenario.workload.num_prompts)
     result = simulate(scenario, progress=progress,
                       max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)
@@ -98,7 +115,10 @@ def cmd_run(args: Namespace) -> int:
                          "(a simulation limit was reached or requests could not be scheduled); "
                          "metrics cover the finished ones\n")
     if args.out:
-        _write_out(result, Path(args.out), args.trace)
+        try:
+            _write_out(result, Path(args.out), args.trace)
+        except OSError as exc:
+            raise file_error(exc, key="--out", writing=True) from None
     if args.json:
         sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
         return 0

@@ -8,13 +8,16 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from orchestrator.render import si, table
-from sim.api import load_scenario, predict_step, scenario_memory
-from sim.errors import ConfigError
+from sim.api import load_scenario, predict_step, scenario_efficiency, scenario_memory
+from sim.errors import ConfigError, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
+from sim.workload.generate import generate
 
 
 def overrides_from(args: Namespace) -> dict[str, Any]:
@@ -30,8 +33,9 @@ def parse_batch(prefill: list[str], decode: list[str]) -> BatchShape:
     contexts: list[int] = []
     for text in decode:
         count, context, cached = _count_and_value(text, "--decode")
-        if cached:
-            raise ConfigError(source="--decode", key="--decode", value=text, rule="must be COUNTxCONTEXT")
+        if cached or "x" not in text:
+            raise ConfigError(source="step", key="--decode", value=text,
+                              rule="must be COUNTxCONTEXT, e.g. 64x1024 (64 requests with 1024 cached tokens)")
         contexts += [context] * count
     if not chunks and not contexts:
         raise ConfigError(source="step", key="--prefill/--decode", value=None, rule="give at least one")
@@ -46,16 +50,43 @@ def _count_and_value(text: str, flag: str) -> tuple[int, int, int]:
             count, value = "1", head
         result = int(count), int(value), int(cached or 0)
     except ValueError:
-        raise ConfigError(source=flag, key=flag, value=text,
-                          rule="must be [COUNTx]TOKENS[:CACHED], e.g. 64x1024") from None
+        raise ConfigError(source="step", key=flag, value=text,
+                          rule="must be [COUNTx]TOKENS[:CACHED], e.g. 4x512:1024") from None
     if result[0] < 1 or result[1] < 1 or result[2] < 0:
-        raise ConfigError(source=flag, key=flag, value=text, rule="counts and tokens must be >= 1")
+        raise ConfigError(source="step", key=flag, value=text, rule="counts and tokens must be >= 1")
+    if result[0] > MAX_STEP_REQUESTS:
+        raise ConfigError(source="step", key=flag, value=text,
+                          rule=f"COUNT must be <= {MAX_STEP_REQUESTS:_} requests in one step")
     return result
+
+
+MAX_STEP_REQUESTS = 1_000_000
+"""Most requests `step` accepts per flag: far above any engine's `max_num_seqs`, low enough that
+the batch fits in memory."""
+
+
+def check_batch_fits(batch: BatchShape, max_model_len: int, source: str) -> None:
+    """Each request of the step (cached plus new tokens, or decode context plus the sampled one)
+    must fit in `max_model_len`, as in the engine."""
+    for chunk in batch.prefills:
+        total = chunk.context_tokens + chunk.new_tokens
+        if total > max_model_len:
+            raise ConfigError(source=source, key="--prefill",
+                              value=f"{chunk.new_tokens}:{chunk.context_tokens}" if chunk.context_tokens
+                              else chunk.new_tokens,
+                              rule=f"a request of {total} tokens exceeds engine.max_model_len={max_model_len}")
+    for context in batch.decode_context_tokens:
+        if context + 1 > max_model_len:
+            raise ConfigError(source=source, key="--decode", value=context,
+                              rule=f"context plus the sampled token ({context + 1}) exceeds "
+                                   f"engine.max_model_len={max_model_len}")
 
 
 def cmd_step(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
     batch = parse_batch(args.prefill or [], args.decode or [])
+    assert scenario.engine.max_model_len is not None
+    check_batch_fits(batch, scenario.engine.max_model_len, scenario.source)
     timing = predict_step(scenario, batch)
     total = timing.device_s()
     if args.json:
@@ -123,6 +154,12 @@ def check_file(path: Path) -> str:
     if "hardware" in data or "model" in data:
         scenario = load_scenario(path)
         mem = scenario_memory(scenario)
+        # What `run` reads besides the scenario: the kernel model (calibration file) and the
+        # dataset's rows (lengths, arrival times, run selection).
+        scenario_efficiency(scenario)
+        if scenario.workload.dataset_name not in ("random", "fixed"):
+            generate(scenario.workload, np.random.default_rng(scenario.seed),
+                     max_model_len=scenario.engine.max_model_len)
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
                 f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
@@ -138,6 +175,9 @@ def cmd_check(args: Namespace) -> int:
         except ConfigError as exc:
             failed += 1
             sys.stderr.write(f"error {exc}\n")
+        except OSError as exc:  # a file the checked one names (dataset, calibration) cannot be read
+            failed += 1
+            sys.stderr.write(f"error {file_error(exc)}\n")
     return 2 if failed else 0
 
 

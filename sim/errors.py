@@ -21,6 +21,34 @@ class ConfigError(ValueError):
         super().__init__(f"{where}{key}={value!r}: {rule}")
 
 
+def file_error(exc: OSError, *, path: object = None, key: str = "<file>", writing: bool = False) -> ConfigError:
+    """A `ConfigError` for a file that cannot be read or written, naming it and what is wrong.
+
+    `path` defaults to the file the OS names; `key` is the flag or scenario key that gave it.
+    """
+    name = str(path if path is not None else (exc.filename if exc.filename is not None else "?"))
+    if writing and not isinstance(exc, IsADirectoryError):
+        rule = f"cannot be written: {exc.strerror or type(exc).__name__}"
+    elif isinstance(exc, FileNotFoundError):
+        rule = "file not found"
+    elif isinstance(exc, IsADirectoryError):
+        rule = "is a directory; give a file"
+    elif isinstance(exc, NotADirectoryError):
+        rule = "a parent of it is a file, not a directory"
+    elif isinstance(exc, PermissionError):
+        rule = "permission denied"
+    else:
+        rule = exc.strerror or type(exc).__name__
+    return ConfigError(source=name, key=key, value=name, rule=rule)
+
+
+def decode_error(exc: UnicodeDecodeError, *, path: object, what: str) -> ConfigError:
+    """A `ConfigError` for a file that is not UTF-8 text (binary, Latin-1, UTF-16, ...)."""
+    return ConfigError(source=str(path), key="<file>", value=exc.object[exc.start:exc.start + 8],
+                       rule=f"not UTF-8 text (undecodable byte at offset {exc.start}); "
+                            f"{what} files must be UTF-8")
+
+
 class InfeasibleScenario(ConfigError):
     """A well-formed scenario that cannot be served, e.g. the model does not fit in GPU memory.
 

@@ -55,6 +55,7 @@ def cmd_sweep(args: Namespace) -> int:
         sys.stderr.write(f"error: kernelsight sweep needs {', '.join(missing)}: "
                          "python -m pip install -e '.[orchestrate]'\n")
         return 1
+    check_storage_url(args.storage)  # before Ray starts
     from orchestrator.sweep.ray_env import prepare_ray_env
 
     prepare_ray_env(args.ray_address)  # before Ray is imported
@@ -77,6 +78,23 @@ def cmd_sweep(args: Namespace) -> int:
             sys.stderr.write(f"trials finished so far are kept; continue with: kernelsight sweep {args.sweep} "
                              "--resume (with the same --storage/--tracking-uri)\n")
         return 1
+
+
+STORAGE_SCHEMES = "sqlite:///study.db, postgresql://user@host/db, mysql://user@host/db"
+
+
+def check_storage_url(url: str | None) -> None:
+    """`--storage` must be a SQLAlchemy URL whose dialect SQLAlchemy knows (`foo://x` is not)."""
+    if url is None:
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(source="sweep", key="--storage", value=url,
+                          rule=f"must be a SQLAlchemy database URL such as {STORAGE_SCHEMES} ({exc})") from None
 
 
 def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:

@@ -32,7 +32,6 @@ take. Errors are `ConfigError(file, key, value, rule)`. No Ray, Optuna or MLflow
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, get_args
@@ -43,6 +42,7 @@ from orchestrator.sweep.parse_space import check_capacity_space, check_grid, is_
 from orchestrator.sweep.spec import BoundSpec, CapacitySpec, Direction, ObjectiveSpec, ParamSpec, SamplerName, SweepSpec
 from orchestrator.sweep.toml_fields import flatten, get, known_keys, table
 from sim.errors import ConfigError
+from sim.specs.catalog import read_toml_text
 
 _SECTIONS: Final = ("study", "slo", "base", "space", "sampler", "capacity")
 _STUDY_KEYS: Final = ("name", "sampler", "n_trials", "seed", "objectives", "objective", "direction")
@@ -61,13 +61,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file, including its base scenario; raise `ConfigError` naming the key."""
     path = Path(path)
     src = str(path)
-    try:
-        text = path.read_text()
-        data = tomllib.loads(text)
-    except FileNotFoundError:
-        raise ConfigError(source=src, key="<file>", value=src, rule="file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(source=src, key="<file>", value=src, rule=f"invalid TOML: {exc}") from None
+    text, data = read_toml_text(path)
     known_keys(data, _SECTIONS, src, "")
     study = table(data, "study", src, required=True)
     known_keys(study, _STUDY_KEYS, src, "study")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, decode_error, file_error
 from sim.perf.fitted import FamilyParams
 from sim.perf.learners import CorrectionGroup, CorrectionParams, MlpParams
 
@@ -208,7 +208,11 @@ def from_json(data: object, source: str) -> CalibrationArtifact:
 def load_artifact(path: str | Path) -> CalibrationArtifact:
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise file_error(exc, path=p) from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(exc, path=p, what="calibration JSON") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise _fail(str(p), "<root>", None, f"invalid JSON: {exc}") from None
     return from_json(data, str(p))

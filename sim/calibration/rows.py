@@ -9,6 +9,7 @@ blank cells are "not applicable". Malformed rows raise `ConfigError` naming row 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Final
 
@@ -72,6 +73,17 @@ def pointwise_work(kernel: str, tokens: int, width: int, dtype: DType, variant: 
                       shape=(tokens, width))
 
 
+MAX_CELL: Final = 2**31 - 1
+"""Largest integer cell: cuBLAS and the attention kernels take 32-bit sizes."""
+MAX_CELLS: Final[dict[str, int]] = {"message_bytes": 2**40, "batch_size": 2**20}
+"""Columns with another bound: messages up to 1 TiB; at most 2^20 requests in one attention call."""
+
+
+def max_cell(column: str) -> int:
+    """Largest value an integer cell of `column` may hold (docs/cli.md)."""
+    return MAX_CELLS.get(column, MAX_CELL)
+
+
 class _Row:
     def __init__(self, row: Mapping[str, str | None], number: int, source: str) -> None:
         self._row, self._number, self._source = row, number, source
@@ -93,8 +105,8 @@ class _Row:
             value = float(raw)
         except ValueError:
             raise self.fail(column, "must be an integer") from None
-        if value != int(value) or value < minimum:
-            raise self.fail(column, f"must be an integer >= {minimum}")
+        if not math.isfinite(value) or value != int(value) or not minimum <= value <= max_cell(column):
+            raise self.fail(column, f"must be an integer >= {minimum} and <= {max_cell(column)}")
         return int(value)
 
     def dtype(self, column: str, default: str | None = None) -> DType:

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, decode_error, file_error
 from sim.serde import build
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec, WeightQuantization, model_from_hf_config
@@ -26,13 +26,28 @@ def _data_dir() -> Path:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; syntax errors become `ConfigError` naming the file."""
+    """Parse a TOML file; unreadable, non-UTF-8 or malformed files raise `ConfigError` naming it."""
+    return read_toml_text(path)[1]
+
+
+def read_toml_text(path: Path) -> tuple[str, dict[str, Any]]:
+    """(text, table) of a TOML file: the one place TOML files are read.
+
+    The bytes are decoded as UTF-8 (TOML's only encoding); an OS error (missing file, directory,
+    permission), a non-UTF-8 file (binary, Latin-1, UTF-16) or a syntax error is a `ConfigError`.
+    """
+    path = Path(path)
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(source=str(path), key="<file>", value=str(path), rule="file not found") from None
-    except tomllib.TOMLDecodeError as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise file_error(exc, path=path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise decode_error(exc, path=path, what="TOML") from None
+    try:
+        return text, tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"invalid TOML: {exc}") from None
 
 
@@ -101,10 +116,12 @@ def load_model(name: str) -> ModelSpec:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(source=str(path), key="<file>", value=str(path), rule="file not found") from None
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise file_error(exc, path=path) from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(exc, path=path, what="JSON") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(source=str(path), key="<root>", value=type(data).__name__, rule="must be a JSON object")

@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 
 from sim.dtypes import DType
 from sim.errors import ConfigError
-from sim.serde import require
+from sim.serde import FieldError, require
 
 WeightQuantization = Literal["fp8", "fp8_block", "mxfp4"]
 
@@ -158,6 +158,22 @@ _DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32
 
 def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
     """Build a `ModelSpec` from a parsed `config.json`; `source` names the file in errors."""
+    try:
+        return _model_from_hf_config(config, name=name, source=source)
+    except FieldError as exc:
+        # The spec's own checks name its fields; the message names the config.json key.
+        prefix = "text_config." if "text_config" in config else ""
+        raise ConfigError(source=source, key=prefix + _CONFIG_KEYS.get(exc.key, exc.key), value=exc.value,
+                          rule=exc.rule) from None
+
+
+_CONFIG_KEYS: Final = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",
+                       "layer_window_tokens": "layer_types", "num_experts_per_token": "num_experts_per_tok",
+                       "expert_intermediate_size": "moe_intermediate_size"}
+"""`ModelSpec`/`MoESpec` fields whose config.json key has another name."""
+
+
+def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
     reader = _ConfigReader(config, source=source, prefix="")
     if "text_config" in config:
         reader = _ConfigReader(reader.table("text_config"), source=source, prefix="text_config.")
@@ -179,6 +195,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
     num_layers = reader.integer("num_hidden_layers")
     num_heads = reader.integer("num_attention_heads")
     num_kv_heads = reader.integer("num_key_value_heads", default=num_heads)
+    if num_heads == 0:
+        reader.fail("num_attention_heads", num_heads, "must be > 0")
+    if num_kv_heads == 0:
+        reader.fail("num_key_value_heads", num_kv_heads, "must be > 0")
+    if num_heads % num_kv_heads:
+        reader.fail("num_key_value_heads", num_kv_heads,
+                    f"must divide num_attention_heads={num_heads} (each KV head serves a whole group)")
     head_dim = reader.integer("head_dim", default=hidden // num_heads)
     mlp_bias = reader.boolean("mlp_bias", default=False)
     if mlp_bias:

@@ -87,6 +87,9 @@ class ScenarioSections:
     slo: SloSpec = field(default_factory=SloSpec)
     perf: PerfSection = field(default_factory=PerfSection)
 
+    def __post_init__(self) -> None:
+        require(self.seed >= 0, "seed", self.seed, "must be >= 0 (it seeds numpy's SeedSequence)")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
@@ -141,6 +144,11 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
 
 def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     sections = build(ScenarioSections, data, source=source)
+    for key, value in (("workload.dataset_path", sections.workload.dataset_path),
+                       ("perf.calibration", sections.perf.calibration)):
+        if value is not None and not Path(value).exists():
+            raise ConfigError(source=source, key=key, value=value,
+                              rule="file not found (a relative path is relative to the scenario file)")
     hardware = _resolve(load_hardware, sections.hardware.name, source, "hardware.name")
     model = _resolve(load_model, sections.model.name, source, "model.name")
     engine = sections.engine.resolve(

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from sim.serde import require
 
 DatasetName = Literal["random", "fixed", "sharegpt", "custom", "trace"]
+
+MAX_NUM_PROMPTS: Final = 10_000_000
+"""Largest `num_prompts`: every request is generated up front and simulated one by one (about a
+kilobyte each), so 10^7 requests already take gigabytes and hours; a larger count is a typo."""
 
 
 def length_bounds(length_tokens: int, range_ratio: float, *, min_tokens: int) -> tuple[int, int]:
@@ -58,7 +62,8 @@ class WorkloadSpec:
     """Outputs run to their sampled length, as `vllm bench serve --ignore-eos`."""
 
     def __post_init__(self) -> None:
-        require(self.num_prompts >= 1, "num_prompts", self.num_prompts, "must be >= 1")
+        require(1 <= self.num_prompts <= MAX_NUM_PROMPTS, "num_prompts", self.num_prompts,
+                f"must be in [1, {MAX_NUM_PROMPTS:,}] (requests are simulated one by one)")
         require(self.request_rate > 0, "request_rate", self.request_rate, "must be > 0 (inf for all at t=0)")
         require(self.burstiness > 0 and math.isfinite(self.burstiness), "burstiness", self.burstiness,
                 "must be a finite number > 0")
@@ -73,6 +78,9 @@ class WorkloadSpec:
         needs_file = self.dataset_name in ("sharegpt", "custom", "trace")
         require(not needs_file or self.dataset_path is not None, "dataset_path", self.dataset_path,
                 f"is required when dataset_name={self.dataset_name!r}")
+        require(needs_file or self.dataset_path is None, "dataset_path", self.dataset_path,
+                f"is read only by dataset_name='sharegpt', 'custom' or 'trace', not {self.dataset_name!r}; "
+                "set dataset_name or remove dataset_path")
         require(needs_file or self.dataset_run_id is None, "dataset_run_id", self.dataset_run_id,
                 f"applies to file datasets only, not dataset_name={self.dataset_name!r}")
 

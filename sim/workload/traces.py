@@ -64,8 +64,8 @@ class TraceRow:
     def __post_init__(self) -> None:
         require(self.input_tokens >= 1, "input_tokens", self.input_tokens, "must be >= 1")
         require(self.output_tokens >= 1, "output_tokens", self.output_tokens, "must be >= 1")
-        require(self.arrival_s is None or math.isfinite(self.arrival_s), "arrival_s",
-                self.arrival_s, "must be a finite number")
+        require(self.arrival_s is None or (math.isfinite(self.arrival_s) and self.arrival_s >= 0), "arrival_s",
+                self.arrival_s, "must be a finite number >= 0 (seconds from the trace's start)")
         require(self.prefix_group >= -1, "prefix_group", self.prefix_group,
                 "must be >= 0 (or absent)")
         require(0 <= self.prefix_tokens <= self.input_tokens, "prefix_tokens", self.prefix_tokens,
