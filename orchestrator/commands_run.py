@@ -10,7 +10,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.commands_sim import overrides_from
+from orchestrator.commands_sim import overrides_from, warn_missing_price
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
 from sim.metrics.chrome_trace import write_chrome_trace
@@ -46,6 +46,12 @@ class _Progress:
         """Close the bar of a run that stopped before every request finished."""
         if self._shown and done != self._total:
             sys.stderr.write("\n")
+
+
+def _cell(value: object) -> object:
+    if value is None:
+        return "-"  # a cost with no known GPU price (the warning above says which key sets it)
+    return f"{value:.6g}" if isinstance(value, float) else value
 
 
 def result_payload(result: SimResult) -> dict[str, Any]:
@@ -88,6 +94,7 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
 
 def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
+    warn_missing_price(scenario)
     progress = _Progress(scenario.workload.num_prompts)
     result = simulate(scenario, progress=progress,
                       max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)
@@ -102,8 +109,7 @@ def cmd_run(args: Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
         return 0
-    rows = [(f.name, f"{getattr(s, f.name):.6g}" if isinstance(getattr(s, f.name), float) else getattr(s, f.name))
-            for f in dataclasses.fields(s)]
+    rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))

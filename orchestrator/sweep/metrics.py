@@ -21,7 +21,13 @@ DERIVED_METRICS: Final[dict[str, str]] = {
 
 def _summary_numeric_fields() -> tuple[str, ...]:
     hints = typing.get_type_hints(SimSummary)
-    return tuple(f.name for f in dataclasses.fields(SimSummary) if hints[f.name] in (int, float, bool))
+    numeric = (int, float, bool, float | None)
+    return tuple(f.name for f in dataclasses.fields(SimSummary) if hints[f.name] in numeric)
+
+
+def _number(value: float | None) -> float:
+    """A metric as a float; a missing one (a cost with no known GPU price) is NaN, which ranks nowhere."""
+    return math.nan if value is None else float(value)
 
 
 SUMMARY_METRICS: Final[tuple[str, ...]] = _summary_numeric_fields()
@@ -30,7 +36,7 @@ METRIC_NAMES: Final[tuple[str, ...]] = (*SUMMARY_METRICS, *DERIVED_METRICS)
 
 def trial_metrics(summary: SimSummary) -> dict[str, float]:
     """All metrics of one simulation as floats (booleans as 0/1), in `METRIC_NAMES` order."""
-    out = {name: float(getattr(summary, name)) for name in SUMMARY_METRICS}
+    out = {name: _number(getattr(summary, name)) for name in SUMMARY_METRICS}
     rate = summary.request_throughput_per_s
     out["goodput_frac"] = summary.goodput_requests_per_s / rate if rate > 0 and math.isfinite(rate) else math.nan
     out["output_throughput_tokens_per_s_per_gpu"] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -62,5 +63,5 @@ def test_directory_without_config_json_is_an_unknown_model(tmp_path: Path) -> No
 
 
 def test_unknown_model_id_suggests_the_closest(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="did you mean 'meta-llama/Llama-3.1-8B-Instruct'"):
+    with pytest.raises(ConfigError, match=re.escape("did you mean 'meta-llama/Llama-3.1-8B-Instruct'")):
         load_model("meta-llama/Llama-3.1-8B-Instruc")
