@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from orchestrator.progress import ProgressBar
 from sim.errors import ConfigError
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
@@ -70,11 +71,6 @@ def run_pool(tasks: Sequence[tuple[ValidationRow, Tier, Path, EngineProfile | No
     return results
 
 
-def _progress(done: int, total: int) -> None:
-    if done == total or done % 50 == 0:
-        sys.stderr.write(f"  {done}/{total} simulations\n")
-
-
 def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:
     return [t for t in tiers if tier_skip_reason(row, t) is None]
 
@@ -104,7 +100,8 @@ def cmd_validate(args: Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
     work = out_dir / "traces"
     tasks = [(r, t, work, None) for r in chosen for t in _tiers_for(r, tiers)]
-    results = run_pool(tasks, args.jobs, cost, _progress)
+    with ProgressBar(len(tasks), desc="validate", unit="simulation") as bar:
+        results = run_pool(tasks, args.jobs, cost, bar.update_to)
     results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
                 for r in rows if not r.skipped for t in tiers if tier_skip_reason(r, t) is not None]
     wall = time.perf_counter() - start

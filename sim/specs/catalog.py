@@ -10,7 +10,6 @@ a local directory wins over a Hub id of the same spelling.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import tomllib
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from sim.errors import ConfigError
 from sim.serde import build
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec, WeightQuantization, model_from_hf_config
+from sim.suggest import did_you_mean
 
 
 def _data_dir() -> Path:
@@ -50,7 +50,8 @@ def load_hardware(name: str) -> HardwareSpec:
         path = _data_dir() / "hardware" / f"{name}.toml"
         if not path.exists():
             raise ConfigError(source="", key="hardware.name", value=name,
-                              rule=f"unknown hardware; known: {', '.join(list_hardware())}")
+                              rule=f"unknown hardware; {did_you_mean(name, list_hardware())}"
+                              f"known: {', '.join(list_hardware())}")
     spec = build(HardwareSpec, read_toml(path), source=str(path))
     if not name.endswith(".toml") and spec.name != name:
         raise ConfigError(source=str(path), key="name", value=spec.name, rule=f"must equal the file stem {name!r}")
@@ -120,11 +121,9 @@ def load_model(name: str) -> ModelSpec:
     index = _model_index()
     entry = index.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, list(index), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(source="", key="model.name", value=name,
-                          rule=f"unknown model id; {hint}give a config.json path, a directory holding one, "
-                          f"or one of {', '.join(sorted(index))}")
+                          rule=f"unknown model id; {did_you_mean(name, index)}give a config.json path, a "
+                          f"directory holding one, or one of {', '.join(sorted(index))}")
     path = _data_dir() / "models" / entry.config
     spec = model_from_hf_config(_read_json(path), name=entry.id, source=str(path))
     if entry.quantization is not None:
