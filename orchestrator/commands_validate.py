@@ -165,13 +165,14 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
 
 
 def _plots(rows: list[ValidationRow], results: list[RowResult], tiers: list[Tier], img: Path) -> list[str]:
-    from orchestrator.plots import scatter_png
+    from orchestrator.plots import ScatterPoint, scatter_png
 
     by_id = {r.row_id: r for r in rows}
     written = []
     for suite in ("eval", "dev"):
         for tier in tiers:
-            points = [(by_id[r.row_id].source, k, v, by_id[r.row_id].measured[k]) for r in results
+            points = [ScatterPoint(source=by_id[r.row_id].source, hardware=by_id[r.row_id].hardware, metric=k,
+                                   predicted=v, measured=by_id[r.row_id].measured[k]) for r in results
                       if r.status == "scored" and r.tier == tier and by_id[r.row_id].suite == suite
                       for k, v in r.predicted.items() if k in by_id[r.row_id].measured
                       and k in ("ttft_mean_s", "tpot_mean_s", "output_throughput_tokens_per_s")]
