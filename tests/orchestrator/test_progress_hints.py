@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -84,7 +85,7 @@ def test_unknown_metric_and_key_names_get_a_suggestion(tmp_path: Path, body: str
 def test_unknown_scenario_keys_get_a_suggestion(tmp_path: Path) -> None:
     path = _sweep(tmp_path, 'objective = "ttft_p90_s"')
     path.write_text(path.read_text().replace('"engine.max_num_seqs"', '"engine.max_num_seq"'))
-    with pytest.raises(ConfigError, match="did you mean 'engine.max_num_seqs'"):
+    with pytest.raises(ConfigError, match=re.escape("did you mean 'engine.max_num_seqs'")):
         load_sweep(path)
     with pytest.raises(ConfigError, match="did you mean 'max_num_seqs'"):
         scenario_from_dict(scenario_dict(engine={"max_num_seq": 8}), source="s.toml")
