@@ -274,11 +274,14 @@ def _data_root(arg: str | None) -> Path:
 
 
 def cmd_accuracy_kernels(args: Namespace) -> int:
-    from sim.calibration.accuracy import run_logo
+    from orchestrator.progress import ProgressBar
+    from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, run_logo
     from sim.calibration.report import render_kernels_section, replace_section
 
     start = time.perf_counter()
-    result = run_logo(_data_root(args.data), workers=args.workers)
+    # loading each GPU's tables, then evaluating each GPU left out
+    with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
+        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to)
     result["wall_s"] = time.perf_counter() - start
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")

@@ -6,12 +6,12 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.commands_sim import overrides_from
+from orchestrator.commands_sim import overrides_from, warn_missing_price
+from orchestrator.progress import ProgressBar
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
 from sim.errors import ConfigError, file_error
@@ -23,31 +23,10 @@ TRACE_MAX_STEP_EVENTS = 200_000
 memory and 60 MB of JSON at most; later steps are counted in the trace's `otherData`."""
 
 
-class _Progress:
-    """A stderr progress bar that appears only for runs longer than a couple of seconds."""
-
-    def __init__(self, total: int) -> None:
-        self._total = total
-        self._start = time.monotonic()
-        self._shown = False
-
-    def __call__(self, done: int) -> None:
-        if done % 256 and done != self._total:
-            return
-        elapsed = time.monotonic() - self._start
-        if elapsed < 2.0 and not self._shown:
-            return
-        self._shown = True
-        width = 30
-        filled = int(width * done / self._total)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self._total} requests {elapsed:.1f}s")
-        if done == self._total:
-            sys.stderr.write("\n")
-
-    def end(self, done: int) -> None:
-        """Close the bar of a run that stopped before every request finished."""
-        if self._shown and done != self._total:
-            sys.stderr.write("\n")
+def _cell(value: object) -> object:
+    if value is None:
+        return "-"  # a cost with no known GPU price (the warning above says which key sets it)
+    return f"{value:.6g}" if isinstance(value, float) else value
 
 
 def result_payload(result: SimResult) -> dict[str, Any]:
@@ -103,13 +82,13 @@ def _prepare_out(out: Path) -> None:
 
 def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
+    warn_missing_price(scenario)
     if args.out:
         _prepare_out(Path(args.out))
-    progress = _Progress(scenario.workload.num_prompts)
-    result = simulate(scenario, progress=progress,
-                      max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)
+    with ProgressBar(scenario.workload.num_prompts, desc="run", unit="request") as bar:
+        result = simulate(scenario, progress=bar.update_to,
+                          max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)
     s = result.summary
-    progress.end(s.num_completed)
     if s.truncated:
         sys.stderr.write(f"warning: truncated run: {s.num_completed} of {s.num_requests} requests finished "
                          "(a simulation limit was reached or requests could not be scheduled); "
@@ -122,8 +101,7 @@ def cmd_run(args: Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
         return 0
-    rows = [(f.name, f"{getattr(s, f.name):.6g}" if isinstance(getattr(s, f.name), float) else getattr(s, f.name))
-            for f in dataclasses.fields(s)]
+    rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))

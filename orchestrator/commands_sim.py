@@ -11,12 +11,14 @@ from typing import Any
 import numpy as np
 
 from orchestrator.render import si, table
-from sim.api import load_scenario, predict_step, scenario_efficiency, scenario_memory
+from sim.api import load_scenario, missing_price_message, predict_step, scenario_efficiency, scenario_memory
 from sim.errors import ConfigError, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serde import build, parse_override
-from sim.specs.catalog import list_hardware, list_models, load_hardware, model_aliases, read_toml
+from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
+from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
+from sim.specs.scenario import Scenario
 from sim.workload.generate import generate
 
 
@@ -140,6 +142,10 @@ def check_file(path: Path) -> str:
     data = read_toml(path)
     if "peak_flops_per_s" in data:
         spec = build(HardwareSpec, data, source=str(path))
+        if find_price_per_gpu_hour_usd(spec.name, load_prices()) is None:
+            sys.stderr.write(f"warning: {path}: no GPU price for hardware {spec.name!r} in sim/data/prices.toml; "
+                             "scenarios on it need hardware.price_per_gpu_hour_usd (USD per GPU-hour) for cost "
+                             "metrics, which are null without it\n")
         return f"hardware {spec.name}"
     if "study" in data:
         from orchestrator.sweep.parse import load_sweep
@@ -153,6 +159,7 @@ def check_file(path: Path) -> str:
         return f"model index with {len(data['model'])} entries"
     if "hardware" in data or "model" in data:
         scenario = load_scenario(path)
+        warn_missing_price(scenario)
         mem = scenario_memory(scenario)
         # What `run` reads besides the scenario: the kernel model (calibration file) and the
         # dataset's rows (lengths, arrival times, run selection).
@@ -165,6 +172,13 @@ def check_file(path: Path) -> str:
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
                       rule="not a scenario ([hardware], [model]), sweep ([study]) "
                            "or hardware spec ([peak_flops_per_s])")
+
+
+def warn_missing_price(scenario: Scenario) -> None:
+    """The stderr warning `check` and `run` both give for a scenario without a GPU price."""
+    message = missing_price_message(scenario)
+    if message is not None:
+        sys.stderr.write(f"warning: {message}\n")
 
 
 def cmd_check(args: Namespace) -> int:
@@ -181,6 +195,16 @@ def cmd_check(args: Namespace) -> int:
     return 2 if failed else 0
 
 
+def simulable(model_id: str) -> str:
+    """`yes`, or `no: <reason>` when the model loader refuses the architecture (for example an
+    attention variant the kernel graph does not model)."""
+    try:
+        load_model(model_id)
+    except ConfigError as exc:
+        return f"no: {exc.rule}"
+    return "yes"
+
+
 def cmd_list(args: Namespace) -> int:
     if args.what == "hardware":
         rows = []
@@ -191,5 +215,6 @@ def cmd_list(args: Namespace) -> int:
         sys.stdout.write(table(("name", "description", "bf16 dense", "HBM bw", "HBM"), rows))
     else:
         aliases = model_aliases()
-        sys.stdout.write(table(("id", "aliases"), [(m, ", ".join(aliases[m])) for m in list_models()]))
+        sys.stdout.write(table(("id", "aliases", "simulable"),
+                               [(m, ", ".join(aliases[m]), simulable(m)) for m in list_models()]))
     return 0

@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from orchestrator.progress import ProgressBar
 from sim.errors import ConfigError
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
@@ -70,11 +71,6 @@ def run_pool(tasks: Sequence[tuple[ValidationRow, Tier, Path, EngineProfile | No
     return results
 
 
-def _progress(done: int, total: int) -> None:
-    if done == total or done % 50 == 0:
-        sys.stderr.write(f"  {done}/{total} simulations\n")
-
-
 def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:
     return [t for t in tiers if tier_skip_reason(row, t) is None]
 
@@ -104,7 +100,8 @@ def cmd_validate(args: Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
     work = out_dir / "traces"
     tasks = [(r, t, work, None) for r in chosen for t in _tiers_for(r, tiers)]
-    results = run_pool(tasks, args.jobs, cost, _progress)
+    with ProgressBar(len(tasks), desc="validate", unit="simulation") as bar:
+        results = run_pool(tasks, args.jobs, cost, bar.update_to)
     results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
                 for r in rows if not r.skipped for t in tiers if tier_skip_reason(r, t) is not None]
     wall = time.perf_counter() - start
@@ -168,13 +165,14 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
 
 
 def _plots(rows: list[ValidationRow], results: list[RowResult], tiers: list[Tier], img: Path) -> list[str]:
-    from orchestrator.plots import scatter_png
+    from orchestrator.plots import ScatterPoint, scatter_png
 
     by_id = {r.row_id: r for r in rows}
     written = []
     for suite in ("eval", "dev"):
         for tier in tiers:
-            points = [(by_id[r.row_id].source, k, v, by_id[r.row_id].measured[k]) for r in results
+            points = [ScatterPoint(source=by_id[r.row_id].source, hardware=by_id[r.row_id].hardware, metric=k,
+                                   predicted=v, measured=by_id[r.row_id].measured[k]) for r in results
                       if r.status == "scored" and r.tier == tier and by_id[r.row_id].suite == suite
                       for k, v in r.predicted.items() if k in by_id[r.row_id].measured
                       and k in ("ttft_mean_s", "tpot_mean_s", "output_throughput_tokens_per_s")]

@@ -40,7 +40,7 @@ from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
-from sim.specs.prices import load_prices, price_per_gpu_hour_usd
+from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Scenario, load_scenario_file
 from sim.workload.generate import generate
 
@@ -90,6 +90,25 @@ def _longest_request(scenario: Scenario) -> int:
         return w.max_input_tokens() + w.max_output_tokens()
     assert scenario.engine.max_model_len is not None
     return scenario.engine.max_model_len
+
+
+def scenario_price_per_gpu_hour_usd(scenario: Scenario) -> float | None:
+    """`[hardware] price_per_gpu_hour_usd`, else the shipped price table's entry for the hardware;
+    None when neither has one (the run's cost metrics are None then; see `missing_price_message`)."""
+    if scenario.price_per_gpu_hour_usd is not None:
+        return scenario.price_per_gpu_hour_usd
+    return find_price_per_gpu_hour_usd(scenario.hardware.name, load_prices())
+
+
+def missing_price_message(scenario: Scenario) -> str | None:
+    """Why a scenario's cost metrics are None, naming the file and key that would set a price;
+    None when the scenario has a price."""
+    if scenario_price_per_gpu_hour_usd(scenario) is not None:
+        return None
+    return (f"{scenario.source}: no GPU price for hardware {scenario.hardware.name!r} (not in the shipped "
+            f"price table sim/data/prices.toml); set hardware.price_per_gpu_hour_usd in the scenario "
+            "(USD per GPU-hour) to get cost metrics; cost_per_hour_usd and "
+            "cost_per_million_output_tokens_usd are null until then")
 
 
 def step_graph(scenario: Scenario, batch: BatchShape) -> KernelGraph:
@@ -209,9 +228,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
                      progress=progress, step_log=step_log)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
-    price = scenario.price_per_gpu_hour_usd
-    if price is None:
-        price = price_per_gpu_hour_usd(scenario.hardware.name, load_prices())
+    price = scenario_price_per_gpu_hour_usd(scenario)
     summary = summarize(
         records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
         num_preemptions=sim.num_preemptions(),

@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from sim.errors import ConfigError
+from sim.suggest import did_you_mean
 
 T = TypeVar("T")
 
@@ -57,7 +58,7 @@ def build(cls: type[T], data: Mapping[str, Any], *, source: str = "", prefix: st
                 source=source,
                 key=_join(prefix, key),
                 value=data[key],
-                rule=f"unknown key; known keys: {', '.join(sorted(fields))}",
+                rule=f"unknown key; {did_you_mean(str(key), fields)}known keys: {', '.join(sorted(fields))}",
             )
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():

@@ -15,12 +15,15 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.parquet as pq
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from orchestrator.plot_style import gpu_color, short_gpu, wrap_title
 from orchestrator.sweep.results import Breakdown
 
 BREAKDOWN_PARQUET: Final = "kernel_breakdown.parquet"
 BREAKDOWN_PNG: Final = "kernel_breakdown.png"
 _TOP_KERNELS: Final = 9
+_MAX_FRONT_LABELS: Final = 16
 
 
 def breakdown_parquet(breakdown: Breakdown) -> bytes:
@@ -30,6 +33,10 @@ def breakdown_parquet(breakdown: Breakdown) -> bytes:
 
 
 def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
+    return _png(breakdown_figure(breakdown, title))
+
+
+def breakdown_figure(breakdown: Breakdown, title: str) -> Figure:
     """One horizontal bar of the run's GPU-side time split by kernel (largest first), plus host time."""
     rows = breakdown.rows()
     kernels = [r for r in rows if r["kernel"] not in ("host", "launch_floor")]
@@ -39,7 +46,7 @@ def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
     if other > 0:
         parts.append(("other kernels", other))
     parts += [(r["kernel"], r["share"]) for r in rows if r["kernel"] in ("host", "launch_floor")]
-    fig = Figure(figsize=(8.0, 2.6), dpi=90)
+    fig = Figure(figsize=(8.0, 3.0), dpi=90, layout="constrained")
     ax = fig.add_subplot()
     left = 0.0
     cmap = _colors(len(parts))
@@ -49,10 +56,10 @@ def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
     ax.set_xlim(0, 100)
     ax.set_yticks([])
     ax.set_xlabel(f"share of {breakdown.total_s():.3g} s busy time (%)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(ncols=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
-    fig.subplots_adjust(bottom=0.55, top=0.85, left=0.03, right=0.97)
-    return _png(fig)
+    ax.set_title(wrap_title(title, 100), fontsize=9)
+    # below the axes, inside the figure: constrained layout makes room for it
+    fig.legend(*ax.get_legend_handles_labels(), ncols=4, fontsize=7, loc="outside lower center", frameon=False)
+    return fig
 
 
 def trial_artifacts(breakdown: Breakdown, title: str) -> dict[str, bytes]:
@@ -71,10 +78,15 @@ def table_csv(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return buf.getvalue().encode()
 
 
-def pareto_png(points: Sequence[Sequence[float]], feasible: Sequence[bool], front: Sequence[int],
-               labels: Sequence[str], title: str) -> bytes:
-    """Scatter of trials on the first two objectives (or value by trial for one), front highlighted."""
-    fig = Figure(figsize=(7.0, 5.0), dpi=90)
+def pareto_figure(points: Sequence[Sequence[float]], feasible: Sequence[bool], front: Sequence[int],
+                  labels: Sequence[str], title: str, *, gpus: Sequence[str | None] | None = None,
+                  point_labels: Sequence[str] | None = None) -> Figure:
+    """Scatter of trials on the first two objectives (or value by trial for one), front highlighted.
+
+    Points are coloured by GPU (`orchestrator.plot_style.gpu_color`, the same in every plot); trials
+    that miss an SLO are hollow; front points carry their configuration label (`point_labels`).
+    """
+    fig = Figure(figsize=(9.0, 5.6), dpi=90, layout="constrained")
     ax = fig.add_subplot()
     finite = [i for i, p in enumerate(points) if all(math.isfinite(v) for v in p)]
     if len(labels) >= 2:
@@ -85,23 +97,40 @@ def pareto_png(points: Sequence[Sequence[float]], feasible: Sequence[bool], fron
         xs, ys = [float(i) for i in finite], [points[i][0] for i in finite]
         ax.set_xlabel("trial (finished order)")
         ax.set_ylabel(labels[0])
-    ok = [j for j, i in enumerate(finite) if feasible[i]]
-    bad = [j for j, i in enumerate(finite) if not feasible[i]]
-    ax.scatter([xs[j] for j in bad], [ys[j] for j in bad], s=12, c="#bbbbbb", label="misses an SLO")
-    ax.scatter([xs[j] for j in ok], [ys[j] for j in ok], s=14, c="#4c72b0", label="meets the SLOs")
+    gpu_of = list(gpus) if gpus is not None else [None] * len(points)
+    for gpu in dict.fromkeys(gpu_of[i] for i in finite):
+        color = gpu_color(gpu)
+        ok = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and feasible[i]]
+        bad = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and not feasible[i]]
+        ax.scatter([xs[j] for j in ok], [ys[j] for j in ok], s=16, color=color,
+                   label=short_gpu(gpu) if gpu is not None else "trials")
+        ax.scatter([xs[j] for j in bad], [ys[j] for j in bad], s=16, facecolors="none", edgecolors=color, alpha=0.6)
     pos = {i: j for j, i in enumerate(finite)}
-    best = sorted((xs[pos[i]], ys[pos[i]]) for i in front if i in pos)
-    if best:
-        ax.plot([b[0] for b in best], [b[1] for b in best], "o-", c="#dd5500", ms=6,
-                label="Pareto front" if len(labels) >= 2 else "best")
+    on_front = sorted((i for i in front if i in pos), key=lambda i: (xs[pos[i]], ys[pos[i]]))
+    if on_front:
+        ax.plot([xs[pos[i]] for i in on_front], [ys[pos[i]] for i in on_front], "o-", color="black", ms=7,
+                mfc="none", lw=1.0, label="Pareto front" if len(labels) >= 2 else "best")
+        if point_labels is not None:
+            for k, i in enumerate(on_front[:_MAX_FRONT_LABELS]):
+                ax.annotate(point_labels[i], (xs[pos[i]], ys[pos[i]]), xytext=(6, 6 if k % 2 == 0 else -10),
+                            textcoords="offset points", fontsize=7)
     for axis, vals in (("x", xs), ("y", ys)):
         pos_vals = [v for v in vals if v > 0]
         if len(pos_vals) == len(vals) and vals and max(vals) > 30 * min(vals):
             (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title(wrap_title(title), fontsize=10)
+    handles, names = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], linestyle="", marker="o", mfc="none", mec="grey"))
+    names.append("hollow: misses an SLO")
+    fig.legend(handles, names, fontsize=7, loc="outside right upper")
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return fig
+
+
+def pareto_png(points: Sequence[Sequence[float]], feasible: Sequence[bool], front: Sequence[int],
+               labels: Sequence[str], title: str, *, gpus: Sequence[str | None] | None = None,
+               point_labels: Sequence[str] | None = None) -> bytes:
+    return _png(pareto_figure(points, feasible, front, labels, title, gpus=gpus, point_labels=point_labels))
 
 
 def _colors(n: int) -> list[Any]:

@@ -99,9 +99,14 @@ class CapacityReport:
         out = []
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
+            per_replica_cost = c.cost_per_hour_usd / c.replicas if c.replicas else math.nan
             out.append({"chosen": i == self.chosen, **c.params, "status": c.status,
                         "capacity_rate_per_replica": c.capacity_rate_per_replica,
                         "saturation_rate_per_replica": c.saturation_rate_per_replica, "replicas": c.replicas,
+                        "gpus_per_replica": c.gpus_per_replica, "fleet_num_gpus": c.num_gpus(),
+                        "cost_per_hour_per_replica_usd": per_replica_cost,
+                        "fleet_cost_per_hour_usd": c.cost_per_hour_usd,
+                        # the names before the fleet_ ones, kept: both are fleet totals
                         "num_gpus": c.num_gpus(), "cost_per_hour_usd": c.cost_per_hour_usd,
                         **{b.metric: m.get(b.metric, math.nan) for b in self.spec.slo},
                         "cost_per_million_output_tokens_usd": m.get("cost_per_million_output_tokens_usd", math.nan),
@@ -112,7 +117,8 @@ class CapacityReport:
         spec = self.spec
         assert spec.capacity is not None
         keys = list(dict.fromkeys(k for c in self.candidates for k in c.params))
-        headers = ["", *(k.rsplit(".", 1)[-1] for k in keys), "req/s/replica", "replicas", "GPUs", "$/hour",
+        headers = ["", *(k.rsplit(".", 1)[-1] for k in keys), "req/s/replica", "replicas", "fleet GPUs",
+                   "fleet $/hour",
                    *(b.metric for b in spec.slo), "status"]
         rows = []
         for i, c in enumerate(self.candidates):

@@ -62,7 +62,12 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
         for i, plan in enumerate(plans):
             at = plan.at_capacity
             metrics = dict(at.metrics) if at is not None else {}
+            # The probe's own metrics are one replica's; the fleet totals carry fleet_ names.
+            # `num_gpus` is overwritten with the fleet total, as before the fleet_ names existed.
             metrics.update({"capacity_rate_per_replica": plan.capacity_rate_per_replica, "replicas": plan.replicas,
+                            "num_gpus_per_replica": float(plan.gpus_per_replica),
+                            "cost_per_hour_per_replica_usd": metrics.get("cost_per_hour_usd", math.nan),
+                            "fleet_num_gpus": plan.num_gpus(),
                             "num_gpus": plan.num_gpus(), "fleet_cost_per_hour_usd": plan.cost_per_hour_usd,
                             "saturation_rate_per_replica": plan.saturation_rate_per_replica,
                             "probes": plan.probes})

@@ -51,6 +51,22 @@ def key_type(dotted: str) -> KeyType | None:
     return None
 
 
+def scenario_keys() -> list[str]:
+    """Every dotted scenario key a sweep may vary (for "did you mean" hints)."""
+    out: list[str] = []
+
+    def walk(cls: Any, prefix: str) -> None:
+        for name, tp in typing.get_type_hints(cls).items():
+            dotted = f"{prefix}{name}"
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                walk(tp, f"{dotted}.")
+            elif key_type(dotted) is not None:
+                out.append(dotted)
+
+    walk(ScenarioSections, "")
+    return out
+
+
 def _leaf_type(tp: Any) -> KeyType | None:
     optional = False
     if typing.get_origin(tp) in (typing.Union, types.UnionType):

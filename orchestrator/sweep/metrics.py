@@ -12,6 +12,7 @@ import typing
 from typing import Final
 
 from sim.metrics.summary import SimSummary
+from sim.suggest import did_you_mean
 
 DERIVED_METRICS: Final[dict[str, str]] = {
     "goodput_frac": "fraction of completed requests that meet every per-request [slo] target of the scenario",
@@ -21,7 +22,13 @@ DERIVED_METRICS: Final[dict[str, str]] = {
 
 def _summary_numeric_fields() -> tuple[str, ...]:
     hints = typing.get_type_hints(SimSummary)
-    return tuple(f.name for f in dataclasses.fields(SimSummary) if hints[f.name] in (int, float, bool))
+    numeric = (int, float, bool, float | None)
+    return tuple(f.name for f in dataclasses.fields(SimSummary) if hints[f.name] in numeric)
+
+
+def _number(value: float | None) -> float:
+    """A metric as a float; a missing one (a cost with no known GPU price) is NaN, which ranks nowhere."""
+    return math.nan if value is None else float(value)
 
 
 SUMMARY_METRICS: Final[tuple[str, ...]] = _summary_numeric_fields()
@@ -30,9 +37,34 @@ METRIC_NAMES: Final[tuple[str, ...]] = (*SUMMARY_METRICS, *DERIVED_METRICS)
 
 def trial_metrics(summary: SimSummary) -> dict[str, float]:
     """All metrics of one simulation as floats (booleans as 0/1), in `METRIC_NAMES` order."""
-    out = {name: float(getattr(summary, name)) for name in SUMMARY_METRICS}
+    out = {name: _number(getattr(summary, name)) for name in SUMMARY_METRICS}
     rate = summary.request_throughput_per_s
     out["goodput_frac"] = summary.goodput_requests_per_s / rate if rate > 0 and math.isfinite(rate) else math.nan
     out["output_throughput_tokens_per_s_per_gpu"] = (
         summary.output_throughput_tokens_per_s / summary.num_gpus if summary.num_gpus else math.nan)
     return out
+
+
+def _vllm_bench_names() -> dict[str, str]:
+    names = {"request_throughput": "request_throughput_per_s", "output_throughput": "output_throughput_tokens_per_s",
+             "total_token_throughput": "total_token_throughput_tokens_per_s",
+             "request_goodput": "goodput_requests_per_s", "completed": "num_completed", "duration": "duration_s"}
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for theirs, ours in (("mean", "mean"), ("median", "median"), ("p50", "median"), ("p90", "p90"),
+                             ("p99", "p99")):
+            names[f"{theirs}_{metric}_ms"] = f"{metric}_{ours}_s"
+    return names
+
+
+VLLM_BENCH_NAMES: Final[dict[str, str]] = _vllm_bench_names()
+"""`vllm bench serve` result names -> the metric names here (which are in seconds, not ms)."""
+
+
+def unknown_metric_rule(name: str) -> str:
+    """The rule text of a `ConfigError` for metric `name`: the vLLM bench mapping or close names."""
+    ours = VLLM_BENCH_NAMES.get(name)
+    if ours is not None:
+        unit = " (seconds here: divide a millisecond bound by 1000)" if name.endswith("_ms") else ""
+        return f"unknown metric; vLLM bench name {name} is {ours} here{unit}"
+    return f"unknown metric; {did_you_mean(name, METRIC_NAMES)}known: {', '.join(METRIC_NAMES)}"
+

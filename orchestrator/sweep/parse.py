@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from orchestrator.sweep.keys import is_kind
-from orchestrator.sweep.metrics import METRIC_NAMES
+from orchestrator.sweep.metrics import METRIC_NAMES, unknown_metric_rule
 from orchestrator.sweep.parse_space import check_capacity_space, check_grid, is_entry, parse_param
 from orchestrator.sweep.spec import BoundSpec, CapacitySpec, Direction, ObjectiveSpec, ParamSpec, SamplerName, SweepSpec
 from orchestrator.sweep.toml_fields import flatten, get, known_keys, table
@@ -136,8 +136,7 @@ def _objectives(study: Mapping[str, Any], src: str, *, required: bool) -> tuple[
     for where, metric, direction in items:
         key = f"{where}.metric" if where != "study" else "study.objective"
         if metric not in METRIC_NAMES:
-            raise ConfigError(source=src, key=key, value=metric,
-                              rule=f"unknown metric; known: {', '.join(METRIC_NAMES)}")
+            raise ConfigError(source=src, key=key, value=metric, rule=unknown_metric_rule(str(metric)))
         if direction not in get_args(Direction):
             raise ConfigError(source=src, key=f"{where}.direction", value=direction,
                               rule="must be 'minimize' or 'maximize'")
@@ -154,8 +153,7 @@ def _slo(table: Mapping[str, Any], src: str) -> tuple[BoundSpec, ...]:
     for metric, value in table.items():
         where = f"slo.{metric}"
         if metric not in METRIC_NAMES:
-            raise ConfigError(source=src, key=where, value=value,
-                              rule=f"unknown metric; known: {', '.join(METRIC_NAMES)}")
+            raise ConfigError(source=src, key=where, value=value, rule=unknown_metric_rule(metric))
         if isinstance(value, dict):
             known_keys(value, ("max", "min"), src, where)
             lo = get(value, "min", float, src, where)

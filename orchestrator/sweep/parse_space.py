@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from orchestrator.sweep.keys import check_value, is_kind, key_type
+from orchestrator.sweep.keys import check_value, is_kind, key_type, scenario_keys
 from orchestrator.sweep.spec import Condition, ParamSpec, ParamValue
 from orchestrator.sweep.toml_fields import flatten, known_keys
 from sim.errors import ConfigError
+from sim.suggest import did_you_mean
 
 ENTRY_KEYS: Final = ("choices", "type", "low", "high", "step", "log", "when")
 PLANNER_KEYS: Final = ("engine.data_parallel_size", "workload.request_rate")
@@ -29,7 +30,8 @@ def parse_param(key: str, entry: Any, earlier: list[ParamSpec], sections: dict[s
     kt = key_type(key)
     if kt is None:
         raise ConfigError(source=src, key=where, value=entry,
-                          rule="not a scenario key (a dotted path such as engine.max_num_seqs; see docs/scenario.md)")
+                          rule=f"not a scenario key; {did_you_mean(key, scenario_keys())}(a dotted path such as "
+                               "engine.max_num_seqs; see docs/scenario.md)")
     if not isinstance(entry, dict):
         raise ConfigError(source=src, key=where, value=entry,
                           rule='must be a table: { choices = [...] } or { type = "int", low = ..., high = ... }')

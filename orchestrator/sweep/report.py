@@ -12,12 +12,15 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.render import table
 from orchestrator.sweep.objective import constraint_values, pareto_indices
 from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.spec import SweepSpec
+from sim.errors import ConfigError
+from sim.specs.catalog import read_toml
 
 _TOP_SINGLE: Final = 5
 
@@ -193,6 +196,7 @@ def _values(record: TrialRecord) -> tuple[float, ...]:
 
 def report_files(report: SweepReport) -> dict[str, bytes]:
     """pareto_front.csv/.png, trials.csv and best_configs.json for the parent MLflow run."""
+    from orchestrator.plot_style import axis_label, config_label
     from orchestrator.sweep.artifacts import pareto_png, table_csv
 
     spec = report.spec
@@ -206,11 +210,28 @@ def report_files(report: SweepReport) -> dict[str, bytes]:
     ran = [r for r in report.records if r.state == "COMPLETE" and r.values is not None and r.result is not None]
     if ran:
         index = {r.number: i for i, r in enumerate(ran)}
+        base_gpu = _base_hardware(spec)
+        params = [r.result.params if r.result is not None else {} for r in ran]
         files["pareto_front.png"] = pareto_png(
             [_values(r) for r in ran], [is_feasible(r, spec) for r in ran],
             [index[n] for n in report.best if n in index],
-            [f"{o.metric} ({o.direction})" for o in spec.objectives], title=f"study {spec.name}")
+            [axis_label(o.metric, o.direction) for o in spec.objectives],
+            title=f"study {spec.name}: " + " vs ".join(o.metric for o in spec.objectives),
+            gpus=[str(p["hardware.name"]) if "hardware.name" in p else base_gpu for p in params],
+            point_labels=[config_label(p) for p in params])
     return files
+
+
+def _base_hardware(spec: SweepSpec) -> str | None:
+    """The base scenario's GPU (for the colour of trials that do not vary `hardware.name`)."""
+    if "hardware.name" in spec.base_set:
+        return str(spec.base_set["hardware.name"])
+    try:
+        hardware = read_toml(Path(spec.base_scenario)).get("hardware", {})
+    except ConfigError:
+        return None
+    name = hardware.get("name") if isinstance(hardware, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _row(r: TrialRecord, spec: SweepSpec) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from sim.errors import ConfigError
+from sim.suggest import did_you_mean
 
 
 def known_keys(table: Mapping[str, Any], known: tuple[str, ...], src: str, prefix: str) -> None:
@@ -14,7 +15,7 @@ def known_keys(table: Mapping[str, Any], known: tuple[str, ...], src: str, prefi
         if key not in known:
             where = f"{prefix}.{key}" if prefix else key
             raise ConfigError(source=src, key=where, value=table[key],
-                              rule=f"unknown key; known keys: {', '.join(known)}")
+                              rule=f"unknown key; {did_you_mean(str(key), known)}known keys: {', '.join(known)}")
 
 
 def table(data: Mapping[str, Any], key: str, src: str, *, required: bool = False, prefix: str = "") -> dict[str, Any]:

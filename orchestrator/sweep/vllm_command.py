@@ -1,5 +1,8 @@
 """The `vllm serve` command line for a scenario's engine settings, and the `kernelsight run` line.
 
+The model is the one the scenario names (`sim.specs.catalog.serve_model_id`): its id or alias as
+written (the current name of a renamed Hub repo), or the checkpoint directory of a local config.
+
 Only settings that differ from vLLM's defaults are written, plus the model, the parallelism and
 `--max-model-len`. kernelsight's own keys (`launch_mode`, `scheduler`, `router`, `backend`) have
 no vLLM flag and are left out.
@@ -11,6 +14,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, Final
 
+from sim.specs.catalog import serve_model_id
 from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario
 
@@ -38,7 +42,8 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
     asked: Mapping[str, Any] = scenario.sections().get("engine", {})
     default = EngineParams()
     engine = scenario.engine
-    args = ["vllm", "serve", scenario.model.name, "--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    model = serve_model_id(str(scenario.sections()["model"]["name"]))
+    args = ["vllm", "serve", model, "--tensor-parallel-size", str(engine.tensor_parallel_size)]
     dp = engine.data_parallel_size if data_parallel_size is None else data_parallel_size
     if dp > 1:
         args += ["--data-parallel-size", str(dp)]

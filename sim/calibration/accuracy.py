@@ -13,7 +13,7 @@ rows. Rows are subsampled deterministically by a hash of the shape (same shapes 
 from __future__ import annotations
 
 import multiprocessing as mp
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,8 @@ def full_rows(data_root: Path, gpu: str) -> pd.DataFrame:
     return pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
 
 
-def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True) -> Loaded:
+def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
+         on_gpu_loaded: Callable[[str], None] | None = None) -> Loaded:
     rows: dict[str, pd.DataFrame] = {}
     excl: list[Exclusion] = []
     sha: dict[str, str] = {}
@@ -123,6 +124,8 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True) -> L
         df["roofline_s"] = roof
         rows[gpu], sha[gpu] = df, digest
         excl += ex
+        if on_gpu_loaded is not None:
+            on_gpu_loaded(gpu)
     return Loaded(rows, excl, sha, plan_rows)
 
 
@@ -186,15 +189,29 @@ def _work(args: tuple[str, Path, Loaded]) -> dict[str, Any]:
     return evaluate_gpu(args[0], args[2], args[1])
 
 
-def run_logo(data_root: Path, *, workers: int = 2) -> dict[str, Any]:
+def run_logo(data_root: Path, *, workers: int = 2,
+             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Leave-one-GPU-out accuracy; `progress(done, total)` counts GPUs loaded, then GPUs evaluated."""
     gpus = (*TRAIN_GPUS, *EVAL_ONLY)
-    loaded = load(data_root, gpus)
+    total = 2 * len(gpus)
+    steps = iter(range(1, total + 1))
+
+    def tick(_: object = None) -> None:
+        if progress is not None:
+            progress(next(steps), total)
+
+    loaded = load(data_root, gpus, on_gpu_loaded=tick)
     jobs = [(g, data_root, loaded) for g in gpus]
+    results: list[dict[str, Any]] = []
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-            results = list(ex.map(_work, jobs))
+            for r in ex.map(_work, jobs):
+                results.append(r)
+                tick()
     else:
-        results = [_work(j) for j in jobs]
+        for j in jobs:
+            results.append(_work(j))
+            tick()
     return {
         "gpus": results,
         "exclusions": [{"system": e.system, "table": e.table, "what": e.what, "rows": e.num_rows}

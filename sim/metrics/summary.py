@@ -80,9 +80,11 @@ class SimSummary:
     kv_usage_mean_frac: float
     kv_usage_max_frac: float
     num_gpus: int
-    price_per_gpu_hour_usd: float
-    cost_per_hour_usd: float
-    cost_per_million_output_tokens_usd: float
+    price_per_gpu_hour_usd: float | None
+    """None when no price is known for the hardware (a user hardware TOML with no price table
+    entry and no `[hardware] price_per_gpu_hour_usd`); the cost metrics are None then too."""
+    cost_per_hour_usd: float | None
+    cost_per_million_output_tokens_usd: float | None
     num_steps: int
     truncated: bool
     """The run did not finish every request: it stopped at a `SimLimits` limit, or requests could
@@ -100,7 +102,7 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
 def summarize(
     records: Sequence[RequestRecord], *, num_requests: int, itl: Mapping[float, int], slo: SloSpec,
     kv_usage: Sequence[float] | np.ndarray, num_preemptions: int, prefix_query_tokens: int,
-    prefix_hit_tokens: int, num_gpus: int, price_per_gpu_hour_usd: float, num_steps: int,
+    prefix_hit_tokens: int, num_gpus: int, price_per_gpu_hour_usd: float | None, num_steps: int,
     truncated: bool, worst_provenance: str,
 ) -> SimSummary:
     n = len(records)
@@ -122,7 +124,10 @@ def summarize(
         good &= e2el <= slo.e2el_s
     per_s = 1.0 / duration if duration > 0 else math.nan
     out_rate = float(out_tok.sum()) * per_s
-    cost_per_hour = price_per_gpu_hour_usd * num_gpus
+    cost_per_hour = None if price_per_gpu_hour_usd is None else price_per_gpu_hour_usd * num_gpus
+    cost_per_million: float | None = None
+    if cost_per_hour is not None:
+        cost_per_million = cost_per_hour / (out_rate * 3600.0) * 1e6 if out_rate > 0 else math.inf
     usage = np.asarray(kv_usage, dtype=np.float64) if len(kv_usage) else np.zeros(1)
     i_mean, i_p50, i_p90, i_p99 = counted_stats(itl)
     t_mean, t_p50, t_p90, t_p99 = _stats(ttft)
@@ -141,6 +146,6 @@ def summarize(
         prefix_hit_frac=prefix_hit_tokens / prefix_query_tokens if prefix_query_tokens else 0.0,
         kv_usage_mean_frac=float(usage.mean()), kv_usage_max_frac=float(usage.max()),
         num_gpus=num_gpus, price_per_gpu_hour_usd=price_per_gpu_hour_usd, cost_per_hour_usd=cost_per_hour,
-        cost_per_million_output_tokens_usd=cost_per_hour / (out_rate * 3600.0) * 1e6 if out_rate > 0 else math.inf,
+        cost_per_million_output_tokens_usd=cost_per_million,
         num_steps=num_steps, truncated=truncated or n < num_requests, worst_provenance=worst_provenance,
     )

@@ -2,7 +2,9 @@
 
 `load_hardware("h100_sxm")` reads `sim/data/hardware/h100_sxm.toml`; a name ending in `.toml`
 is read as a path. `load_model("meta-llama/Llama-3.1-70B")` resolves an id or alias through
-`sim/data/models/index.toml`; a name ending in `.json` is read as a `config.json` path.
+`sim/data/models/index.toml`; a name ending in `.json` is read as a `config.json` path, and a
+directory holding a `config.json` (a downloaded checkpoint) is read like Hugging Face tools read it:
+a local directory wins over a Hub id of the same spelling.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sim.errors import ConfigError, decode_error, file_error
 from sim.serde import build
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec, WeightQuantization, model_from_hf_config
+from sim.suggest import did_you_mean
 
 
 def _data_dir() -> Path:
@@ -62,7 +65,8 @@ def load_hardware(name: str) -> HardwareSpec:
         path = _data_dir() / "hardware" / f"{name}.toml"
         if not path.exists():
             raise ConfigError(source="", key="hardware.name", value=name,
-                              rule=f"unknown hardware; known: {', '.join(list_hardware())}")
+                              rule=f"unknown hardware; {did_you_mean(name, list_hardware())}"
+                              f"known: {', '.join(list_hardware())}")
     spec = build(HardwareSpec, read_toml(path), source=str(path))
     if not name.endswith(".toml") and spec.name != name:
         raise ConfigError(source=str(path), key="name", value=spec.name, rule=f"must equal the file stem {name!r}")
@@ -77,8 +81,12 @@ class ModelEntry:
     quantization: WeightQuantization | None = None
 
 
+def _index_path() -> Path:
+    return _data_dir() / "models" / "index.toml"
+
+
 def _model_index() -> dict[str, ModelEntry]:
-    path = _data_dir() / "models" / "index.toml"
+    path = _index_path()
     table = read_toml(path)
     index: dict[str, ModelEntry] = {}
     for i, raw in enumerate(table.get("model", [])):
@@ -97,16 +105,40 @@ def model_aliases() -> dict[str, list[str]]:
     return {e.id: list(e.aliases) for e in _model_index().values()}
 
 
-def load_model(name: str) -> ModelSpec:
+def renamed_repos() -> dict[str, str]:
+    """Old Hub repo id -> current repo id, for repos renamed on the Hub (index.toml `[renamed]`)."""
+    renamed = read_toml(_index_path()).get("renamed", {})
+    return {str(k): str(v) for k, v in renamed.items()}
+
+
+def model_directory(name: str) -> Path | None:
+    """`name` as a local checkpoint directory (one holding a `config.json`), else None."""
+    path = Path(name)
+    return path if not name.endswith(".json") and (path / "config.json").is_file() else None
+
+
+def serve_model_id(name: str) -> str:
+    """What `vllm serve` takes for the model a scenario names: the directory of a `config.json`
+    path, a checkpoint directory as given, else the id or alias as written, with the old name of a
+    renamed Hub repo replaced by the current one."""
     if name.endswith(".json"):
-        path = Path(name)
+        return str(Path(name).parent)
+    if model_directory(name) is not None:
+        return name
+    return renamed_repos().get(name, name)
+
+
+def load_model(name: str) -> ModelSpec:
+    directory = model_directory(name)
+    if name.endswith(".json") or directory is not None:
+        path = Path(name) if directory is None else directory / "config.json"
         return model_from_hf_config(_read_json(path), name=name, source=str(path))
     index = _model_index()
     entry = index.get(name)
     if entry is None:
         raise ConfigError(source="", key="model.name", value=name,
-                          rule="unknown model id; give a config.json path or one of "
-                          f"{', '.join(sorted(index))}")
+                          rule=f"unknown model id; {did_you_mean(name, index)}give a config.json path, a "
+                          f"directory holding one, or one of {', '.join(sorted(index))}")
     path = _data_dir() / "models" / entry.config
     spec = model_from_hf_config(_read_json(path), name=entry.id, source=str(path))
     if entry.quantization is not None:

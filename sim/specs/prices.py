@@ -64,6 +64,11 @@ def load_prices(path: str | Path | None = None) -> Mapping[str, float]:
     return MappingProxyType({name: e.usd_per_gpu_hour for name, e in entries.items()})
 
 
+def find_price_per_gpu_hour_usd(hardware_name: str, prices: Mapping[str, float]) -> float | None:
+    """The price of `hardware_name`, or None when the table has none (a user hardware TOML)."""
+    return prices.get(hardware_name)
+
+
 def price_per_gpu_hour_usd(hardware_name: str, prices: Mapping[str, float]) -> float:
     """The price of `hardware_name`; a `ConfigError` when the table has none."""
     try:

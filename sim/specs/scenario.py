@@ -55,7 +55,8 @@ class HardwareSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSection:
     name: str
-    """Hugging Face id from `kernelsight list models`, or a path to a `config.json`."""
+    """Hugging Face id from `kernelsight list models`, a path to a `config.json`, or a checkpoint
+    directory holding one."""
 
 
 PerfTier = Literal["auto", "roofline", "cross-generation", "target-measured"]
@@ -135,7 +136,9 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
                          ("perf", "calibration")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         is_file = isinstance(value, str) and value.endswith((".json", ".toml", ".csv", ".jsonl"))
-        if is_file and isinstance(value, str) and not Path(value).is_absolute():
+        # A model directory holding a config.json is a path too (as Hugging Face tools read it).
+        is_model_dir = section == "model" and isinstance(value, str) and (base / value / "config.json").is_file()
+        if (is_file or is_model_dir) and isinstance(value, str) and not Path(value).is_absolute():
             candidate = base / value
             if candidate.exists():
                 data[section][key] = str(candidate.resolve())

@@ -331,7 +331,7 @@ def test_vllm_serve_line_carries_only_non_default_settings(tmp_path: Path) -> No
                                                 "engine.enable_prefix_caching": False,
                                                 "engine.kv_cache_dtype": "fp8", "engine.data_parallel_size": 3})
     assert vllm_serve_command(scenario) == (
-        "vllm serve meta-llama/Meta-Llama-3.1-8B --tensor-parallel-size 2 --data-parallel-size 3 "
+        "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2 --data-parallel-size 3 "
         "--max-model-len 8192 --max-num-seqs 64 --no-enable-prefix-caching --kv-cache-dtype fp8")
 
 

@@ -1,0 +1,67 @@
+"""The `vllm serve` line names the model the scenario asked for; checkpoint directories load."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from orchestrator.sweep.vllm_command import vllm_serve_command
+from sim.errors import ConfigError
+from sim.specs.catalog import load_model, serve_model_id
+from sim.specs.scenario import load_scenario_file
+
+CONFIG_8B = REPO / "sim" / "data" / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json"
+
+
+def _scenario(tmp_path: Path, model: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(f'[hardware]\nname = "h100_sxm"\n[model]\nname = "{model}"\n'
+                    '[engine]\nmax_model_len = 8192\n')
+    return path
+
+
+@pytest.mark.parametrize(("asked", "served"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("meta-llama/Meta-Llama-3.1-70B", "meta-llama/Llama-3.1-70B"),
+    ("nvidia/Llama-3.1-70B-Instruct-FP8", "nvidia/Llama-3.1-70B-Instruct-FP8"),
+])
+def test_serve_line_names_the_asked_model_under_its_current_repo_id(tmp_path: Path, asked: str, served: str) -> None:
+    line = vllm_serve_command(load_scenario_file(_scenario(tmp_path, asked)))
+    assert line.startswith(f"vllm serve {served} --tensor-parallel-size 1")
+
+
+def test_config_json_path_serves_its_directory(tmp_path: Path) -> None:
+    ckpt = tmp_path / "my-ckpt"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_8B, ckpt / "config.json")
+    line = vllm_serve_command(load_scenario_file(_scenario(tmp_path, "my-ckpt/config.json")))
+    assert line.startswith(f"vllm serve {ckpt} --tensor-parallel-size 1")
+
+
+def test_checkpoint_directory_loads_like_hugging_face_tools_load_it(tmp_path: Path) -> None:
+    ckpt = tmp_path / "my-ckpt"
+    ckpt.mkdir()
+    shutil.copy(CONFIG_8B, ckpt / "config.json")
+    # relative to the scenario file, as config.json paths are
+    scenario = load_scenario_file(_scenario(tmp_path, "my-ckpt"))
+    assert scenario.model.num_layers == 32
+    assert vllm_serve_command(scenario).startswith(f"vllm serve {ckpt} ")
+    assert load_model(str(ckpt)).hidden_size == 4096
+    assert serve_model_id(str(ckpt)) == str(ckpt)
+
+
+def test_directory_without_config_json_is_an_unknown_model(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="unknown model id"):
+        load_model(str(tmp_path / "empty"))
+
+
+def test_unknown_model_id_suggests_the_closest(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape("did you mean 'meta-llama/Llama-3.1-8B-Instruct'")):
+        load_model("meta-llama/Llama-3.1-8B-Instruc")
