@@ -40,12 +40,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.kernels import KernelWork
+from sim.graph.moe import as_decode_only
 from sim.graph.transformer import (
-    ShardedShapes,
     build_step_graph,
-    decode_attention_work,
-    prefill_attention_work,
+    decode_attention_nodes,
+    is_attention_work,
+    prefill_attention_nodes,
 )
 from sim.perf.efficiency import KernelColumns
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
@@ -55,7 +56,6 @@ from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
-_ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
 _WorkSignature = tuple[object, ...]
 _NodeList = list[tuple[KernelWork, int]]
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
@@ -278,8 +278,6 @@ class _Nodes:
 
     def __init__(self, scenario: Scenario) -> None:
         self._sc = scenario
-        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
-        self.windows = sorted(Counter(scenario.model.layer_window_tokens).items())
 
     def non_attention(self, num_tokens: int, num_sampled: int) -> _NodeList:
         """Kernels other than attention of any batch with these token and sampled counts."""
@@ -289,29 +287,27 @@ class _Nodes:
         batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
         sc = self._sc
         graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
-        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
+        return [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
 
-    def token(self, num_tokens: int) -> _NodeList:
-        return self.non_attention(num_tokens, 0)
+    def token(self, num_tokens: int, decode_only: bool = False) -> _NodeList:
+        """Kernels of any batch of `num_tokens` tokens; a decode-only step launches the expert
+        all-to-all in low-latency mode."""
+        nodes = self.non_attention(num_tokens, 0)
+        return [(as_decode_only(w), r) for w, r in nodes] if decode_only else nodes
 
     def sampling(self, num_sampled: int) -> _NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
-        unsampled = Counter(self.non_attention(num_sampled, 0))
+        unsampled = Counter(self.token(num_sampled, decode_only=True))
         return [node for node in self.non_attention(num_sampled, num_sampled) if unsampled[node] == 0]
 
     def prefill(self, new_tokens: int, context_tokens: int, count: int) -> _NodeList:
-        s, p = self._shapes, self._sc.precision
-        return [(prefill_attention_work(
-            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
-            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
-            kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+        sc = self._sc
+        return prefill_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware, new_tokens=new_tokens,
+                                       context_tokens=context_tokens, count=count)
 
     def decode(self, num_decode: int, mean_context_tokens: int) -> _NodeList:
-        s, p = self._shapes, self._sc.precision
-        contexts = (mean_context_tokens,) * num_decode
-        return [(decode_attention_work(
-            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+        sc = self._sc
+        return decode_attention_nodes(sc.model, sc.engine, sc.precision, (mean_context_tokens,) * num_decode)
 
 
 class StepPricer:
@@ -325,13 +321,15 @@ class StepPricer:
         """Step seconds per key (no more entries than `counts`)."""
         self._key_parts: dict[StepKey, tuple[list[_Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown)."""
-        self._token_parts: dict[int, _Part] = {}
+        self._token_parts: dict[tuple[int, bool], _Part] = {}
         self._sampling_parts: dict[int, _Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], _Part] = {}
         self._decode_parts: dict[tuple[int, int], _Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
         self._nodes = _Nodes(scenario)
+        # Only the expert all-to-all differs between decode-only steps and others (its mode).
+        self._decode_modes = scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
@@ -418,7 +416,7 @@ class StepPricer:
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-        parts = [self._token_part(num_tokens)]
+        parts = [self._token_part(num_tokens, self._decode_modes and not prefills)]
         if num_sampled:
             parts.append(self._sampling_part(num_sampled))
         # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
@@ -477,7 +475,9 @@ class StepPricer:
 
         kind, nodes, eager = which[0], self._nodes, self._host.eager_launch_s
         if kind == "token":
-            return _BlockPricer(polynomial(nodes.token, max_tokens), self._cost, eager, max_tokens)
+            decode_only = len(which) > 1
+            return _BlockPricer(polynomial(lambda n: nodes.token(n, decode_only), max_tokens), self._cost, eager,
+                                max_tokens)
         if kind == "sampling":
             return _BlockPricer(polynomial(nodes.sampling, max_seqs), self._cost, eager, max_seqs)
         if kind == "decode":
@@ -489,11 +489,12 @@ class StepPricer:
         return _BlockPricer(polynomial(lambda n: nodes.prefill(n, context, count), max_tokens, fallback=True),
                             self._cost, eager, max_tokens)
 
-    def _token_part(self, num_tokens: int) -> _Part:
-        part = self._token_parts.get(num_tokens)
+    def _token_part(self, num_tokens: int, decode_only: bool) -> _Part:
+        part = self._token_parts.get((num_tokens, decode_only))
         if part is None:
-            part = self._block_part(("token",), num_tokens) or self._priced(self._nodes.token(num_tokens))
-            self._token_parts[num_tokens] = part
+            part = (self._block_part(("token", "decode_only") if decode_only else ("token",), num_tokens)
+                    or self._priced(self._nodes.token(num_tokens, decode_only)))
+            self._token_parts[(num_tokens, decode_only)] = part
         return part
 
     def _sampling_part(self, num_sampled: int) -> _Part:
@@ -530,7 +531,8 @@ class StepPricer:
         for work, repeat in nodes:
             # Time does not depend on the kernel's name: kernels alike but for it share a price.
             signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
-                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape)
+                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape,
+                         work.variant)
             priced = self._by_signature.get(signature)
             if priced is None:
                 est = self._cost.estimate(work)
