@@ -67,7 +67,10 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
     if mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes > mem.requested_bytes:
         raise InfeasibleScenario(
             source=scenario.source, key="engine.tensor_parallel_size", value=engine.tensor_parallel_size,
-            rule=(f"{scenario.model.name} needs {mem.weight_bytes / _GIB:.2f} GiB of weights per GPU plus "
+            rule=(f"{scenario.model.name} needs {mem.weight_bytes / _GIB:.2f} GiB of weights per GPU "
+                  f"({mem.weight_bytes * engine.world_size() / 1e9:.0f} GB over the {engine.world_size()} GPUs "
+                  f"of a {engine.world_size()}-GPU replica with {mem.total_bytes * engine.world_size() / 1e9:.0f} GB "
+                  f"of HBM) plus "
                   f"{(mem.activation_peak_bytes + mem.runtime_overhead_bytes) / _GIB:.2f} GiB of activations "
                   f"and runtime, over the {mem.requested_bytes / _GIB:.2f} GiB that "
                   f"gpu_memory_utilization={engine.gpu_memory_utilization} allows on {scenario.hardware.name}; "

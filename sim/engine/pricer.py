@@ -43,13 +43,15 @@ class StepPricer:
         """Step seconds per key (no more entries than `counts`)."""
         self._key_parts: dict[StepKey, tuple[list[Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown)."""
-        self._token_parts: dict[int, Part] = {}
+        self._token_parts: dict[tuple[int, bool], Part] = {}
         self._sampling_parts: dict[int, Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], Part] = {}
         self._decode_parts: dict[tuple[int, int], Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
         self._nodes = PartNodes(scenario)
+        # Only the expert all-to-all differs between decode-only steps and others (its mode).
+        self._decode_modes = scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
@@ -136,7 +138,7 @@ class StepPricer:
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-        parts = [self._token_part(num_tokens)]
+        parts = [self._token_part(num_tokens, self._decode_modes and not prefills)]
         if num_sampled:
             parts.append(self._sampling_part(num_sampled))
         # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
@@ -181,11 +183,12 @@ class StepPricer:
             self.worst_provenance = max(self.worst_provenance, part.worst_provenance)
         return part
 
-    def _token_part(self, num_tokens: int) -> Part:
-        part = self._token_parts.get(num_tokens)
+    def _token_part(self, num_tokens: int, decode_only: bool) -> Part:
+        part = self._token_parts.get((num_tokens, decode_only))
         if part is None:
-            part = self._block_part(("token",), num_tokens) or self._priced(self._nodes.token(num_tokens))
-            self._token_parts[num_tokens] = part
+            part = (self._block_part(("token", "decode_only") if decode_only else ("token",), num_tokens)
+                    or self._priced(self._nodes.token(num_tokens, decode_only)))
+            self._token_parts[(num_tokens, decode_only)] = part
         return part
 
     def _sampling_part(self, num_sampled: int) -> Part:
@@ -222,7 +225,8 @@ class StepPricer:
         for work, repeat in nodes:
             # Time does not depend on the kernel's name: kernels alike but for it share a price.
             signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
-                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape)
+                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape,
+                         work.variant)
             priced = self._by_signature.get(signature)
             if priced is None:
                 est = self._cost.estimate(work)

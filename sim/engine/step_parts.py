@@ -12,7 +12,8 @@ The parts are exactly the nodes `build_step_graph` gives for a batch (tests comp
 Each part family is indexed by one count, which is what block pricing (`sim.engine.block_pricing`)
 needs: the token part by the token count, the sampling part by the sampled count, a prefill part
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
-mean context). A family is named by a `PartFamily` key: ("token",), ("sampling",),
+mean context). A family is named by a `PartFamily` key: ("token",), ("token", "decode_only") (a
+decode-only step of an expert-parallel model: its all-to-all runs in low-latency mode), ("sampling",),
 ("prefill", context_tokens, count), ("decode", mean_context_tokens).
 """
 
@@ -23,18 +24,17 @@ from collections.abc import Callable
 
 from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.kernels import KernelKind
+from sim.graph.moe import as_decode_only
 from sim.graph.transformer import (
-    ShardedShapes,
     build_step_graph,
-    decode_attention_work,
-    prefill_attention_work,
+    decode_attention_nodes,
+    is_attention_work,
+    prefill_attention_nodes,
 )
 from sim.perf.step import StepCostModel
 from sim.specs.scenario import Scenario
 
 PartFamily = tuple[object, ...]
-_ATTENTION = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE})
 
 
 class PartNodes:
@@ -43,8 +43,6 @@ class PartNodes:
 
     def __init__(self, scenario: Scenario) -> None:
         self._sc = scenario
-        self._shapes = ShardedShapes.of(scenario.model, scenario.engine)
-        self.windows = sorted(Counter(scenario.model.layer_window_tokens).items())
 
     def non_attention(self, num_tokens: int, num_sampled: int) -> NodeList:
         """Kernels other than attention of any batch with these token and sampled counts."""
@@ -54,29 +52,27 @@ class PartNodes:
         batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
         sc = self._sc
         graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
-        return [(n.work, n.repeat) for n in graph.nodes if n.work.kind not in _ATTENTION]
+        return [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
 
-    def token(self, num_tokens: int) -> NodeList:
-        return self.non_attention(num_tokens, 0)
+    def token(self, num_tokens: int, decode_only: bool = False) -> NodeList:
+        """Kernels of any batch of `num_tokens` tokens; a decode-only step launches the expert
+        all-to-all in low-latency mode."""
+        nodes = self.non_attention(num_tokens, 0)
+        return [(as_decode_only(w), r) for w, r in nodes] if decode_only else nodes
 
     def sampling(self, num_sampled: int) -> NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
-        unsampled = Counter(self.non_attention(num_sampled, 0))
+        unsampled = Counter(self.token(num_sampled, decode_only=True))
         return [node for node in self.non_attention(num_sampled, num_sampled) if unsampled[node] == 0]
 
     def prefill(self, new_tokens: int, context_tokens: int, count: int) -> NodeList:
-        s, p = self._shapes, self._sc.precision
-        return [(prefill_attention_work(
-            batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
-            kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=p.activation_dtype,
-            kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+        sc = self._sc
+        return prefill_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware, new_tokens=new_tokens,
+                                       context_tokens=context_tokens, count=count)
 
     def decode(self, num_decode: int, mean_context_tokens: int) -> NodeList:
-        s, p = self._shapes, self._sc.precision
-        contexts = (mean_context_tokens,) * num_decode
-        return [(decode_attention_work(
-            contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-            act=p.activation_dtype, kv=p.kv_cache_dtype), layers) for window, layers in self.windows]
+        sc = self._sc
+        return decode_attention_nodes(sc.model, sc.engine, sc.precision, (mean_context_tokens,) * num_decode)
 
     def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float) -> BlockPricer:
         """The block pricer of one part family, over the counts the engine's limits allow."""
@@ -93,7 +89,9 @@ class PartNodes:
 
         kind, eager = family[0], eager_launch_s
         if kind == "token":
-            return BlockPricer(polynomial(self.token, max_tokens), cost, eager, max_tokens)
+            decode_only = len(family) > 1
+            return BlockPricer(polynomial(lambda n: self.token(n, decode_only), max_tokens), cost, eager,
+                               max_tokens)
         if kind == "sampling":
             return BlockPricer(polynomial(self.sampling, max_seqs), cost, eager, max_seqs)
         if kind == "decode":

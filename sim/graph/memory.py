@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.graph.mla import indexer_cache_bytes_per_token
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -60,12 +61,31 @@ def layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
     return math.ceil(model.num_layers / engine.pipeline_parallel_size)
 
 
-def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> int:
-    """Weights on one rank of the most loaded pipeline stage."""
-    tp, pp, ep = engine.tensor_parallel_size, engine.pipeline_parallel_size, engine.expert_parallel_size()
+def attention_weight_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> float:
+    """Attention weights of one layer on one attention-TP rank (replicated over DP ranks)."""
+    tp = engine.tensor_parallel_size
     act = precision.activation_dtype.bytes_per_element()
     lin = precision.linear_weight_dtype.bytes_per_element()
-    h, hd = model.hidden_size, model.head_dim
+    h = model.hidden_size
+    if model.mla is not None:
+        m = model.mla
+        heads = model.num_attention_heads // tp
+        qk = m.qk_head_dim()
+        # q_a / kv_a projections are replicated (vLLM ReplicatedLinear); q_b, kv_b and o are split.
+        if m.q_lora_rank is None:
+            attn = h * heads * qk * lin
+        else:
+            attn = (h * m.q_lora_rank + m.q_lora_rank * heads * qk) * lin + m.q_lora_rank * act
+        attn += h * m.latent_width() * lin + m.kv_lora_rank * act
+        kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        # vLLM keeps kv_b_proj for prefill and W_UK / W_UV in the activation dtype for absorbed decode.
+        attn += kv_b * (lin + act) + heads * m.v_head_dim * h * lin
+        if model.dsa is not None:
+            d = model.dsa
+            attn += ((m.q_lora_rank or h) * d.index_n_heads * d.index_head_dim + h * d.index_head_dim) * lin
+            attn += (h * d.index_n_heads + 2 * d.index_head_dim) * act
+        return attn + 2 * h * act
+    hd = model.head_dim
     q = model.num_attention_heads // tp * hd
     kv = max(1, model.num_kv_heads // tp) * hd
     attn = (h * (q + 2 * kv) + q * h) * lin + 2 * h * act
@@ -73,25 +93,39 @@ def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: Prec
         attn += (q + 2 * kv) * act
     if model.qk_norm:
         attn += 2 * hd * act
+    return attn
+
+
+def moe_block_weight_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> float:
+    """One MoE layer on one rank: its experts (num_experts / moe_ep of width inter / moe_tp), the
+    shared expert (attention-TP split) and the router."""
+    assert model.moe is not None
+    moe, h = model.moe, model.hidden_size
+    act = precision.activation_dtype.bytes_per_element()
+    lin = precision.linear_weight_dtype.bytes_per_element()
+    ew = precision.expert_weight_dtype.bytes_per_element()
+    local = moe.num_experts // engine.expert_parallel_size()
+    width = moe.expert_intermediate_size // engine.moe_tp_size()
+    experts = local * 3 * h * width * ew
+    if moe.expert_bias:
+        experts += local * (2 * width + h) * act
+    shared = 3 * h * (moe.shared_expert_intermediate_size // engine.tensor_parallel_size) * lin
+    return experts + shared + h * moe.num_experts * act
+
+
+def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> int:
+    """Weights on one rank of the most loaded pipeline stage (the MTP layers are not loaded)."""
+    tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
+    act = precision.activation_dtype.bytes_per_element()
+    lin = precision.linear_weight_dtype.bytes_per_element()
+    h = model.hidden_size
+    attn = attention_weight_bytes(model, engine, precision)
     dense = 3 * h * (model.intermediate_size // tp) * lin
-    per_layer_total = 0.0
     stage_layers = layers_per_stage(model, engine)
-    moe_layers = model.num_moe_layers()
     # Stages take contiguous layer ranges; the fraction of MoE layers is assumed uniform.
-    moe_frac = moe_layers / model.num_layers
+    moe_frac = model.num_moe_layers() / model.num_layers
     if model.moe is not None:
-        moe = model.moe
-        ew = precision.expert_weight_dtype.bytes_per_element()
-        if ep > 1:
-            local, width = moe.num_experts // ep, moe.expert_intermediate_size
-        else:
-            local, width = moe.num_experts, moe.expert_intermediate_size // tp
-        experts = local * 3 * h * width * ew
-        if moe.expert_bias:
-            experts += local * (2 * width + h) * act
-        shared = 3 * h * (moe.shared_expert_intermediate_size // tp) * lin
-        moe_block = experts + shared + h * moe.num_experts * act
-        per_layer_total = attn + moe_frac * moe_block + (1 - moe_frac) * dense
+        per_layer_total = attn + moe_frac * moe_block_weight_bytes(model, engine, precision) + (1 - moe_frac) * dense
     else:
         per_layer_total = attn + dense
     vocab = -(-model.vocab_size // tp) * h * act
@@ -102,10 +136,36 @@ def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: Prec
 
 
 def kv_bytes_per_token(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> int:
-    """K and V bytes one token occupies on one rank, over the rank's layers."""
+    """KV-cache bytes one token occupies on one rank, over the rank's layers.
+
+    GQA/MHA: K and V of the rank's KV heads. MLA: one latent row (kv_lora_rank + qk_rope_head_dim)
+    shared by all heads and replicated on every attention-TP rank (vLLM); DSA adds the FP8 indexer
+    key and its scale."""
+    kv = precision.kv_cache_dtype.bytes_per_element()
+    layers = layers_per_stage(model, engine)
+    if model.mla is not None:
+        row = model.mla.latent_width() * kv
+        if model.dsa is not None:
+            row += indexer_cache_bytes_per_token(model.dsa.index_head_dim)
+        return int(layers * row)
     kv_heads = max(1, model.num_kv_heads // engine.tensor_parallel_size)
-    return int(layers_per_stage(model, engine) * 2 * kv_heads * model.head_dim
-               * precision.kv_cache_dtype.bytes_per_element())
+    return int(layers * 2 * kv_heads * model.head_dim * kv)
+
+
+def _qkv_width(model: ModelSpec, tp: int) -> int:
+    """Per-token width of the attention input projections' output on one rank."""
+    if model.mla is not None:
+        m = model.mla
+        return (m.q_lora_rank or 0) + m.latent_width() + model.num_attention_heads // tp * m.qk_head_dim()
+    return (model.num_attention_heads // tp + 2 * max(1, model.num_kv_heads // tp)) * model.head_dim
+
+
+def _attention_out_width(model: ModelSpec, tp: int) -> int:
+    if model.mla is not None:
+        # The prefill's decompressed keys (nope + rope) and values per head, and the output.
+        m = model.mla
+        return model.num_attention_heads // tp * (m.qk_head_dim() + 2 * m.v_head_dim)
+    return model.num_attention_heads // tp * model.head_dim
 
 
 def activation_peak_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
@@ -115,13 +175,13 @@ def activation_peak_bytes(model: ModelSpec, engine: EngineParams, precision: Pre
     tp = engine.tensor_parallel_size
     t = engine.max_num_batched_tokens
     act = precision.activation_dtype.bytes_per_element()
-    h, hd = model.hidden_size, model.head_dim
-    qkv = (model.num_attention_heads // tp + 2 * max(1, model.num_kv_heads // tp)) * hd
-    attn_phase = qkv + model.num_attention_heads // tp * hd
+    h = model.hidden_size
+    qkv = _qkv_width(model, tp)
+    attn_phase = qkv + _attention_out_width(model, tp)
     width = model.intermediate_size // tp
     mlp_phase = 3 * width
     if model.moe is not None:
-        routed_width = model.moe.expert_intermediate_size // (1 if engine.enable_expert_parallel else tp)
+        routed_width = model.moe.expert_intermediate_size // engine.moe_tp_size()
         mlp_phase = max(mlp_phase, 3 * routed_width * model.moe.num_experts_per_token)
     forward = t * (2 * h + max(attn_phase, mlp_phase)) * act
     sampler = min(engine.max_num_seqs, t) * model.vocab_size * params.sampler_bytes_per_logit
@@ -132,8 +192,7 @@ def cuda_graph_bytes(model: ModelSpec, engine: EngineParams, precision: Precisio
     if engine.effective_launch_mode() != "cuda_graph":
         return 0
     assert engine.max_cudagraph_capture_size is not None
-    tp = engine.tensor_parallel_size
-    qkv = (model.num_attention_heads // tp + 2 * max(1, model.num_kv_heads // tp)) * model.head_dim
+    qkv = _qkv_width(model, engine.tensor_parallel_size)
     per_layer = engine.max_cudagraph_capture_size * (qkv + 2 * model.hidden_size)
     return int(layers_per_stage(model, engine) * per_layer * precision.activation_dtype.bytes_per_element())
 

@@ -1,4 +1,4 @@
-"""The kernels one serving step launches, for dense and MoE decoders under TP/PP/EP.
+"""The kernels one serving step launches, for dense and MoE decoders under TP/PP/EP/attention DP.
 
 The graph follows one batch along the critical path: every layer (spread over the pipeline
 stages, which run one after another for a given batch), with TP-sharded shapes on one GPU, the
@@ -7,8 +7,16 @@ follow vLLM's Llama/Qwen/Mixtral implementations: fused QKV and gate-up projecti
 residual-add RMSNorm, RoPE in place, SiLU-and-mul, one vocab-parallel embedding and LM head.
 
 FLOP and byte counts are the compulsory work: GEMM 2mnk FLOPs with each operand read once;
-attention 4 x heads x head_dim FLOPs per (query, key) pair with K/V read once; MoE expert weights
-read once per expert that receives at least one token (expected count under uniform routing).
+attention 4 x heads x head_dim FLOPs per (query, key) pair with K/V read once. Multi-head latent
+attention is `sim.graph.mla`; the MoE layer is one fused `MOE` node per layer on the most loaded
+rank plus the expert all-to-all (`sim.graph.moe`).
+
+MoE layouts (vLLM): the MoE layers run over the TP x DP GPUs of a replica as moe_tp x moe_ep
+(`EngineParams.moe_tp_size`, `expert_parallel_size`); attention runs per data-parallel rank with
+attention TP = `tensor_parallel_size`. Each DP rank's batch is assumed alike, so an MoE layer sees
+num_tokens = step tokens x DP. With expert parallelism the tokens travel by DeepEP all-to-all
+(each attention-TP rank dispatches its 1/TP slice); without it and DP > 1 they are all-gathered
+over the DP group before the experts and reduce-scattered after (vLLM's naive DP dispatch).
 """
 
 from __future__ import annotations
@@ -17,8 +25,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sim.dtypes import DType
+from sim.graph import mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork
+from sim.graph.moe import ep_all_to_all_work, moe_work
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -32,6 +42,8 @@ class ShardedShapes:
     tp: int
     pp: int
     ep: int
+    moe_tp: int
+    dp: int
     q_heads: int
     kv_heads: int
     head_dim: int
@@ -44,20 +56,19 @@ class ShardedShapes:
 
     @staticmethod
     def of(model: ModelSpec, engine: EngineParams) -> ShardedShapes:
-        tp, ep = engine.tensor_parallel_size, engine.expert_parallel_size()
+        tp, ep, moe_tp = engine.tensor_parallel_size, engine.expert_parallel_size(), engine.moe_tp_size()
         moe = model.moe
         if moe is None:
             local_experts = expert_width = shared_width = 0
-        elif ep > 1:
-            local_experts, expert_width = moe.num_experts // ep, moe.expert_intermediate_size
-            shared_width = moe.shared_expert_intermediate_size // tp
         else:
-            local_experts, expert_width = moe.num_experts, moe.expert_intermediate_size // tp
+            local_experts, expert_width = moe.num_experts // ep, moe.expert_intermediate_size // moe_tp
             shared_width = moe.shared_expert_intermediate_size // tp
         return ShardedShapes(
             tp=tp,
             pp=engine.pipeline_parallel_size,
             ep=ep,
+            moe_tp=moe_tp,
+            dp=engine.data_parallel_size,
             q_heads=model.num_attention_heads // tp,
             # KV heads are replicated when there are fewer than TP ranks.
             kv_heads=max(1, model.num_kv_heads // tp),
@@ -147,17 +158,45 @@ def decode_attention_work(*, contexts: tuple[int, ...], heads: int, kv_heads: in
     )
 
 
-def expected_active_experts(local_experts: int, num_experts: int, top_k: int, tokens: int) -> float:
-    """Expected local experts hit by at least one of `tokens` tokens under uniform top-k routing."""
-    miss = (1.0 - top_k / num_experts) ** tokens
-    return local_experts * (1.0 - miss)
+def is_attention_work(work: KernelWork) -> bool:
+    """Whether a kernel belongs to an attention part: its work depends on the attended context."""
+    return work.kind in _ATTENTION_KINDS or work.name in mla.ATTENTION_GEMM_NAMES
+
+
+_ATTENTION_KINDS = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE, KernelKind.MLA_PREFILL,
+                              KernelKind.MLA_DECODE, KernelKind.MLA_BMM})
+
+
+def prefill_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec, hw: HardwareSpec,
+                            *, new_tokens: int, context_tokens: int, count: int) -> list[tuple[KernelWork, int]]:
+    """Attention kernels of `count` alike prompt chunks over every layer, as (work, repeat)."""
+    if model.mla is not None:
+        return mla.prefill_nodes(model, precision, hw, engine.tensor_parallel_size, new_tokens=new_tokens,
+                                 context_tokens=context_tokens, count=count)
+    s = ShardedShapes.of(model, engine)
+    return [(prefill_attention_work(
+        batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
+        kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=precision.activation_dtype,
+        kv=precision.kv_cache_dtype), layers) for window, layers in sorted(Counter(model.layer_window_tokens).items())]
+
+
+def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
+                           contexts: tuple[int, ...]) -> list[tuple[KernelWork, int]]:
+    """Attention kernels of one decode token per request over every layer, as (work, repeat)."""
+    if model.mla is not None:
+        return mla.decode_nodes(model, precision, engine.tensor_parallel_size, contexts)
+    s = ShardedShapes.of(model, engine)
+    return [(decode_attention_work(
+        contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+        act=precision.activation_dtype, kv=precision.kv_cache_dtype), layers)
+        for window, layers in sorted(Counter(model.layer_window_tokens).items())]
 
 
 def build_step_graph(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
                      hw: HardwareSpec, batch: BatchShape) -> KernelGraph:
     """Kernels of one step for `batch`, on one GPU of each pipeline stage in turn."""
     s = ShardedShapes.of(model, engine)
-    act, kvd = precision.activation_dtype, precision.kv_cache_dtype
+    act = precision.activation_dtype
     lin_w = precision.linear_weight_dtype
     lin_c = precision.gemm_compute_dtype(lin_w, hw)
     t = batch.num_tokens()
@@ -176,28 +215,32 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     add(_pointwise(KernelKind.EMBEDDING, "embedding", t, h, act, passes=2.0, flops_per_element=0.0))
     all_reduce("embedding_all_reduce", 1)
 
-    windows = Counter(model.layer_window_tokens)
-    qkv_n = (s.q_heads + 2 * s.kv_heads) * s.head_dim
     add(_pointwise(KernelKind.NORM, "input_layernorm", t, h, act, passes=4.0, flops_per_element=4.0), num_layers)
-    add(gemm_work("qkv_proj", t, qkv_n, h, weight_dtype=lin_w, act_dtype=act, compute_dtype=lin_c), num_layers)
-    if model.qk_norm:
-        add(_pointwise(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
-                       passes=2.0, flops_per_element=4.0), num_layers)
-    add(_pointwise(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
-                   passes=2.0, flops_per_element=3.0), num_layers)
-    for window, layers in sorted(windows.items()):
-        for chunk, count in sorted(Counter(batch.prefills).items(),
-                                   key=lambda kv: (kv[0].new_tokens, kv[0].context_tokens, kv[0].samples)):
-            add(prefill_attention_work(batch=count, new_tokens=chunk.new_tokens,
-                                       context_tokens=chunk.context_tokens, heads=s.q_heads,
-                                       kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-                                       act=act, kv=kvd), layers)
-        if batch.decode_context_tokens:
-            add(decode_attention_work(contexts=batch.decode_context_tokens, heads=s.q_heads,
-                                      kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
-                                      act=act, kv=kvd), layers)
-    add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
-                  compute_dtype=lin_c), num_layers)
+    if model.mla is not None:
+        projections = mla.projection_nodes(model, precision, hw, s.tp, t)
+        for work, repeat in projections[:-1]:
+            add(work, repeat)
+    else:
+        qkv_n = (s.q_heads + 2 * s.kv_heads) * s.head_dim
+        add(gemm_work("qkv_proj", t, qkv_n, h, weight_dtype=lin_w, act_dtype=act, compute_dtype=lin_c), num_layers)
+        if model.qk_norm:
+            add(_pointwise(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
+                           passes=2.0, flops_per_element=4.0), num_layers)
+        add(_pointwise(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
+                       passes=2.0, flops_per_element=3.0), num_layers)
+    for chunk, count in sorted(Counter(batch.prefills).items(),
+                               key=lambda kv: (kv[0].new_tokens, kv[0].context_tokens, kv[0].samples)):
+        for work, repeat in prefill_attention_nodes(model, engine, precision, hw, new_tokens=chunk.new_tokens,
+                                                    context_tokens=chunk.context_tokens, count=count):
+            add(work, repeat)
+    if batch.decode_context_tokens:
+        for work, repeat in decode_attention_nodes(model, engine, precision, batch.decode_context_tokens):
+            add(work, repeat)
+    if model.mla is not None:
+        add(*projections[-1])
+    else:
+        add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
+                      compute_dtype=lin_c), num_layers)
     all_reduce("attn_all_reduce", num_layers)
     add(_pointwise(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
                    flops_per_element=4.0), num_layers)
@@ -207,7 +250,7 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     if num_dense:
         _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense)
     if num_moe:
-        _moe_block(add, model, engine, precision, hw, s, t, num_moe)
+        _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=not batch.prefills)
     all_reduce("mlp_all_reduce", num_layers)
 
     if s.pp > 1:
@@ -236,40 +279,32 @@ def _dense_mlp(add: object, prefix: str, t: int, h: int, width: int, w: DType, a
 
 
 def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
-               hw: HardwareSpec, s: ShardedShapes, t: int, repeat: int) -> None:
+               hw: HardwareSpec, s: ShardedShapes, t: int, repeat: int, *, decode_only: bool) -> None:
     assert callable(add) and model.moe is not None
     moe = model.moe
     act = precision.activation_dtype
     act_b = act.bytes_per_element()
     ew = precision.expert_weight_dtype
-    ec = precision.gemm_compute_dtype(ew, hw)
     h = s.hidden
+    gathered = t * s.dp
     add(gemm_work("moe_router", t, moe.num_experts, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
-    add(_pointwise(KernelKind.ELEMENTWISE, "moe_topk", t, moe.num_experts, DType.FLOAT32, passes=2.0,
-                   flops_per_element=3.0), repeat)
     if s.ep > 1:
-        # Each TP rank dispatches its slice of the tokens; pairs per GPU = t x top_k / tp.
-        routed = -(-t * moe.num_experts_per_token // s.tp)
-        tokens_seen = t * engine.data_parallel_size
-        dispatch = routed * h * act_b
-        add(collective_work(KernelKind.ALL_TO_ALL, "moe_dispatch", dispatch, s.ep), repeat)
-    else:
-        routed = t * moe.num_experts_per_token
-        tokens_seen = t
-    active = expected_active_experts(s.local_experts, moe.num_experts, moe.num_experts_per_token, tokens_seen)
-    for name, n, k in (("moe_gate_up", 2 * s.expert_width, h), ("moe_down", h, s.expert_width)):
-        add(KernelWork(
-            kind=KernelKind.MOE_GEMM, name=name, dtype=ec,
-            flops=2.0 * routed * n * k,
-            weight_bytes=active * n * k * ew.bytes_per_element(),
-            activation_bytes=float(routed * (n + k)) * act_b,
-            shape=(routed, n, k, s.local_experts, round(active)),
-        ), repeat)
-        if name == "moe_gate_up":
-            add(_pointwise(KernelKind.ELEMENTWISE, "moe_silu_and_mul", routed, s.expert_width, act,
-                           passes=3.0, flops_per_element=5.0), repeat)
-    if s.ep > 1:
-        add(collective_work(KernelKind.ALL_TO_ALL, "moe_combine", routed * h * act_b, s.ep), repeat)
+        a2a = ep_all_to_all_work(tokens_per_rank=-(-t // s.tp), hidden=h, topk=moe.num_experts_per_token,
+                                 num_experts=moe.num_experts, ep=s.ep, gpus_per_node=hw.num_gpus_per_node,
+                                 fp8_dispatch=hw.supports(DType.FP8), decode_only=decode_only)
+        add(a2a, repeat)
+    elif s.dp > 1:
+        add(collective_work(KernelKind.ALL_GATHER, "moe_dp_all_gather", gathered * h * act_b, s.dp), repeat)
+    add(moe_work(num_tokens=gathered, hidden=h, inter_size=moe.expert_intermediate_size,
+                 topk=moe.num_experts_per_token, num_experts=moe.num_experts, moe_tp=s.moe_tp, moe_ep=s.ep,
+                 routing=engine.moe_routing, weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
+                 act=act), repeat)
+    if s.ep > 1 and s.moe_tp > 1:
+        # Partial sums of the expert outputs over the MoE-TP group.
+        add(collective_work(KernelKind.ALL_REDUCE, "moe_tp_all_reduce", -(-t // s.tp) * h * act_b, s.moe_tp),
+            repeat)
+    elif s.ep == 1 and s.dp > 1:
+        add(collective_work(KernelKind.REDUCE_SCATTER, "moe_dp_reduce_scatter", gathered * h * act_b, s.dp), repeat)
     if s.shared_width:
         lin_w = precision.linear_weight_dtype
         _dense_mlp(add, "shared_expert", t, h, s.shared_width, lin_w, act,

@@ -26,6 +26,20 @@ BackendName = Literal["vllm", "sglang", "trtllm"]
 _GIB = 1 << 30
 
 
+def routing_alpha(routing: str) -> float | bool | None:
+    """The power-law exponent of a `moe_routing` value, None for `balanced`, False if malformed."""
+    if routing == "balanced":
+        return None
+    prefix = "power_law_"
+    if not routing.startswith(prefix):
+        return False
+    try:
+        alpha = float(routing[len(prefix):])
+    except ValueError:
+        return False
+    return alpha if alpha >= 0.0 and alpha != 1.0 and alpha == alpha and alpha != float("inf") else False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineParams:
     """One engine replica's configuration (vLLM `EngineArgs` names and meanings)."""
@@ -33,9 +47,21 @@ class EngineParams:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
-    """Independent replicas behind the router."""
+    """Replicas behind the router. For MoE models the replicas are attention-data-parallel ranks of
+    one engine: each runs its own batch through attention, and the MoE layers run over all TP x DP
+    GPUs (vLLM's `data_parallel_size` for MoE models)."""
     enable_expert_parallel: bool = False
     """Shard MoE experts over TP x DP ranks instead of tensor-slicing every expert."""
+    moe_tensor_parallel_size: int | None = None
+    """kernelsight (TRT-LLM's name): MoE tensor-parallel degree; None = vLLM's rule (TP x DP without
+    expert parallelism, 1 with it). moe_tp x moe_ep must equal TP x DP."""
+    moe_expert_parallel_size: int | None = None
+    """kernelsight (TRT-LLM's name; SGLang `--ep-size`): MoE expert-parallel degree; None = vLLM's
+    rule (TP x DP with `enable_expert_parallel`, else 1)."""
+    moe_routing: str = "power_law_1.01"
+    """kernelsight: token-to-expert routing the MoE kernels see: `balanced` (round-robin, optimistic) or
+    `power_law_<alpha>` (skewed; expert-parallel rank 0 gets the heaviest load). The default is
+    AIConfigurator's default workload distribution."""
     max_num_seqs: int | None = None
     """Running-request cap; None = vLLM's device default (1024 on >= 70 GiB non-A100, else 256)."""
     max_num_batched_tokens: int | None = None
@@ -81,6 +107,17 @@ class EngineParams:
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,
                 "must be one of 1, 8, 16, 32, 64, 128, 256 (vLLM's choices)")
+        for key in ("moe_tensor_parallel_size", "moe_expert_parallel_size"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, key, value, "must be >= 1")
+        require(routing_alpha(self.moe_routing) is not False, "moe_routing", self.moe_routing,
+                "must be `balanced` or `power_law_<alpha>` with alpha >= 0 and alpha != 1")
+        group = self.tensor_parallel_size * self.data_parallel_size
+        if self.moe_tensor_parallel_size is not None or self.moe_expert_parallel_size is not None:
+            require(self.moe_tp_size() * self.expert_parallel_size() == group,
+                    "moe_expert_parallel_size", self.moe_expert_parallel_size,
+                    f"moe_tensor_parallel_size x moe_expert_parallel_size = {self.moe_tp_size()} x "
+                    f"{self.expert_parallel_size()} must equal tensor_parallel_size x data_parallel_size = {group}")
 
     def effective_launch_mode(self) -> Literal["eager", "cuda_graph", "megakernel"]:
         if self.launch_mode == "auto":
@@ -95,8 +132,22 @@ class EngineParams:
         return self.world_size() * self.data_parallel_size
 
     def expert_parallel_size(self) -> int:
-        """vLLM shards experts over TP x DP ranks when expert parallelism is on."""
+        """MoE expert-parallel degree: `moe_expert_parallel_size`, else vLLM's rule (experts sharded
+        over TP x DP ranks when expert parallelism is on)."""
+        if self.moe_expert_parallel_size is not None:
+            return self.moe_expert_parallel_size
+        if self.moe_tensor_parallel_size is not None:
+            return max(1, self.tensor_parallel_size * self.data_parallel_size // self.moe_tensor_parallel_size)
         return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
+
+    def moe_tp_size(self) -> int:
+        """MoE tensor-parallel degree: `moe_tensor_parallel_size`, else vLLM's rule (every expert
+        sliced over TP x DP ranks without expert parallelism, whole experts with it)."""
+        if self.moe_tensor_parallel_size is not None:
+            return self.moe_tensor_parallel_size
+        if self.moe_expert_parallel_size is not None:
+            return max(1, self.tensor_parallel_size * self.data_parallel_size // self.moe_expert_parallel_size)
+        return 1 if self.enable_expert_parallel else self.tensor_parallel_size * self.data_parallel_size
 
     def resolve(self, *, hbm_capacity_bytes: int, hardware_name: str, max_position_embeddings: int) -> EngineParams:
         """A copy with vLLM's device- and model-dependent defaults filled in."""

@@ -1,10 +1,18 @@
 """Architecture numbers of a decoder-only LLM, read from a Hugging Face `config.json`.
 
 Supported: dense GQA/MHA decoders (Llama, Mistral, Qwen2/3), per-layer sliding windows
-(`layer_types`, Mistral `sliding_window`, Qwen `use_sliding_window`), and MoE decoders (Mixtral,
-Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers).
-Features the kernel graph cannot represent (multi-head latent attention, linear attention,
-vision towers) raise `ConfigError` naming the config key; nothing is silently approximated.
+(`layer_types`, Mistral `sliding_window`, Qwen `use_sliding_window`), MoE decoders (Mixtral,
+Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers), and
+multi-head latent attention (DeepSeek-V3/R1, Kimi-K2/K2.5; `MLASpec`) with DeepSeek sparse attention
+(GLM-5; `DSASpec`). Features the kernel graph cannot represent (linear attention, vision towers of
+configs without a `text_config`) raise `ConfigError` naming the config key; nothing is silently
+approximated. A multimodal config with a `text_config` (Kimi-K2.5) is read as its language model:
+the vision tower (Kimi-K2.5's MoonViT, ~0.4B parameters) is neither computed nor counted.
+
+The multi-token-prediction layers (`num_nextn_predict_layers`) are counted by `mtp_params` but not
+by `num_params`: vLLM's DeepSeek-V2/V3 loader skips them for the main model ("skip spec decode
+layers for main model") and loads them only into the separate MTP drafter when speculative decoding
+is configured, which kernelsight does not model.
 """
 
 from __future__ import annotations
@@ -17,7 +25,51 @@ from sim.dtypes import DType
 from sim.errors import ConfigError
 from sim.serde import FieldError, require
 
-WeightQuantization = Literal["fp8", "fp8_block", "mxfp4"]
+WeightQuantization = Literal["fp8", "fp8_block", "mxfp4", "int4_wo"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank
+    bottleneck, keys and values decompressed per head from one shared latent per token."""
+
+    q_lora_rank: int | None
+    """Width of the query bottleneck (q_a_proj -> q_a_layernorm -> q_b_proj); None = plain q_proj."""
+    kv_lora_rank: int
+    """Width of the compressed KV latent (the part of the KV cache shared by all heads)."""
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    """Per-head query width carrying RoPE; keys carry one shared RoPE part of this width."""
+    v_head_dim: int
+
+    def __post_init__(self) -> None:
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
+        require(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank", self.q_lora_rank,
+                "must be > 0 or null")
+
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def latent_width(self) -> int:
+        """Elements one token stores in the latent KV cache per layer: kv_lora_rank + rope part."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DSASpec:
+    """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): a lightning indexer scores every cached
+    token per query with `index_n_heads` small heads and the MLA attends to the top `index_topk`."""
+
+    index_topk: int
+    index_n_heads: int
+    index_head_dim: int
+
+    def __post_init__(self) -> None:
+        for key in ("index_topk", "index_n_heads", "index_head_dim"):
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +122,13 @@ class ModelSpec:
     weight_quantization: WeightQuantization | None = None
     """Checkpoint quantization from `quantization_config`."""
     quantize_experts_only: bool = False
-    """The checkpoint quantizes only the expert weights (gpt-oss mxfp4)."""
+    """The checkpoint quantizes only the expert weights (gpt-oss mxfp4, Kimi-K2.5 int4)."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention; None = GQA/MHA with `num_kv_heads` x `head_dim` K and V."""
+    dsa: DSASpec | None = None
+    """DeepSeek sparse attention on top of `mla`; None = dense attention."""
+    num_nextn_predict_layers: int = 0
+    """Multi-token-prediction layers in the checkpoint (not loaded for serving; see `mtp_params`)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -81,6 +139,8 @@ class ModelSpec:
                 self.num_kv_heads, f"must divide num_attention_heads={self.num_attention_heads}")
         require(len(self.layer_window_tokens) == self.num_layers, "layer_types",
                 len(self.layer_window_tokens), f"must list num_hidden_layers={self.num_layers} layers")
+        require(self.dsa is None or self.mla is not None, "index_topk", None if self.dsa is None
+                else self.dsa.index_topk, "DeepSeek sparse attention is modelled on MLA models only")
 
     def q_width(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -95,6 +155,8 @@ class ModelSpec:
         return 0 if self.moe is None else len(self.moe.moe_layer_indices)
 
     def attention_params(self) -> int:
+        if self.mla is not None:
+            return self.mla_params() + self.indexer_params()
         h = self.hidden_size
         params = h * self.q_width() + 2 * h * self.kv_width() + self.q_width() * h
         if self.attention_bias:
@@ -102,6 +164,43 @@ class ModelSpec:
         if self.qk_norm:
             params += 2 * self.head_dim
         return params
+
+    def mla_params(self) -> int:
+        """q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm,
+        kv_b_proj and o_proj of one layer."""
+        assert self.mla is not None
+        m, h, heads = self.mla, self.hidden_size, self.num_attention_heads
+        q_out = heads * m.qk_head_dim()
+        q = h * q_out if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * q_out
+        kv = h * m.latent_width() + m.kv_lora_rank + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        return q + kv + heads * m.v_head_dim * h
+
+    def indexer_params(self) -> int:
+        """The lightning indexer of one layer: wq_b (from the query latent), wk, k_norm (LayerNorm
+        weight and bias), weights_proj (one gate per indexer head)."""
+        if self.dsa is None:
+            return 0
+        assert self.mla is not None
+        d, h = self.dsa, self.hidden_size
+        q_in = self.mla.q_lora_rank or h
+        return q_in * d.index_n_heads * d.index_head_dim + h * d.index_head_dim + 2 * d.index_head_dim \
+            + h * d.index_n_heads
+
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction layers (DeepSeek-V3 MTP module): per layer
+        a full MoE decoder layer, enorm, hnorm, eh_proj (2h -> h), its own embedding, final norm
+        and head, as the checkpoint stores them."""
+        if not self.num_nextn_predict_layers:
+            return 0
+        h = self.hidden_size
+        layer = self.attention_params() + 2 * h
+        if self.moe is not None:
+            routed, other = self.moe_block_params()
+            layer += routed + other
+        else:
+            layer += self.dense_mlp_params()
+        per = layer + 2 * h + 2 * h * h + self.embedding_params() + h + self.vocab_size * h
+        return self.num_nextn_predict_layers * per
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size
@@ -151,7 +250,7 @@ class ModelSpec:
 
 _SUPPORTED_MODEL_TYPES: Final = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss",
-    "minimax_m2", "deepseek",
+    "minimax_m2", "deepseek", "deepseek_v3", "kimi_k2", "glm_moe_dsa",
 )
 _DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32": DType.FLOAT32}
 
@@ -177,17 +276,14 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     reader = _ConfigReader(config, source=source, prefix="")
     if "text_config" in config:
         reader = _ConfigReader(reader.table("text_config"), source=source, prefix="text_config.")
-    for key, what in (("kv_lora_rank", "multi-head latent attention (MLA)"),
-                      ("q_lora_rank", "multi-head latent attention (MLA)"),
-                      ("linear_num_value_heads", "linear (gated delta-net) attention"),
-                      ("index_topk", "DeepSeek sparse attention")):
+    for key, what in (("linear_num_value_heads", "linear (gated delta-net) attention"),):
         if reader.get(key) is not None:
             reader.fail(key, reader.get(key), f"{what} is not modelled by the kernel graph yet")
     model_type = reader.string("model_type")
     if model_type not in _SUPPORTED_MODEL_TYPES:
         reader.fail("model_type", model_type,
                     f"architecture not supported; supported: {', '.join(_SUPPORTED_MODEL_TYPES)}")
-    if "vision_config" in config:
+    if "vision_config" in config and "text_config" not in config:
         raise ConfigError(source=source, key="vision_config", value="{...}",
                           rule="vision encoders are not modelled; use the text-only model's config")
 
@@ -213,6 +309,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     if dtype_name not in _DTYPES:
         reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
     quant, experts_only = _quantization(reader)
+    mla = _mla(reader)
     return ModelSpec(
         name=name,
         model_type=model_type,
@@ -232,7 +329,34 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         torch_dtype=_DTYPES[dtype_name],
         weight_quantization=quant,
         quantize_experts_only=experts_only,
+        mla=mla,
+        dsa=_dsa(reader, mla),
+        num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", default=0),
     )
+
+
+def _mla(reader: _ConfigReader) -> MLASpec | None:
+    if reader.get("kv_lora_rank") is None:
+        if reader.get("q_lora_rank") is not None:
+            reader.fail("q_lora_rank", reader.get("q_lora_rank"), "needs kv_lora_rank (MLA)")
+        return None
+    q_lora = reader.get("q_lora_rank")
+    return MLASpec(
+        q_lora_rank=None if q_lora is None else reader.integer("q_lora_rank"),
+        kv_lora_rank=reader.integer("kv_lora_rank"),
+        qk_nope_head_dim=reader.integer("qk_nope_head_dim"),
+        qk_rope_head_dim=reader.integer("qk_rope_head_dim"),
+        v_head_dim=reader.integer("v_head_dim"),
+    )
+
+
+def _dsa(reader: _ConfigReader, mla: MLASpec | None) -> DSASpec | None:
+    if reader.get("index_topk") is None:
+        return None
+    if mla is None:
+        reader.fail("index_topk", reader.get("index_topk"), "DeepSeek sparse attention needs MLA (kv_lora_rank)")
+    return DSASpec(index_topk=reader.integer("index_topk"), index_n_heads=reader.integer("index_n_heads"),
+                   index_head_dim=reader.integer("index_head_dim"))
 
 
 def _quantization(reader: _ConfigReader) -> tuple[WeightQuantization | None, bool]:
@@ -248,8 +372,24 @@ def _quantization(reader: _ConfigReader) -> tuple[WeightQuantization | None, boo
         skipped = " ".join(str(m) for m in qc.get("modules_to_not_convert", ()))
         # gpt-oss keeps attention, router, embedding and LM head in bf16.
         return "mxfp4", "self_attn" in skipped
-    reader.fail("quantization_config.quant_method", method, "only fp8 and mxfp4 checkpoints are modelled")
+    if method == "compressed-tensors":
+        return _compressed_tensors(reader, qc)
+    reader.fail("quantization_config.quant_method", method,
+                "only fp8, mxfp4 and compressed-tensors int4 checkpoints are modelled")
     raise AssertionError("unreachable")
+
+
+def _compressed_tensors(reader: _ConfigReader, qc: Mapping[str, Any]) -> tuple[WeightQuantization | None, bool]:
+    """Weight-only int4 (W4A16) groups, as Kimi-K2.5 ships its routed experts."""
+    groups = qc.get("config_groups") or {}
+    weights = [g.get("weights") or {} for g in groups.values()] if isinstance(groups, Mapping) else []
+    if len(weights) != 1 or weights[0].get("num_bits") != 4 or weights[0].get("type") != "int" \
+            or any((g.get("input_activations") is not None) for g in groups.values()):
+        reader.fail("quantization_config.config_groups", "{...}",
+                    "only one weight-only int4 group (W4A16) is modelled for compressed-tensors")
+    ignored = " ".join(str(m) for m in qc.get("ignore", ()))
+    # Kimi-K2.5 keeps attention, shared experts, dense MLPs and the LM head in bf16.
+    return "int4_wo", "self_attn" in ignored
 
 
 def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> tuple[int, ...]:

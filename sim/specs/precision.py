@@ -33,7 +33,8 @@ class PrecisionSpec:
         return self.activation_dtype
 
 
-_QUANT = {"fp8": DType.FP8, "fp8_block": DType.FP8_BLOCK, "mxfp4": DType.MXFP4, "nvfp4": DType.NVFP4}
+_QUANT = {"fp8": DType.FP8, "fp8_block": DType.FP8_BLOCK, "mxfp4": DType.MXFP4, "nvfp4": DType.NVFP4,
+          "int4_wo": DType.INT4_WO}
 
 
 def resolve_precision(model: ModelSpec, engine: EngineParams) -> PrecisionSpec:

@@ -195,7 +195,7 @@ def _check_combination(
         fail("engine.tensor_parallel_size", tp,
              f"must divide the model's num_attention_heads={model.num_attention_heads}")
     kv = model.num_kv_heads
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+    if model.mla is None and ((kv >= tp and kv % tp) or (kv < tp and tp % kv)):
         fail("engine.tensor_parallel_size", tp,
              f"must divide num_key_value_heads={kv} or be a multiple of it (KV heads are replicated)")
     if model.intermediate_size % tp:
@@ -204,11 +204,21 @@ def _check_combination(
         fail("engine.pipeline_parallel_size", engine.pipeline_parallel_size,
              f"must be <= num_hidden_layers={model.num_layers}")
     if model.moe is not None:
-        ep = engine.expert_parallel_size()
+        ep, moe_tp = engine.expert_parallel_size(), engine.moe_tp_size()
+        key = "engine.moe_expert_parallel_size" if engine.moe_expert_parallel_size else "engine.enable_expert_parallel"
         if model.moe.num_experts % ep:
-            fail("engine.enable_expert_parallel", True,
-                 f"expert-parallel size TPxDP={ep} must divide num_experts={model.moe.num_experts}")
-    elif engine.enable_expert_parallel:
+            fail(key, engine.moe_expert_parallel_size or True,
+                 f"expert-parallel size {ep} (TP x DP = {tp} x {engine.data_parallel_size} with expert "
+                 f"parallelism, or moe_expert_parallel_size) must divide num_experts={model.moe.num_experts}")
+        if model.moe.expert_intermediate_size % moe_tp:
+            fail("engine.moe_tensor_parallel_size", moe_tp,
+                 f"MoE tensor-parallel size {moe_tp} (TP x DP without expert parallelism, or "
+                 f"moe_tensor_parallel_size) must divide the expert intermediate size "
+                 f"{model.moe.expert_intermediate_size}")
+        if model.moe.shared_expert_intermediate_size % tp:
+            fail("engine.tensor_parallel_size", tp,
+                 f"must divide the shared-expert intermediate size {model.moe.shared_expert_intermediate_size}")
+    elif engine.enable_expert_parallel or engine.moe_expert_parallel_size or engine.moe_tensor_parallel_size:
         fail("engine.enable_expert_parallel", True, f"{model.name} has no experts")
     assert engine.max_model_len is not None and engine.max_num_batched_tokens is not None
     assert engine.max_num_seqs is not None

@@ -280,6 +280,10 @@ def _reference_step_s(sc: Scenario, key: StepKey, cost: StepCostModel) -> float:
     ("meta-llama/Llama-3.1-8B", {"enforce_eager": True, "tensor_parallel_size": 2}),
     ("Qwen/Qwen3-30B-A3B", {"tensor_parallel_size": 2, "async_scheduling": True}),
     ("openai/gpt-oss-120b", {"tensor_parallel_size": 2}),
+    ("mistralai/Mixtral-8x7B-v0.1", {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+    ("deepseek-ai/DeepSeek-R1", {"tensor_parallel_size": 8}),
+    ("deepseek-ai/DeepSeek-R1", {"data_parallel_size": 8, "enable_expert_parallel": True, "kv_cache_dtype": "fp8"}),
+    ("zai-org/GLM-5", {"tensor_parallel_size": 4, "moe_expert_parallel_size": 2, "moe_tensor_parallel_size": 2}),
 ])
 def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[str, object]) -> None:
     sc = scenario_from_dict(scenario_dict(model={"name": model}, engine={"max_model_len": 4096, **engine}),

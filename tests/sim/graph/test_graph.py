@@ -8,7 +8,8 @@ from conftest import scenario_dict
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind
 from sim.graph.memory import kv_bytes_per_token, weight_bytes_per_gpu
-from sim.graph.transformer import attention_keys, expected_active_experts
+from sim.graph.moe import rank0_load
+from sim.graph.transformer import attention_keys
 from sim.specs.scenario import scenario_from_dict
 
 
@@ -27,9 +28,11 @@ def test_attention_keys_with_window_caps_each_query() -> None:
     assert attention_keys(2, 10, 3) == 6
 
 
-def test_expected_active_experts_limits() -> None:
-    assert expected_active_experts(8, 8, 2, 1) == pytest.approx(2.0)
-    assert expected_active_experts(8, 8, 2, 10_000) == pytest.approx(8.0)
+def test_balanced_routing_spreads_pairs_evenly_over_expert_ranks() -> None:
+    # 1 token x top-2 over 8 experts: 2 pairs, 2 experts touched; 100 tokens touch all 8
+    assert rank0_load(num_tokens=1, num_experts=8, topk=2, ep=1, routing="balanced").active_experts == 2.0
+    load = rank0_load(num_tokens=100, num_experts=8, topk=2, ep=2, routing="balanced")
+    assert (load.routed_pairs, load.active_experts) == (100.0, 4.0)
 
 
 def test_llama8b_weights_match_parameter_count() -> None:
@@ -91,18 +94,27 @@ def test_lm_head_only_for_sampled_tokens() -> None:
     assert head.work.shape[0] == 3
 
 
-def test_moe_graph_has_expert_gemms_and_all_to_all_with_ep() -> None:
+def test_moe_graph_has_one_fused_moe_node_and_deepep_all_to_all_with_ep() -> None:
     from sim.api import step_graph
 
     d = scenario_dict(model={"name": "mistralai/Mixtral-8x7B-v0.1"},
-                      engine={"tensor_parallel_size": 2, "enable_expert_parallel": True})
+                      engine={"tensor_parallel_size": 2, "enable_expert_parallel": True, "moe_routing": "balanced"})
     sc = scenario_from_dict(d, source="test")
     graph = step_graph(sc, BatchShape(decode_context_tokens=(100,) * 16))
-    kinds = {n.work.kind for n in graph.nodes}
-    assert KernelKind.MOE_GEMM in kinds and KernelKind.ALL_TO_ALL in kinds
-    gate_up = next(n for n in graph.nodes if n.work.name == "moe_gate_up")
-    # 16 tokens x top-2 over 2 TP ranks = 16 routed pairs per GPU, 4 local experts of full width
-    assert gate_up.work.shape[:4] == (16, 2 * 14336, 4096, 4)
+    kinds = [n.work.kind for n in graph.nodes]
+    assert KernelKind.MOE_GEMM not in kinds and kinds.count(KernelKind.MOE) == 1
+    moe = next(n for n in graph.nodes if n.work.kind is KernelKind.MOE)
+    assert moe.repeat == 32 and moe.work.variant == "balanced"
+    assert moe.work.shape == (16, 4096, 14336, 2, 8, 1, 2)
+    # rank 0: 16 tokens x top-2 / EP 2 = 16 pairs over 4 local experts of full width
+    assert moe.work.flops == 2 * 3 * 16 * 4096 * 14336
+    assert moe.work.weight_bytes == 4 * 3 * 4096 * 14336 * 2
+    a2a = next(n for n in graph.nodes if n.work.kind is KernelKind.EP_ALL_TO_ALL)
+    # each TP rank dispatches 8 of the 16 tokens; FP8 dispatch + BF16 combine per selection
+    assert a2a.work.shape == (8, 4096, 2, 8, 2, 1) and a2a.work.variant == "low_latency"
+    assert a2a.work.comm_bytes == 8 * 2 * ((4096 + 4096 / 128 * 4 + 16) + 2 * 4096)
+    prefill = step_graph(sc, BatchShape(prefills=(PrefillChunk(new_tokens=16),)))
+    assert next(n for n in prefill.nodes if n.work.kind is KernelKind.EP_ALL_TO_ALL).work.variant == "normal"
 
 
 def test_sliding_window_layers_get_their_own_attention_nodes() -> None:

@@ -38,8 +38,7 @@ def test_shipped_models_load_by_hf_id_and_alias() -> None:
 
 @pytest.mark.parametrize(
     ("model", "key"),
-    [("deepseek-ai/DeepSeek-V3", "kv_lora_rank"), ("moonshotai/Kimi-K2.5", "text_config.kv_lora_rank"),
-     ("Qwen/Qwen3.5-397B-A17B", "text_config.linear_num_value_heads")],
+    [("Qwen/Qwen3.5-397B-A17B", "text_config.linear_num_value_heads")],
 )
 def test_unmodelled_architectures_name_the_config_key(model: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -133,3 +132,53 @@ def test_parse_override_reads_toml_literals() -> None:
 def test_config_hash_is_canonical() -> None:
     assert config_hash({"a": 1.0, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1.0})
     assert config_hash({"a": 0.1}) != config_hash({"a": 0.1000001})
+
+
+# Published sizes: DeepSeek-V3/R1 671B main model + 14B MTP module = 685B on the Hub, 37B active;
+# Kimi-K2/K2.5 "1T total, 32B activated" (model card; 1.04T in secondary sources); GLM-5 744B
+# total, 40B active (GLM-5 technical report, arXiv 2602.15763), its MTP layer not included.
+@pytest.mark.parametrize(("model", "total", "active", "mtp", "rel_total"), [
+    ("deepseek-ai/DeepSeek-V3", 671e9, 37e9, 685e9, 0.01),
+    ("deepseek-ai/DeepSeek-R1", 671e9, 37e9, 685e9, 0.01),
+    ("moonshotai/Kimi-K2.5", 1.04e12, 32.6e9, None, 0.02),
+    ("zai-org/GLM-5", 744e9, 40e9, None, 0.01),
+])
+def test_mla_models_match_published_parameter_counts(model: str, total: float, active: float, mtp: float | None,
+                                                     rel_total: float) -> None:
+    spec = load_model(model)
+    assert spec.mla is not None
+    assert spec.num_params() == pytest.approx(total, rel=rel_total)
+    assert spec.num_active_params() == pytest.approx(active, rel=0.05)
+    if mtp is not None:
+        assert spec.num_params() + spec.mtp_params() == pytest.approx(mtp, rel=0.01)
+
+
+def test_mla_attention_parameters_by_hand() -> None:
+    spec = load_model("deepseek-ai/DeepSeek-V3")
+    assert spec.mla is not None and spec.dsa is None and spec.num_nextn_predict_layers == 1
+    h, heads = 7168, 128
+    q = h * 1536 + 1536 + 1536 * heads * (128 + 64)  # q_a_proj, q_a_layernorm, q_b_proj
+    kv = h * (512 + 64) + 512 + 512 * heads * (128 + 128)  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+    o = heads * 128 * h
+    assert spec.attention_params() == q + kv + o
+    assert spec.moe is not None and spec.moe.moe_layer_indices[0] == 3  # first_k_dense_replace
+    assert spec.moe.shared_expert_intermediate_size == 2048
+
+
+def test_glm5_dsa_indexer_and_kimi_int4_experts() -> None:
+    glm = load_model("zai-org/GLM-5")
+    assert glm.dsa is not None and (glm.dsa.index_topk, glm.dsa.index_n_heads, glm.dsa.index_head_dim) == (2048, 32, 128)
+    # wq_b from the 2048-wide query latent, wk, k_norm (weight + bias), weights_proj
+    assert glm.indexer_params() == 2048 * 32 * 128 + 6144 * 128 + 2 * 128 + 6144 * 32
+    kimi = load_model("moonshotai/Kimi-K2.5")
+    assert kimi.weight_quantization == "int4_wo" and kimi.quantize_experts_only
+    assert kimi.moe is not None and kimi.moe.num_experts == 384
+
+
+def test_mla_model_without_query_bottleneck_uses_q_proj() -> None:
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 1024, "kv_lora_rank": 16,
+           "q_lora_rank": None, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+    spec = model_from_hf_config(cfg, name="tiny", source="tiny.json")
+    assert spec.mla is not None and spec.mla.q_lora_rank is None
+    assert spec.attention_params() == 64 * 4 * 12 + 64 * 20 + 16 + 16 * 4 * 16 + 4 * 8 * 64

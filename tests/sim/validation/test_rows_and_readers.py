@@ -99,7 +99,7 @@ def test_nvidia_collection_row_uses_fixed_lengths(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"mode": "disagg"}, "disaggregated"),
-    ({"model_path": "deepseek-ai/DeepSeek-R1"}, "multi-head latent attention"),
+    ({"model_path": "Qwen/Qwen3.5-397B-A17B"}, "linear (gated delta-net) attention"),
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
     ({"gemm_quant_mode": "int4_wo"}, "int4_wo"),

@@ -1,0 +1,174 @@
+"""MLA and DSA kernels, the fused MoE node's rank-0 load, MoE layouts, MLA memory: by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import scenario_dict
+
+from sim.api import check_feasible, step_graph
+from sim.errors import ConfigError, InfeasibleScenario
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.memory import kv_bytes_per_token, memory_breakdown, weight_bytes_per_gpu
+from sim.graph.moe import rank0_load
+from sim.serde import FieldError
+from sim.specs.engine import EngineParams
+from sim.specs.scenario import Scenario, scenario_from_dict
+
+R1 = "deepseek-ai/DeepSeek-R1"
+
+
+def scenario(model: str = R1, hardware: str = "h200_sxm", **engine: Any) -> Scenario:
+    d = scenario_dict(hardware={"name": hardware}, model={"name": model}, engine={"max_model_len": 8192, **engine})
+    return scenario_from_dict(d, source="t.toml")
+
+
+def node(sc: Scenario, batch: BatchShape, name: str) -> tuple[KernelWork, int]:
+    n = next(n for n in step_graph(sc, batch).nodes if n.work.name == name)
+    return n.work, n.repeat
+
+
+def test_mla_decode_is_absorbed_against_the_latent_cache() -> None:
+    sc = scenario(tensor_parallel_size=8)
+    batch = BatchShape(decode_context_tokens=(99, 199))
+    names = [n.work.name for n in step_graph(sc, batch).nodes]
+    assert "mla_kv_b_proj" not in names and "mla_prefill" not in names
+    pre, repeat = node(sc, batch, "mla_gen_pre")
+    assert repeat == 61 and pre.kind is KernelKind.MLA_BMM and pre.variant == "mla_gen_pre"
+    assert pre.shape == (2, 16, 512, 128)  # 2 tokens, 128 / TP8 heads, q_nope 128 -> latent 512
+    assert pre.flops == 2 * 2 * 16 * 512 * 128
+    post, _ = node(sc, batch, "mla_gen_post")
+    assert post.shape == (2, 16, 128, 512)
+    dec, _ = node(sc, batch, "mla_decode")
+    assert dec.kind is KernelKind.MLA_DECODE
+    assert dec.shape == (2, 150, 200, 16, 512, 64)  # kv tokens include the new one: 100 and 200
+    assert dec.flops == 2 * 16 * (576 + 512) * 300
+    assert dec.kv_read_bytes == 300 * 576 * 2  # bf16 latent rows, shared by the heads
+    o_proj, _ = node(sc, batch, "o_proj")
+    assert o_proj.shape == (2, 7168, 16 * 128)
+
+
+def test_mla_prefill_decompresses_the_cached_context_and_new_tokens() -> None:
+    sc = scenario(tensor_parallel_size=8)
+    batch = BatchShape(prefills=(PrefillChunk(new_tokens=100, context_tokens=300),))
+    kv_b, repeat = node(sc, batch, "mla_kv_b_proj")
+    assert repeat == 61 and kv_b.kind is KernelKind.GEMM
+    assert kv_b.shape == (400, 16 * (128 + 128), 512)
+    assert kv_b.kv_read_bytes == 300 * 576 * 2
+    attn, _ = node(sc, batch, "mla_prefill")
+    assert attn.shape == (1, 100, 300, 16, 128, 64, 128)
+    keys = sum(range(301, 401))
+    assert attn.flops == 2 * 16 * (192 + 128) * keys
+    assert attn.kv_write_bytes == 100 * 576 * 2
+    qa, _ = node(sc, batch, "fused_qkv_a_proj")
+    assert qa.shape == (100, 1536 + 576, 7168)  # replicated on every TP rank
+
+
+def test_dsa_attends_to_at_most_index_topk_tokens_and_prices_the_indexer() -> None:
+    sc = scenario("zai-org/GLM-5", tensor_parallel_size=8, quantization="fp8")
+    batch = BatchShape(decode_context_tokens=(999, 9999))
+    sparse, _ = node(sc, batch, "mla_sparse")
+    assert sparse.kind is KernelKind.MLA_DECODE
+    assert sparse.shape == (2, (1000 + 2048) // 2, 2048, 8, 512, 64)
+    logits, _ = node(sc, batch, "dsa_indexer_logits")
+    assert logits.flops == 2 * 32 * 128 * (1000 + 10000)  # every visible key is scored
+    assert logits.kv_read_bytes == 10000 * 2 * (128 + 4)
+    prefill = BatchShape(prefills=(PrefillChunk(new_tokens=4096),))
+    sparse, _ = node(sc, prefill, "mla_sparse")
+    # queries 1..2048 see themselves and what precedes; later ones the 2048 selected tokens
+    assert sparse.flops == 2 * 8 * (576 + 512) * (sum(range(1, 2049)) + 2048 * 2048)
+    names = {n.work.name for n in step_graph(sc, prefill).nodes}
+    assert {"dsa_wq_b", "dsa_wk", "dsa_weights_proj", "dsa_topk"} <= names and "mla_kv_b_proj" not in names
+
+
+def test_mla_kv_cache_is_one_latent_row_per_token_replicated_over_tp() -> None:
+    for tp in (1, 8):
+        sc = scenario(tensor_parallel_size=tp)
+        assert kv_bytes_per_token(sc.model, sc.engine, sc.precision) == 61 * (512 + 64) * 2
+    fp8 = scenario(tensor_parallel_size=8, kv_cache_dtype="fp8")
+    assert kv_bytes_per_token(fp8.model, fp8.engine, fp8.precision) == 61 * 576
+    glm = scenario("zai-org/GLM-5", tensor_parallel_size=8, kv_cache_dtype="fp8", quantization="fp8")
+    assert kv_bytes_per_token(glm.model, glm.engine, glm.precision) == 78 * (576 + 128 + 4)
+    mem = memory_breakdown(fp8.model, fp8.engine, fp8.precision, fp8.hardware)
+    assert mem.num_kv_blocks == mem.kv_cache_bytes // (61 * 576 * 16)
+
+
+def test_experts_split_over_ep_ranks_and_attention_replicated_over_dp() -> None:
+    tp8 = scenario(tensor_parallel_size=8)
+    dp8 = scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True)
+    assert (tp8.engine.moe_tp_size(), tp8.engine.expert_parallel_size()) == (8, 1)
+    assert (dp8.engine.moe_tp_size(), dp8.engine.expert_parallel_size()) == (1, 8)
+    w_tp8 = weight_bytes_per_gpu(tp8.model, tp8.engine, tp8.precision)
+    w_dp8 = weight_bytes_per_gpu(dp8.model, dp8.engine, dp8.precision)
+    # Routed experts take the same bytes either way (1/8 of each, or 1/8 of them); the DP ranks hold
+    # whole the TP-split weights: q_b, kv_b (FP8 plus vLLM's bf16 W_UK/W_UV copy), o_proj (61
+    # layers), shared experts (58 MoE layers), dense MLPs (3 layers), bf16 embedding and LM head.
+    split = 61 * (1536 * 128 * 192 + 512 * 128 * 256 * (1 + 2) + 128 * 128 * 7168) + 58 * 3 * 7168 * 2048 \
+        + 3 * 3 * 7168 * 18432 + 2 * 129280 * 7168 * 2
+    assert w_dp8 - w_tp8 == pytest.approx(split * 7 / 8, rel=1e-6)
+
+
+def test_moe_layout_factorisations() -> None:
+    e = EngineParams(tensor_parallel_size=4, moe_tensor_parallel_size=2, moe_expert_parallel_size=2)
+    assert (e.moe_tp_size(), e.expert_parallel_size()) == (2, 2)
+    e = EngineParams(tensor_parallel_size=1, data_parallel_size=16, enable_expert_parallel=True)
+    assert (e.moe_tp_size(), e.expert_parallel_size()) == (1, 16)
+    assert EngineParams(tensor_parallel_size=4, moe_expert_parallel_size=4).moe_tp_size() == 1
+    with pytest.raises(FieldError) as err:
+        EngineParams(tensor_parallel_size=4, moe_tensor_parallel_size=2, moe_expert_parallel_size=4)
+    assert "must equal tensor_parallel_size x data_parallel_size = 4" in str(err.value)
+    with pytest.raises(FieldError):
+        EngineParams(moe_routing="zipf")
+    sc = scenario(tensor_parallel_size=4, moe_tensor_parallel_size=2, moe_expert_parallel_size=2,
+                  moe_routing="balanced")
+    moe, _ = node(sc, BatchShape(decode_context_tokens=(10,) * 8), "moe_experts")
+    assert moe.shape == (8, 7168, 2048, 8, 256, 2, 2)
+    assert moe.flops == 2 * 3 * (8 * 8 / 2) * 7168 * (2048 / 2)
+    names = [n.work.name for n in step_graph(sc, BatchShape(decode_context_tokens=(10,) * 8)).nodes]
+    assert "moe_tp_all_reduce" in names and "moe_all_to_all" in names
+
+
+def test_attention_dp_gathers_every_rank_tokens_at_the_moe_layer() -> None:
+    sc = scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True, moe_routing="balanced")
+    batch = BatchShape(decode_context_tokens=(10,) * 4)
+    moe, _ = node(sc, batch, "moe_experts")
+    assert moe.shape[0] == 32  # 4 tokens on each of the 8 DP ranks
+    assert moe.flops == 2 * 3 * (32 * 8 / 8) * 7168 * 2048
+    a2a, _ = node(sc, batch, "moe_all_to_all")
+    assert a2a.shape == (4, 7168, 8, 256, 8, 1) and a2a.group_size == 8
+
+
+def test_power_law_routing_loads_rank0_more_than_balanced() -> None:
+    balanced = rank0_load(num_tokens=4096, num_experts=256, topk=8, ep=8, routing="balanced")
+    assert balanced.routed_pairs == 4096 * 8 / 8 and balanced.active_experts == 32
+    skewed = rank0_load(num_tokens=4096, num_experts=256, topk=8, ep=8, routing="power_law_1.2")
+    assert skewed.routed_pairs > 1.2 * balanced.routed_pairs
+    assert skewed == rank0_load(num_tokens=4096, num_experts=256, topk=8, ep=8, routing="power_law_1.2")
+    whole = rank0_load(num_tokens=100, num_experts=64, topk=4, ep=1, routing="power_law_1.01")
+    assert whole.routed_pairs == pytest.approx(400)  # one rank computes every pair
+    assert whole.active_experts <= 64
+
+
+@pytest.mark.parametrize(("engine", "key", "words"), [
+    ({"tensor_parallel_size": 3}, "engine.tensor_parallel_size", "num_attention_heads=128"),
+    ({"tensor_parallel_size": 1, "data_parallel_size": 6, "enable_expert_parallel": True},
+     "engine.enable_expert_parallel", "expert-parallel size 6"),
+    ({"tensor_parallel_size": 1, "data_parallel_size": 6}, "engine.moe_tensor_parallel_size",
+     "expert intermediate size 2048"),
+])
+def test_layouts_that_do_not_divide_are_rejected_naming_the_numbers(engine: dict[str, Any], key: str,
+                                                                     words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        scenario(**engine)
+    assert err.value.key == key and words in err.value.rule
+
+
+def test_deepseek_r1_fp8_does_not_fit_eight_h100() -> None:
+    with pytest.raises(InfeasibleScenario) as err:
+        check_feasible(scenario(hardware="h100_sxm", tensor_parallel_size=8))
+    rule = err.value.rule
+    # 79.5 GiB of FP8 weights per GPU: 683 GB over 8 GPUs (671B parameters, mostly one byte each)
+    assert "79.51 GiB of weights per GPU" in rule and "683 GB over the 8 GPUs" in rule
+    assert check_feasible(scenario(hardware="h200_sxm", tensor_parallel_size=8)).num_kv_blocks > 0
