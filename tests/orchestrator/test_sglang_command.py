@@ -1,0 +1,49 @@
+"""The SGLang launch line: GPU counting under DP attention, EP with DeepEP, per-rank limits."""
+
+from __future__ import annotations
+
+import shlex
+
+from conftest import REPO
+
+from orchestrator.sweep.sglang_command import sglang_launch_command
+from sim.api import load_scenario
+
+
+def _flags(line: str) -> dict[str, str | None]:
+    words = shlex.split(line)
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            out[word] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
+def test_dp_attention_with_expert_parallel_counts_every_gpu_in_tp() -> None:
+    sc = load_scenario(REPO / "scenarios" / "deepseek_r1-h200-dp8ep8.toml",
+                       {"engine.max_num_seqs": 64, "engine.max_num_batched_tokens": 4096})
+    f = _flags(sglang_launch_command(sc))
+    assert f["--model-path"] == "deepseek-ai/DeepSeek-R1"
+    assert (f["--tp-size"], f["--dp-size"], f["--ep-size"]) == ("8", "8", "8")
+    assert "--enable-dp-attention" in f and f["--moe-a2a-backend"] == "deepep"
+    # SGLang splits these among the 8 attention-DP ranks; the scenario's values are per rank.
+    assert f["--max-running-requests"] == str(64 * 8)
+    assert f["--chunked-prefill-size"] == str(4096 * 8)
+    assert f["--kv-cache-dtype"] == "fp8_e4m3"
+
+
+def test_tensor_parallel_moe_has_no_dp_attention_or_deepep() -> None:
+    sc = load_scenario(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml", {"engine.max_num_seqs": 64})
+    f = _flags(sglang_launch_command(sc))
+    assert f["--tp-size"] == "8"
+    assert "--dp-size" not in f and "--enable-dp-attention" not in f and "--ep-size" not in f
+    assert f["--max-running-requests"] == "64"
+
+
+def test_dense_model_data_parallel_is_replication() -> None:
+    sc = load_scenario(REPO / "scenarios" / "llama3_8b-h100.toml",
+                       {"engine.data_parallel_size": 2, "engine.enable_prefix_caching": False})
+    f = _flags(sglang_launch_command(sc))
+    assert (f["--tp-size"], f["--dp-size"]) == ("1", "2")
+    assert "--enable-dp-attention" not in f and "--disable-radix-cache" in f
