@@ -11,10 +11,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
-from collections.abc import Sequence
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from orchestrator.sweep.spec import SweepSpec
 
@@ -31,7 +30,8 @@ def optuna_plot_files(study: optuna.Study, spec: SweepSpec) -> dict[str, bytes]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if len(names) >= 2:
-            fig = optuna.visualization.plot_pareto_front(study, target_names=names, constraints_func=_constraints)
+            # Feasibility comes from the constraints the sweep stored with `Trial.set_constraint`.
+            fig = optuna.visualization.plot_pareto_front(study, target_names=names)
             name = "optuna_pareto_front.html"
         else:
             fig = optuna.visualization.plot_optimization_history(study, target_name=names[0] if names else "Objective")
@@ -39,7 +39,3 @@ def optuna_plot_files(study: optuna.Study, spec: SweepSpec) -> dict[str, bytes]:
     # One self-contained file (plotly.js inlined): it opens from MLflow's artifact view offline.
     return {name: fig.to_html(include_plotlyjs=True, full_html=True).encode()}
 
-
-def _constraints(trial: FrozenTrial) -> Sequence[float]:
-    """The constraints the sweep set with `Trial.set_constraint` (<= 0 is satisfied)."""
-    return list(trial.constraints.values()) if trial.constraints else [0.0]

@@ -205,7 +205,9 @@ def open_study(spec: SweepSpec, storage: BaseStorage, *, identity: str, resume: 
                           rule="the stored study has different objective directions")
     metric_names = [o.metric for o in spec.objectives]
     if metric_names and study.metric_names != metric_names:
-        study.set_metric_names(metric_names)  # optuna-dashboard and Optuna's plots label the objectives
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metric_names)  # optuna-dashboard and Optuna's plots label the objectives
     return study, existed
 
 
