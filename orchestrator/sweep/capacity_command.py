@@ -14,17 +14,20 @@ import sys
 import time
 import uuid
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.sweep.spec import SweepSpec
 
 
-def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
+def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Callable[[str], None]) -> int:
+    """`emit` takes the plan's table or JSON for stdout."""
     import ray
 
     from orchestrator.sweep.artifacts import table_csv, trial_artifacts
     from orchestrator.sweep.capacity import CapacityPlanner, CapacityReport, serve_command
+    from orchestrator.sweep.driver import run_identity_tags
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.progress import ProgressBar
     from orchestrator.sweep.session import calibration_files, connect_ray, default_num_actors, make_tracker, ui_hint
@@ -73,7 +76,8 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
                             "probes": plan.probes})
             artifacts = trial_artifacts(at.breakdown, title=f"candidate {i} at capacity") \
                 if at is not None and at.breakdown is not None else {}
-            tags = {"status": plan.status, "chosen": str(i == chosen).lower(), "candidate": str(i)}
+            tags = {"status": plan.status, "chosen": str(i == chosen).lower(), "candidate": str(i),
+                    **run_identity_tags(base, plan.params)}
             if at is not None:
                 tags.update(scenario_hash=at.scenario_hash, worst_provenance=at.worst_provenance,
                             sim_version=at.sim_version)
@@ -98,7 +102,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
     if args.json:
         payload = report.to_json()
         payload["mlflow_ui"] = ui_hint(tracker.tracking_uri)
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        emit(json.dumps(payload, indent=2) + "\n")
     else:
-        sys.stdout.write(report.render() + f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
+        emit(report.render() + f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
     return 0

@@ -7,12 +7,15 @@ Exit codes: 0 done, 1 a service failed (Ray, MLflow, storage), 2 invalid sweep f
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 import uuid
 from argparse import Namespace
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,9 @@ def cmd_sweep(args: Namespace) -> int:
         sys.stderr.write(f"error: kernelsight sweep needs {', '.join(missing)}: "
                          "python -m pip install -e '.[orchestrate]'\n")
         return 1
-    check_storage_url(args.storage)  # before Ray starts
+    from orchestrator.sweep.resume_hint import STORAGE_ENV
+
+    check_storage_url(args.storage or os.environ.get(STORAGE_ENV) or None)  # before Ray starts
     from orchestrator.sweep.ray_env import prepare_ray_env
 
     prepare_ray_env(args.ray_address)  # before Ray is imported
@@ -65,19 +70,24 @@ def cmd_sweep(args: Namespace) -> int:
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import OperationalError
 
-    try:
-        if spec.capacity is not None:
-            from orchestrator.sweep.capacity_command import run_capacity
+    from orchestrator.sweep.resume_hint import resume_hint
+    from orchestrator.sweep.stdout_guard import ReservedStdout
 
-            return run_capacity(spec, args, study_dir)
-        return _run_search(spec, args, study_dir)
-    except (ConnectionError, MlflowException, OperationalError) as exc:
-        # A service (Ray, the MLflow store, the Optuna database) is unreachable or refused us.
-        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
-        if spec.capacity is None:
-            sys.stderr.write(f"trials finished so far are kept; continue with: kernelsight sweep {args.sweep} "
-                             "--resume (with the same --storage/--tracking-uri)\n")
-        return 1
+    # Ray prints to stdout on its own (`(raylet) ...` lines, forwarded worker output): while it runs,
+    # stdout points at stderr and the table or JSON is written after Ray has shut down.
+    with ReservedStdout() as out:
+        try:
+            if spec.capacity is not None:
+                from orchestrator.sweep.capacity_command import run_capacity
+
+                return run_capacity(spec, args, study_dir, emit=out.emit)
+            return _run_search(spec, args, study_dir, emit=out.emit)
+        except (ConnectionError, MlflowException, OperationalError) as exc:
+            # A service (Ray, the MLflow store, the Optuna database) is unreachable or refused us.
+            sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
+            if spec.capacity is None:
+                sys.stderr.write("trials finished so far are kept; " + resume_hint(args, study_dir))
+            return 1
 
 
 STORAGE_SCHEMES = "sqlite:///study.db, postgresql://user@host/db, mysql://user@host/db"
@@ -97,19 +107,23 @@ def check_storage_url(url: str | None) -> None:
                           rule=f"must be a SQLAlchemy database URL such as {STORAGE_SCHEMES} ({exc})") from None
 
 
-def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
+def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Callable[[str], None]) -> int:
     import ray
+    from optuna.trial import TrialState
 
-    from orchestrator.sweep.driver import SweepDriver, needs_actors, wanted_trials
+    from orchestrator.sweep.driver import SweepDriver, needs_actors, study_identity_tags, wanted_trials
+    from orchestrator.sweep.optuna_plots import optuna_plot_files
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.progress import ProgressBar
     from orchestrator.sweep.report import report_files
+    from orchestrator.sweep.resume_hint import STORAGE_ENV, resume_hint
     from orchestrator.sweep.session import calibration_files, connect_ray, default_num_actors, make_tracker, ui_hint
-    from orchestrator.sweep.study import open_storage, open_study, study_uid
+    from orchestrator.sweep.study import open_storage, open_study, reproducibility, study_uid
 
     base = spec.load_base()
-    storage, storage_desc = open_storage(args.storage, study_dir)
+    storage, storage_desc = open_storage(args.storage or os.environ.get(STORAGE_ENV) or None, study_dir)
     study, existed = open_study(spec, storage, identity=spec.identity(base), resume=args.resume)
+    resumed_with = sum(t.state is not TrialState.WAITING for t in study.get_trials(deepcopy=False))
     n_trials = args.trials or spec.n_trials
     work = needs_actors(study, spec, n_trials)
     with ThreadPoolExecutor(max_workers=1) as executor:
@@ -126,7 +140,8 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
     try:
         tracker.start_study(study_uid=study_uid(study), spec=spec,
                             tags={"mode": "search", "storage": storage_desc, "n_trials": str(n_trials),
-                                  "sampler": spec.sampler, "sim_version": _sim_version()},
+                                  "sampler": spec.sampler, "sim_version": _sim_version(),
+                                  **study_identity_tags(base, spec)},
                             files=[("scenario", Path(spec.base_scenario)),
                                    *(("calibrations", f) for f in calibration_files(base, spec))])
         num_actors = 0
@@ -144,24 +159,28 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path) -> int:
             report = driver.run()
         except KeyboardInterrupt:
             bar.close()
-            sys.stderr.write(f"\ninterrupted; continue with: kernelsight sweep {args.sweep} --resume"
-                             f"{' --storage ' + args.storage if args.storage else ''}\n")
+            with contextlib.suppress(Exception):  # best effort: the store may be what failed
+                tracker.interrupt_study()
+            sys.stderr.write("\ninterrupted; " + resume_hint(args, study_dir))
             return 130
         bar.close()
-        tracker.finish_study(files=report_files(report), metrics=_study_metrics(report.counts(), report.timings.wall_s),
-                             ok=True)
+        tracker.finish_study(files={**report_files(report), **optuna_plot_files(study, spec)},
+                             metrics=_study_metrics(report.counts(), report.timings.wall_s), ok=True)
     finally:
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
+    repro = reproducibility(spec, resumed_with=resumed_with)
     if args.json:
         payload = report.to_json()
         payload["mlflow_ui"] = ui_hint(tracker.tracking_uri)
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        payload["reproducibility"] = repro
+        emit(json.dumps(payload, indent=2) + "\n")
     else:
-        sys.stdout.write(report.render())
-        sys.stdout.write(f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
+        emit(report.render())
+        emit(f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
+        emit("reproducibility: " + "; ".join(v for k, v in repro.items() if k != "trial_results") + "\n")
     return 0
 
 

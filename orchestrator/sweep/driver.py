@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -248,7 +248,8 @@ class SweepDriver:
     def _state_tags(self, state: TrialState, result: TrialResult) -> dict[str, str]:
         feasible = result.status is TrialStatus.OK and all(
             v <= 0 for v in constraint_values(result.metrics, self.spec.slo).values())
-        return {"optuna_state": state.name, "feasible": str(feasible).lower()}
+        return {"optuna_state": state.name, "feasible": str(feasible).lower(),
+                **run_identity_tags(self.base, result.params)}
 
     # -- report -------------------------------------------------------------------------------
 
@@ -279,6 +280,35 @@ class SweepDriver:
                            num_reconciled=self._num_reconciled,
                            timings=timings, storage=self.storage_desc, tracking=self.tracker.describe(),
                            commands=commands)
+
+
+IDENTITY_KEYS: dict[str, str] = {"model": "model.name", "hardware": "hardware.name", "backend": "engine.backend"}
+"""MLflow tag -> scenario key: what every run records about the system it simulated."""
+
+
+def run_identity_tags(base: Scenario, params: Mapping[str, Any]) -> dict[str, str]:
+    """Model, hardware and backend of a trial: its parameter where swept, else the base scenario's value
+    as written (no scenario is built, so a trial whose combination is invalid is tagged too)."""
+    sections = base.sections()
+    out: dict[str, str] = {}
+    for tag, key in IDENTITY_KEYS.items():
+        section, field = key.split(".")
+        value = params.get(key, sections.get(section, {}).get(field))
+        if value is None and key == "engine.backend":
+            value = base.engine.backend
+        if value is not None:
+            out[tag] = str(value)
+    return out
+
+
+def study_identity_tags(base: Scenario, spec: SweepSpec) -> dict[str, str]:
+    """`run_identity_tags` for the parent run: a swept key lists its choices, comma-separated."""
+    out = run_identity_tags(base, {})
+    for p in spec.space:
+        tag = next((t for t, k in IDENTITY_KEYS.items() if k == p.key), None)
+        if tag is not None:
+            out[tag] = ",".join(str(c) for c in p.choices) if p.choices else "swept"
+    return out
 
 
 def wanted_trials(spec: SweepSpec, n_trials: int) -> int:

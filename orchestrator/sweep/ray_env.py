@@ -1,4 +1,5 @@
-"""Process environment Ray must see before it is imported: token authentication for joined clusters."""
+"""Process environment Ray must see before it is imported: a loopback-only local runtime, and token
+authentication for joined clusters."""
 
 from __future__ import annotations
 
@@ -7,9 +8,23 @@ from pathlib import Path
 
 
 def prepare_ray_env(address: str | None) -> None:
-    """Call before Ray is imported (Ray reads its auth mode once)."""
-    if address is not None:
+    """Call before Ray is imported (Ray reads these settings once, at import)."""
+    if address is None:
+        _loopback_only()
+    else:
         _token_auth_if_available()
+
+
+def _loopback_only() -> None:
+    """Make the sweep's own local Ray runtime listen on 127.0.0.1 only.
+
+    On Linux, Ray resolves a loopback node address (`_node_ip_address="127.0.0.1"`) to the host's
+    routable address, and its GCS, raylet, worker and agent servers then listen on every interface.
+    With `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (Ray's switch for single-machine runtimes) the node
+    address stays 127.0.0.1 and every server binds to it (checked on Ray 2.60). A local runtime has
+    no other node to talk to, so nothing is lost. A value the user set is kept.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _token_auth_if_available() -> None:

@@ -20,6 +20,7 @@ from sim.specs.scenario import Scenario
 
 logger = logging.getLogger(__name__)
 
+LOOPBACK: Final = "127.0.0.1"
 MLFLOW_DB: Final = "mlflow.db"
 MLFLOW_ARTIFACTS: Final = "mlartifacts"
 _QUIET: Final = ("alembic", "mlflow", "ray", "optuna", "urllib3")
@@ -66,17 +67,22 @@ def connect_ray(address: str | None, num_actors: int | None) -> bool:
 
     if ray.is_initialized():
         return False
+    # Worker output stays in Ray's log files unless RAY_LOG_TO_DRIVER=1; forwarded lines go to stderr
+    # (orchestrator.sweep.stdout_guard), never into the sweep's table or JSON.
+    log_to_driver = os.environ.get("RAY_LOG_TO_DRIVER", "0").lower() in ("1", "true")
     if address is None:
         cpus = max(os.cpu_count() or 1, num_actors or 0)
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=True)
+        # 127.0.0.1 takes effect through RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (orchestrator.sweep.ray_env):
+        # Ray otherwise replaces a loopback node address with the host's routable one.
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=log_to_driver,
+                 logging_level=logging.WARNING, configure_logging=True, _node_ip_address=LOOPBACK)
     else:
         # Ship this checkout's simulator and orchestrator so remote workers run the driver's code.
         import orchestrator
         import sim
 
         modules = [str(Path(m.__file__).parent) for m in (sim, orchestrator) if m.__file__]
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+        ray.init(address=address, log_to_driver=log_to_driver, logging_level=logging.WARNING,
                  runtime_env={"py_modules": modules})
     return True
 

@@ -14,6 +14,7 @@ breakdown, reason) is the trial's `kernelsight` user attribute.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import uuid
@@ -114,7 +115,21 @@ def repair_journal(path: Path) -> None:
     logger.warning("%s: dropped an incomplete last record (%d bytes) left by a killed driver", path, size - keep)
 
 
-def make_sampler(spec: SweepSpec) -> BaseSampler:
+def session_seed(seed: int, num_started: int) -> int:
+    """The sampler seed of a driver session that starts with `num_started` trials in the study.
+
+    `seed` itself for a new study; on resume a seed derived from both, because a sampler re-created
+    with the study's seed would replay the draws of the first session (every RandomSampler draw,
+    TPE's start-up trials) and re-run configurations the study already holds.
+    """
+    if num_started == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{num_started}".encode()).digest()[:4], "big")
+
+
+def make_sampler(spec: SweepSpec, *, seed: int | None = None) -> BaseSampler:
+    """The study's sampler, seeded with `seed` (default `study.seed`)."""
+    seed = spec.seed if seed is None else seed
     opts = dict(spec.sampler_options)
     if spec.sampler == "tpe":
         conditional = any(p.when for p in spec.space)
@@ -123,13 +138,32 @@ def make_sampler(spec: SweepSpec) -> BaseSampler:
         # without it parallel asks pile onto the same point.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate/group
-            return TPESampler(seed=spec.seed, constant_liar=True, multivariate=multivariate,
+            return TPESampler(seed=seed, constant_liar=True, multivariate=multivariate,
                               group=multivariate and conditional, **opts)
     if spec.sampler == "nsga2":
-        return NSGAIISampler(seed=spec.seed, **opts)
+        return NSGAIISampler(seed=seed, **opts)
     if spec.sampler == "grid":
-        return _AskTellGridSampler(grid_search_space(spec.space), seed=spec.seed)
-    return RandomSampler(seed=spec.seed)
+        return _AskTellGridSampler(grid_search_space(spec.space), seed=seed)
+    return RandomSampler(seed=seed)
+
+
+def reproducibility(spec: SweepSpec, *, resumed_with: int) -> dict[str, str]:
+    """What a re-run of this sweep reproduces (docs/sweep.md, "Reproducibility"); `resumed_with` is the
+    number of trials the study held when this session started (0 for a new study)."""
+    if spec.sampler in ("random", "grid"):
+        params = ("trial N's parameters follow from study.seed alone, whatever --actors and the order in "
+                  "which trials finish")
+    else:
+        params = (f"{spec.sampler} chooses each trial from the trials finished when it is asked, which depends "
+                  "on --actors and on timing: a re-run with the same seed explores alike but not identically")
+    out = {"trial_results": "each trial's metrics are a deterministic function of its parameters "
+                            "(`kernelsight run --set ...` reproduces any trial)",
+           "trial_params": params}
+    if resumed_with:
+        out["resume"] = (f"this session resumed a study of {resumed_with} trial(s) with sampler seed "
+                         f"{session_seed(spec.seed, resumed_with)} = f(study.seed, {resumed_with}); trials "
+                         "re-run after the interruption keep the parameters already drawn")
+    return out
 
 
 def grid_size(spec: SweepSpec) -> int:
@@ -154,6 +188,9 @@ def open_study(spec: SweepSpec, storage: BaseStorage, *, identity: str, resume: 
         storage=storage, sampler=make_sampler(spec), study_name=spec.name, load_if_exists=True,
         directions=[o.direction for o in spec.objectives] or ["minimize"],
     )
+    num_started = sum(t.state is not TrialState.WAITING for t in study.get_trials(deepcopy=False))
+    if num_started:
+        study.sampler = make_sampler(spec, seed=session_seed(spec.seed, num_started))
     attrs = study.user_attrs
     if not existed or UID_ATTR not in attrs:
         study.set_user_attr(UID_ATTR, uuid.uuid4().hex)
@@ -166,6 +203,11 @@ def open_study(spec: SweepSpec, storage: BaseStorage, *, identity: str, resume: 
     if existed and [d.name.lower() for d in study.directions] != [o.direction for o in spec.objectives]:
         raise ConfigError(source=spec.source, key="study.objectives", value=[o.direction for o in spec.objectives],
                           rule="the stored study has different objective directions")
+    metric_names = [o.metric for o in spec.objectives]
+    if metric_names and study.metric_names != metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metric_names)  # optuna-dashboard and Optuna's plots label the objectives
     return study, existed
 
 

@@ -6,12 +6,19 @@ resume by its `study_uid` tag; one child run per Optuna trial, named `trial-0004
 once. Child runs carry the trial's parameters under their dotted scenario keys, every metric
 (`orchestrator.sweep.metrics`), kernel time shares (`share.<kind>`), tags (status,
 scenario_hash, worst_provenance, sim_version, optuna_state, feasible) and the kernel breakdown
-as Parquet plus a stacked-bar PNG. Metric timestamps are the trial's start time, so logging a
-half-logged run again adds no duplicate points.
+as Parquet, as an MLflow table (`kernel_breakdown.json`, previewed in the run's Artifacts tab) and
+as a stacked-bar PNG. Every run is tagged with the model, hardware and backend it simulated.
+
+A run left half-written (the driver died, or MLflow failed, between its calls) is completed on
+resume: metric keys it already holds are not logged again, so no metric gets a second point; extra
+copies of a run (a create retried after a lost response) are marked FAILED and deleted. The
+experiment carries `mlflow.experimentKind = custom_model_development`, so MLflow 3 opens it as a
+classic ML experiment (runs, metrics, artifacts) rather than a GenAI one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
@@ -23,7 +30,8 @@ from typing import Any, Final, Protocol
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 
-from orchestrator.sweep.results import TrialResult
+from orchestrator.sweep.faults import fault_point
+from orchestrator.sweep.results import Breakdown, TrialResult
 from orchestrator.sweep.spec import SweepSpec
 from sim.errors import ConfigError
 
@@ -34,6 +42,11 @@ _MAX_PARAMS: Final = 100
 _MAX_METRICS: Final = 900
 _MAX_TAG_CHARS: Final = 4000
 _TERMINAL: Final = ("FINISHED", "FAILED", "KILLED")
+EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
+EXPERIMENT_KIND: Final = "custom_model_development"
+"""MLflow 3's value for a classic ML experiment (the other is `genai_development`)."""
+BREAKDOWN_TABLE: Final = "kernel_breakdown.json"
+_LOGGED_ARTIFACTS_TAG: Final = "mlflow.loggedArtifacts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +72,8 @@ class Tracker(Protocol):
 
     def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None: ...
 
+    def interrupt_study(self) -> None: ...
+
     def describe(self) -> dict[str, str]: ...
 
 
@@ -79,6 +94,9 @@ class NullTracker:
     def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None:
         return None
 
+    def interrupt_study(self) -> None:
+        return None
+
     def describe(self) -> dict[str, str]:
         return {}
 
@@ -92,8 +110,14 @@ class MlflowTracker:
             raise ConfigError(source=tracking_uri, key="experiment", value=experiment_name,
                               rule="this MLflow experiment is deleted; restore it, purge it (mlflow gc) "
                                    "or rename the study")
-        self.experiment_id: str = (exp.experiment_id if exp is not None else
-                                   self._client.create_experiment(experiment_name, artifact_location=artifact_location))
+        kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        if exp is None:
+            self.experiment_id: str = self._client.create_experiment(
+                experiment_name, artifact_location=artifact_location, tags=kind)
+        else:
+            self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                self._client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         self.parent_run_id = ""
         self._study_uid = ""
 
@@ -104,7 +128,7 @@ class MlflowTracker:
             [self.experiment_id], filter_string=f"tags.study_uid = '{study_uid}' and tags.role = 'parent'",
             run_view_type=ViewType.ACTIVE_ONLY, max_results=10)
         if found:
-            self.parent_run_id = found[0].info.run_id
+            self.parent_run_id = self._pick_parent([r.info.run_id for r in found])
             self._client.update_run(self.parent_run_id, status="RUNNING")
         else:
             run = self._client.create_run(self.experiment_id, run_name=spec.name,
@@ -118,8 +142,31 @@ class MlflowTracker:
         for folder, path in files:
             self._client.log_artifact(self.parent_run_id, str(path), artifact_path=folder)
 
+    def _pick_parent(self, run_ids: list[str]) -> str:
+        """The study's parent run; extra parents (a create retried after a lost response) are retired.
+
+        The one the trial runs point at is kept (the driver used the id its create returned), else
+        the oldest.
+        """
+        if len(run_ids) == 1:
+            return run_ids[0]
+        used = [rid for rid in run_ids if self._client.search_runs(
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{rid}'", max_results=1)]
+        keep = (used or sorted(run_ids, key=lambda rid: self._client.get_run(rid).info.start_time or 0))[0]
+        for rid in run_ids:
+            if rid != keep:
+                self._retire(rid, keep, "parent")
+        return keep
+
+    def _retire(self, run_id: str, kept: str, what: str) -> None:
+        """End an extra copy of a run as FAILED (so nothing is left RUNNING) and delete it."""
+        logger.warning("extra MLflow %s run %s (kept %s): marking it FAILED and deleting it", what, run_id, kept)
+        self._client.set_tag(run_id, "duplicate_of", kept)
+        self._client.set_terminated(run_id, "FAILED")
+        self._client.delete_run(run_id)
+
     def logged_trials(self) -> dict[int, LoggedRun]:
-        """Child runs already recorded for this study, by trial number; extra copies are deleted."""
+        """Child runs already recorded for this study, by trial number; extra copies are retired."""
         runs: dict[int, list[LoggedRun]] = {}
         token = None
         while True:
@@ -137,8 +184,7 @@ class MlflowTracker:
             copies.sort(key=lambda r: (not r.is_done(), r.run_id))
             out[number] = copies[0]
             for extra in copies[1:]:
-                logger.warning("trial %d has an extra MLflow run %s; deleting it", number, extra.run_id)
-                self._client.delete_run(extra.run_id)
+                self._retire(extra.run_id, out[number].run_id, f"trial {number}")
         return out
 
     def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
@@ -148,25 +194,41 @@ class MlflowTracker:
         all_tags = {"trial_number": str(result.number), **_trial_tags(result), **tags}
         if result.reason:
             all_tags["mlflow.note.content"] = result.reason[:_MAX_TAG_CHARS]
+        artifacts = dict(result.artifacts)
+        if result.breakdown is not None:
+            artifacts[BREAKDOWN_TABLE] = breakdown_table_json(result.breakdown)
+            all_tags[_LOGGED_ARTIFACTS_TAG] = json.dumps([{"path": BREAKDOWN_TABLE, "type": "table"}])
         self.log_child(run_name=f"trial-{result.number:05d}", params=result.params, metrics=_trial_metrics(result),
-                       tags=all_tags, artifacts=result.artifacts, failed=result.status.value == "failed",
+                       tags=all_tags, artifacts=artifacts, failed=result.status.value == "failed",
                        timestamp_ms=timestamp_ms, duration_s=result.duration_s, existing=existing)
 
     def log_child(self, *, run_name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
                   tags: Mapping[str, str], artifacts: Mapping[str, bytes], failed: bool, timestamp_ms: int,
                   duration_s: float, existing: LoggedRun | None = None, role: str = "trial") -> str:
-        """One child run of the parent, written in four batched calls; returns its run id."""
+        """One child run of the parent, written in four batched calls; returns its run id.
+
+        With `existing` (a run a killed driver left unfinished), the run is completed: keys it
+        already holds are not logged again, so no metric gets a second point (a re-evaluated trial's
+        `trial_duration_s` differs from the first attempt's).
+        """
         all_tags = {"study_uid": self._study_uid, "role": role, "mlflow.parentRunId": self.parent_run_id, **tags}
+        held_metrics: set[str] = set()
+        held_params: set[str] = set()
         if existing is None:
             run_id: str = self._client.create_run(self.experiment_id, run_name=run_name, start_time=timestamp_ms,
                                                   tags=all_tags).info.run_id
         else:
             run_id = existing.run_id
+            held = self._client.get_run(run_id).data
+            held_metrics, held_params = set(held.metrics), set(held.params)
             self._client.log_batch(run_id, tags=[RunTag(k, v) for k, v in all_tags.items()])
-        p_list = [Param(k, _param_text(v)) for k, v in params.items()]
-        m_list = [Metric(k, float(v), timestamp_ms, 0) for k, v in metrics.items()]
+        fault_point(f"{role}-run-created")
+        p_list = [Param(k, _param_text(v)) for k, v in params.items() if k not in held_params]
+        m_list = [Metric(k, float(v), timestamp_ms, 0) for k, v in metrics.items() if k not in held_metrics]
         for p_chunk, m_chunk in _zip_chunks(p_list, m_list):
-            self._client.log_batch(run_id, params=p_chunk, metrics=m_chunk)
+            if p_chunk or m_chunk:
+                self._client.log_batch(run_id, params=p_chunk, metrics=m_chunk)
+        fault_point(f"{role}-metrics-logged")
         if artifacts:
             with tempfile.TemporaryDirectory(prefix="kernelsight-") as tmp:
                 for name, data in artifacts.items():
@@ -188,6 +250,11 @@ class MlflowTracker:
         status = RunStatus.FINISHED if ok else RunStatus.FAILED
         self._client.set_terminated(self.parent_run_id, RunStatus.to_string(status))
 
+    def interrupt_study(self) -> None:
+        """Mark the parent run KILLED (Ctrl-C); `--resume` sets it RUNNING again."""
+        if self.parent_run_id:
+            self._client.set_terminated(self.parent_run_id, RunStatus.to_string(RunStatus.KILLED))
+
     def describe(self) -> dict[str, str]:
         return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
                 "parent_run_id": self.parent_run_id}
@@ -200,6 +267,16 @@ def _trial_tags(result: TrialResult) -> dict[str, str]:
     if result.cached_from is not None:
         tags["cached_from_trial"] = str(result.cached_from)
     return {k: v for k, v in tags.items() if v}
+
+
+def breakdown_table_json(breakdown: Breakdown) -> bytes:
+    """The kernel breakdown in the format `MlflowClient.log_table` writes (pandas `orient="split"`
+    without index), so MLflow's UI previews it and `MlflowClient.load_table` reads it. Written here
+    and uploaded with the run's other artifacts: `log_table` itself would cost four more calls per
+    trial and would append rows to a table a killed driver had already written."""
+    rows = breakdown.rows()
+    columns = ["kernel", "seconds", "share"]
+    return json.dumps({"columns": columns, "data": [[row[c] for c in columns] for row in rows]}).encode()
 
 
 def _trial_metrics(result: TrialResult) -> dict[str, float]:

@@ -438,12 +438,14 @@ class LocalServices:
         backend = pg.url(database)
         argv = [
             _mlflow_cli(), "server", "--host", LOCALHOST, "--port", str(port), "--workers", str(workers),
-            "--backend-store-uri", backend, "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
+            "--serve-artifacts", "--artifacts-destination", artifacts.as_uri(),
         ]
         # The server's own SIGTERM path waits for its uvicorn workers one after another (~8 s).
         # MLFLOW_SERVER_ENABLE_JOB_EXECUTION: MLflow 3 otherwise starts a job runner with ~7 huey consumer
         # processes (GenAI evaluation jobs) that experiment tracking never uses.
-        env = self.env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        # The backend URL carries the database password: it goes in the environment (which `mlflow server`
+        # reads as MLFLOW_BACKEND_STORE_URI), never in argv, which every local user can read in `ps`.
+        env = self.env({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_BACKEND_STORE_URI": backend})
         proc = self._spawn("mlflow", argv, env=env, signal_group=True)
         uri = f"http://{LOCALHOST}:{port}"
         self._wait(proc, lambda: _http_ok(f"{uri}/health"), timeout_s, "mlflow server")

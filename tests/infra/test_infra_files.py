@@ -168,8 +168,10 @@ def test_compose_stack_wires_mlflow_to_postgres_and_s3_and_creates_the_optuna_da
     services = compose["services"]
     mlflow = services["mlflow"]
     command = " ".join(mlflow["command"])
-    for flag in ("--backend-store-uri", "--serve-artifacts", "--artifacts-destination", "--allowed-hosts"):
+    for flag in ("--serve-artifacts", "--artifacts-destination", "--allowed-hosts"):
         assert flag in command
+    # The backend URL holds the database password: read from the environment, never passed in argv.
+    assert "--backend-store-uri" not in command and "BACKEND_STORE_URI" not in command
     assert mlflow["environment"]["MLFLOW_ARTIFACTS_DESTINATION"].startswith("s3://")
     assert mlflow["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
     assert mlflow["depends_on"] == {"postgres": {"condition": "service_healthy"},
@@ -264,7 +266,7 @@ def test_kuberay_raycluster_is_well_formed() -> None:
     head = doc["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in head["template"]["spec"]["containers"][0]["env"]}
-    assert set(env) == {"MLFLOW_TRACKING_URI", "OPTUNA_STORAGE"}
+    assert set(env) == {"MLFLOW_TRACKING_URI", "KERNELSIGHT_STORAGE"}
     assert {ref["name"] for ref in env.values()} == {"kernelsight-tracking"}
 
 
@@ -281,7 +283,12 @@ def test_kuberay_rayjob_runs_a_sweep_against_the_tracking_server_and_rdb_study()
     flags = dict(zip(entrypoint[3::2], entrypoint[4::2], strict=False))
     assert flags["--ray-address"] == "auto"
     assert flags["--tracking-uri"] == '"$MLFLOW_TRACKING_URI"'
-    assert flags["--storage"] == '"$OPTUNA_STORAGE"'
+    # The storage URL holds the database password: the sweep reads it from KERNELSIGHT_STORAGE (a Secret),
+    # never from argv.
+    assert "--storage" not in flags and "STORAGE" not in doc["spec"]["entrypoint"]
+    head = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in head["env"]}
+    assert env["KERNELSIGHT_STORAGE"] == {"name": "kernelsight-tracking", "key": "optuna-storage"}
     assert flags["--actors"] == SAMPLE_ENV["KS_ACTORS"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc["spec"], "entrypointt": "typo"}, _RAY_JOB_SPEC)

@@ -70,10 +70,12 @@ def test_sweep_runs_on_both_nodes_and_records_each_trial_once(tmp_path: Path) ->
         storage = stack.postgres.url("optuna", driver="postgresql")  # bare scheme, as users write it
         argv = [sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep_file),
                 "--trials", str(NUM_TRIALS), "--actors", "2", "--ray-address", stack.ray.address,
-                "--tracking-uri", stack.mlflow.tracking_uri, "--storage", storage,
+                "--tracking-uri", stack.mlflow.tracking_uri,
                 "--study-dir", str(tmp_path / "study"), "--no-trial-plots", "--json"]
-        done = subprocess.run(argv, cwd=tmp_path, env=services.driver_env(RAY_NODE_ENV), capture_output=True, text=True,
-                              timeout=600, check=False)
+        # The storage URL carries the password: passed in KERNELSIGHT_STORAGE, as infra/ does, not in argv.
+        assert stack.postgres.password not in " ".join(argv)
+        done = subprocess.run(argv, cwd=tmp_path, env=services.driver_env({**RAY_NODE_ENV, "KERNELSIGHT_STORAGE": storage}),
+                              capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-4000:]
         summary = json.loads(done.stdout)
         assert summary["n_trials"] == NUM_TRIALS

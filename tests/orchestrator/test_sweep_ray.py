@@ -148,7 +148,8 @@ def journal_study(study_dir: Path, name: str) -> optuna.Study | None:
 
 
 def test_sweep_on_a_server_records_runs_params_metrics_and_artifacts(
-        ray_address: str, mlflow_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        ray_address: str, mlflow_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A grid of 8 trials: 1 runs, 1 crashes in the simulator, 2 do not fit, 4 break a TP rule."""
     good = tmp_path / "trace.csv"
     good.write_text("input_tokens,output_tokens\n" + "96,6\n" * 12)
@@ -174,10 +175,15 @@ def test_sweep_on_a_server_records_runs_params_metrics_and_artifacts(
     assert exp is not None
     parents = client.search_runs([exp.experiment_id], filter_string="tags.role = 'parent'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # a classic ML experiment in MLflow 3
+    assert parents[0].data.tags["model"] == "meta-llama/Llama-3.1-8B"
     parent_id = parents[0].info.run_id
     files = {a.path for a in client.list_artifacts(parent_id)}
     assert {"sweep.toml", "trials.csv", "pareto_front.csv", "pareto_front.png", "best_configs.json", "scenario",
-            "calibrations"} <= files
+            "calibrations", "optuna_pareto_front.html"} <= files
+    html = Path(client.download_artifacts(parent_id, "optuna_pareto_front.html", str(tmp_path))).read_text()
+    assert "plotly" in html and "cost_per_million_output_tokens_usd" in html
+    assert study.metric_names == ["cost_per_million_output_tokens_usd", "ttft_p90_s"]
     assert {a.path for a in client.list_artifacts(parent_id, "calibrations")} == {"calibrations/h100_sxm.json"}
     runs = child_runs(client, "server-grid")
     assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(8))
@@ -190,13 +196,21 @@ def test_sweep_on_a_server_records_runs_params_metrics_and_artifacts(
         assert run.data.tags["status"] == stored["status"] and run.data.tags["optuna_state"] == trial.state.name
         assert run.data.params == param_texts(trial.params)
         assert run.info.status == ("FAILED" if stored["status"] == "failed" else "FINISHED")
+        assert (run.data.tags["model"], run.data.tags["hardware"], run.data.tags["backend"]) == (
+            "meta-llama/Llama-3.1-8B", "h100_sxm", "vllm")
         if stored["status"] == "ok":
             assert set(METRIC_NAMES) <= set(run.data.metrics)
             assert run.data.metrics["num_completed"] == 12
             assert run.data.tags["scenario_hash"] == stored["scenario_hash"]
             assert run.data.tags["worst_provenance"] and run.data.tags["sim_version"]
-            assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"kernel_breakdown.parquet",
-                                                                                "kernel_breakdown.png"}
+            assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+                "kernel_breakdown.parquet", "kernel_breakdown.png", "kernel_breakdown.json"}
+            # The breakdown is an MLflow table: the UI previews it and MLflow's own reader loads it.
+            assert json.loads(run.data.tags["mlflow.loggedArtifacts"]) == [
+                {"path": "kernel_breakdown.json", "type": "table"}]
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # load_table searches through the fluent API
+            loaded = client.load_table(exp.experiment_id, "kernel_breakdown.json", run_ids=[run.info.run_id])
+            assert list(loaded.columns) == ["kernel", "seconds", "share"] and "qkv_proj" in set(loaded["kernel"])
             local = client.download_artifacts(run.info.run_id, "kernel_breakdown.parquet", str(tmp_path))
             table = pq.read_table(local).to_pylist()
             assert {"qkv_proj", "host"} <= {row["kernel"] for row in table}
