@@ -39,6 +39,7 @@ from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.recorder import Recorder
 from orchestrator.sweep.report import DriverTimings, SweepReport, TrialRecord, select_best
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.sglang_command import sglang_launch_command
 from orchestrator.sweep.space import suggest_params
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import grid_size, stored_result, tell, trial_state
@@ -268,7 +269,9 @@ class SweepDriver:
             overrides = {**self.spec.base_set, **params}
             cmds = {"kernelsight_run": kernelsight_run_command(self.spec.base_scenario, overrides)}
             with contextlib.suppress(ConfigError):
-                cmds["vllm_serve"] = vllm_serve_command(build_scenario(self.base, params))
+                scenario = build_scenario(self.base, params)
+                cmds["vllm_serve"] = vllm_serve_command(scenario)
+                cmds["sglang_launch"] = sglang_launch_command(scenario)
             commands[number] = cmds
         timings = DriverTimings(ask_s=self._t["ask"], build_s=self._t["build"], log_s=self._t["log"],
                                 tell_s=self._t["tell"], num_trials=self._finished_here, wall_s=wall_s)

@@ -141,6 +141,8 @@ class SweepReport:
         first = self.commands.get(shown[0], {})
         if "vllm_serve" in first:
             out += f"\ntrial {shown[0]} as a vLLM server:\n  {first['vllm_serve']}\n"
+        if "sglang_launch" in first:
+            out += f"as an SGLang server:\n  {first['sglang_launch']}\n"
         return out
 
 

@@ -112,6 +112,7 @@ def test_nsga2_sweep_completes_with_a_pareto_front(ray_runtime: None, tracking_u
         assert b["number"] == numbers[0] and b["same_values_trials"] == numbers[1:]
         assert all(v <= 0 for v in b["slo_violation"].values())
         assert b["vllm_serve"].startswith("vllm serve ") and "kernelsight run" in b["kernelsight_run"]
+        assert b["sglang_launch"].startswith("python -m sglang.launch_server ")
     costs = [b["values"][OBJECTIVES[0]] for b in best]
     assert costs == sorted(costs)
     # Along a two-objective front, the second objective falls as the first rises.
