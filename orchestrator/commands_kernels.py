@@ -20,13 +20,15 @@ from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microben
 from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, max_cell, row_to_work
 from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
 from sim.errors import ConfigError, decode_error, file_error
+from sim.measured import measured_data_root
 from sim.perf.fitted import FittedEfficiency
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
 
-_DEFAULT_DATA = ("../shared/data", "/work/shared/data")
 _ACCURACY_MD = Path("docs/accuracy.md")
+_DATA_HELP = ("measured-data root holding aiconfigurator/ and vidur/, upstream layout such as ../shared/data "
+              "(default: the copy shipped in sim/data/measured)")
 
 
 _NUMERIC: Final = ("m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
@@ -267,9 +269,10 @@ def cmd_microbench_plan(args: Namespace) -> int:
 
 
 def _data_root(arg: str | None) -> Path:
-    for cand in ([arg] if arg else list(_DEFAULT_DATA)):
-        if (Path(cand) / "aiconfigurator").is_dir():
-            return Path(cand)
+    """`--data`, else the measured data shipped in the package (sim/data/measured)."""
+    root = Path(arg) if arg else measured_data_root()
+    if (root / "aiconfigurator").is_dir():
+        return root
     raise ConfigError(source="accuracy", key="--data", value=arg, rule="must hold aiconfigurator/ and vidur/")
 
 
@@ -342,13 +345,13 @@ def register(sub: Any) -> None:
     acc_sub = acc.add_subparsers(dest="accuracy_verb", required=True)
     ak = acc_sub.add_parser("kernels", help="leave-one-GPU-out kernel accuracy (docs/accuracy.md)")
     ak.add_argument("--json", action="store_true", help="also print the full result as JSON")
-    ak.add_argument("--data", help="shared data root (default ../shared/data)")
+    ak.add_argument("--data", help=_DATA_HELP)
     ak.add_argument("--workers", type=int, default=2)
     ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
     ak.set_defaults(func=cmd_accuracy_kernels)
 
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")
-    fx.add_argument("--data", help="shared data root (default ../shared/data)")
+    fx.add_argument("--data", help=_DATA_HELP)
     fx.add_argument("--out", default=str(CALIBRATION_DIR / CROSS_GENERATION_FILE))
     fx.add_argument("--calibrations", action="store_true",
                     help="also refit the shipped target-measured calibrations of the training GPUs "

@@ -1,6 +1,7 @@
 """`kernelsight validate`: simulate measured end-to-end rows, score them, regenerate the e2e accuracy report.
 
-Rows come from `shared/data/e2e` (sim.validation); each selected row is simulated under each
+Rows come from `e2e/` of the vendored measured data (sim/data/measured, a copy of
+shared/data/e2e) or of `--data DIR` (sim.validation); each selected row is simulated under each
 requested kernel-model tier in a pool of worker processes. `--fit-profiles` instead fits the
 host overheads of each engine profile on dev rows and rewrites `sim/data/host/<backend>.toml`.
 """
@@ -22,21 +23,22 @@ from typing import Any
 
 from orchestrator.progress import ProgressBar
 from sim.errors import ConfigError
+from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
 from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
 from sim.validation.rows import SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
 
-_DEFAULT_DATA = ("../shared/data", "/work/shared/data")
 BACKENDS = ("vllm", "sglang", "trtllm")
 
 
 def _e2e_dir(arg: str | None) -> Path:
-    for cand in ([arg] if arg else list(_DEFAULT_DATA)):
-        if (Path(cand) / "e2e").is_dir():
-            return Path(cand) / "e2e"
-    raise ConfigError(source="validate", key="--data", value=arg, rule="must be the shared data root holding e2e/")
+    """`e2e/` of `--data`, else of the measured data shipped in the package."""
+    root = Path(arg) if arg else measured_data_root()
+    if (root / "e2e").is_dir():
+        return root / "e2e"
+    raise ConfigError(source="validate", key="--data", value=arg, rule="must be a measured-data root holding e2e/")
 
 
 def _profiles() -> dict[str, EngineProfile]:
@@ -227,7 +229,8 @@ def register(sub: Any) -> None:
     v.add_argument("--tier", choices=TIERS, help="one kernel-model tier (default: both)")
     v.add_argument("--source", action="append", choices=SOURCES, help="only these sources (repeatable)")
     v.add_argument("--json", action="store_true", help="scores as JSON on stdout")
-    v.add_argument("--data", help="shared data root holding e2e/ (default ../shared/data)")
+    v.add_argument("--data", help="measured-data root holding e2e/, upstream layout such as ../shared/data "
+                   "(default: the copy shipped in sim/data/measured)")
     v.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     v.add_argument("--budget-s", type=float, default=600.0,
                    help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")

@@ -8,10 +8,14 @@ from typing import Any
 
 import pytest
 
+from sim.measured import measured_data_root
 from sim.specs.hardware import HardwareSpec, LinkSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+"""The upstream snapshot the vendored copy comes from; absent on a fresh clone (tests needing it skip)."""
+MEASURED_DATA = measured_data_root()
+"""The measured data shipped in the package (sim/data/measured, upstream layout, tables as .csv.xz)."""
 
 
 def toy_hardware(**overrides: Any) -> HardwareSpec:

@@ -4,7 +4,8 @@ Reads a directory in the layout of shared/data/aiconfigurator/<system>/ (any sub
 gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz, nccl.csv,
 custom_allreduce.csv, plus an optional pointwise.csv of small memory-bound kernels in the
 `predict-kernels` row schema with a latency_ms column) and Vidur's compute_mlp_ops.csv.gz
-(small memory-bound kernels, mapped to the same schema by `read_vidur_pointwise`).
+(small memory-bound kernels, mapped to the same schema by `read_vidur_pointwise`). Tables are
+named by their upstream file name; `sim.measured.resolve` finds the xz copy of the vendored data.
 Exclusions follow shared/data/README.md: broken context-attention series as a whole, rows
 flagged as exceeding peak FLOPs or DRAM bandwidth, and GEMM formats outside this model's scope.
 Fitting-time only (pandas).
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import ConfigError
+from sim.measured import read_text_bytes, resolve, table_name
 
 TABLE_FILES: Final[tuple[str, ...]] = (
     "gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
@@ -54,10 +56,12 @@ class Exclusion:
 
 
 def file_sha256(paths: list[Path]) -> str:
+    """SHA-256 over (table name, CSV text) of each table: the same for an upstream directory
+    (`.csv.gz`, `.csv`) and the vendored copy (`.csv.xz`), since compression is left out."""
     h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
+    for p in sorted(paths, key=table_name):
+        h.update(table_name(p).encode())
+        h.update(read_text_bytes(p))
     return h.hexdigest()
 
 
@@ -101,7 +105,7 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
     """All rows found in `directory`, the exclusions applied, and the SHA-256 of the files read."""
     parts: list[pd.DataFrame] = []
     excl: list[Exclusion] = []
-    found = [directory / f for f in TABLE_FILES if (directory / f).is_file()]
+    found = [resolve(directory / f) for f in TABLE_FILES if resolve(directory / f).is_file()]
     for path in found:
         df = pd.read_csv(path)
         name = path.name.split(".")[0]
@@ -166,7 +170,7 @@ def read_vidur_pointwise(path: Path) -> pd.DataFrame:
     (no post-attention norm: phi-2) attn + mlp + residual as two adds (6 passes); `emb` is the
     vocab-parallel lookup (2 passes; masking at tp > 1 is part of the timed region).
     """
-    v = pd.read_csv(path)
+    v = pd.read_csv(resolve(path))
     v = v[v.gpu.isin(list(VIDUR_GPUS))]
     head_dim = v.n_embd // v.n_head
     q = np.maximum(v.n_head // v.tp, 1)

@@ -1,6 +1,7 @@
 """Fit `HostOverheadParams` from Vidur's measured per-step CPU overheads (csv + numpy only).
 
-`python -m sim.perf.host_fit ../shared/data/vidur/cpu_overheads_a100.csv` prints host-overhead
+`python -m sim.perf.host_fit sim/data/measured/vidur/cpu_overheads_a100.csv.xz` (the vendored copy;
+or `../shared/data/vidur/cpu_overheads_a100.csv` upstream) prints host-overhead
 TOML in the layout of `sim/data/host/<backend>.toml`. Each component's median (ms) is fitted by
 least squares as `a + b x batch_size` over every model and TP degree in the file. This is not
 what ships: the shipped engine profiles hold host overheads fitted end to end on the dev rows by
@@ -11,11 +12,12 @@ this fit on Vidur's 2024 vLLM-v0 fork is kept for comparison.
 from __future__ import annotations
 
 import csv
-import hashlib
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from sim.measured import content_sha256, open_text, table_name
 
 _COMPONENTS = {
     "schedule": "schedule_median",
@@ -26,7 +28,7 @@ _COMPONENTS = {
 
 
 def fit(path: Path) -> dict[str, tuple[float, float]]:
-    with path.open(newline="") as f:
+    with open_text(path) as f:
         rows = list(csv.DictReader(f))
     batch = np.array([float(r["batch_size"]) for r in rows])
     design = np.column_stack([np.ones_like(batch), batch])
@@ -42,9 +44,10 @@ def fit(path: Path) -> dict[str, tuple[float, float]]:
 
 def main(argv: list[str]) -> int:
     path = Path(argv[1])
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    digest = content_sha256(path)[:16]  # of the CSV text: the same for the upstream file and its xz copy
     params = fit(path)
-    lines = [f'source = "least-squares a + b x batch_size on {path.name} (sha256 {digest}), Vidur vLLM-v0 fork"']
+    lines = [f'source = "least-squares a + b x batch_size on {table_name(path)} (sha256 {digest}), '
+             'Vidur vLLM-v0 fork"']
     lines.append(f"graph_launch_s = {params['graph_launch'][0]:.6g}")
     lines.append("eager_launch_s = 5e-06")
     for name in _COMPONENTS:

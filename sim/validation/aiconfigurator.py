@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ConfigError
+from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.engine_args import profile_engine
 from sim.validation.names import CHECKPOINT_QUANTIZED, GPU_NAMES, MODEL_NAMES, QUANTIZATION
@@ -46,7 +47,7 @@ def _int(raw: str, default: int) -> int:
 
 
 def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with open_text(path) as f:
         return [_row(r, profiles, cache) for r in csv.DictReader(f)]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.finalize import TRACE_PLACEHOLDER
 from sim.validation.names import GPU_NAMES, MODEL_NAMES
@@ -37,11 +38,11 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
 
 
 def read_llmservingsim(directory: Path, profile: EngineProfile) -> list[ValidationRow]:
-    with (directory / "requests.csv").open(newline="", encoding="utf-8") as f:
+    with open_text(directory / "requests.csv") as f:
         by_run: dict[str, list[dict[str, str]]] = defaultdict(list)
         for r in csv.DictReader(f):
             by_run[r["run_id"]].append(r)
-    with (directory / "runs.csv").open(newline="", encoding="utf-8") as f:
+    with open_text(directory / "runs.csv") as f:
         return [_row(run, by_run[run["run_id"]], profile) for run in csv.DictReader(f)]
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sim.errors import ConfigError
+from sim.measured import read_text_bytes
 from sim.perf.profile import EngineProfile
 from sim.validation.aiconfigurator import FILE as AIC_FILE
 from sim.validation.aiconfigurator import read_aiconfigurator
@@ -23,9 +24,10 @@ DATA_FILES: tuple[str, ...] = (AIC_FILE, f"{LSS_DIR}/runs.csv", f"{LSS_DIR}/requ
 
 
 def data_sha256(e2e_dir: Path) -> str:
+    """SHA-256 over (name, CSV text) of DATA_FILES: equal for upstream e2e/ and the vendored copy."""
     h = hashlib.sha256()
     for name in DATA_FILES:
-        h.update(name.encode() + b"\0" + (e2e_dir / name).read_bytes())
+        h.update(name.encode() + b"\0" + read_text_bytes(e2e_dir / name))
     return h.hexdigest()
 
 

@@ -206,7 +206,8 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
     out = [HEADING, "",
            f"Regenerate with `kernelsight validate` (suite {result['suite']}, tiers "
            f"{', '.join(result['tiers'])}; took {result['wall_s']:.0f} s with {result['jobs']} worker processes on "
-           f"{result['machine']}). Measured data: `shared/data/e2e` (sha256 {result['data_sha256'][:16]}). "
+           f"{result['machine']}). Measured data: `e2e/` tables (shipped in sim/data/measured, copied from "
+           f"shared/data/e2e; sha256 of their text {result['data_sha256'][:16]}). "
            "APE = |predicted - measured| / measured per row; bias = median of predicted / measured - 1. "
            "Headline metrics per row: mean TTFT and mean TPOT (AIConfigurator closed loops, LLMServingSim traces, "
            "TensorRT-LLM batch-1 first-token latency) and output tokens/s (traces, TensorRT-LLM throughput and "

@@ -22,6 +22,7 @@ from typing import Any
 
 from sim.errors import ConfigError
 from sim.graph.memory import MemoryBreakdown
+from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.engine_args import profile_engine, trtllm_bench_settings
 from sim.validation.names import GPU_NAMES, MODEL_NAMES, QUANTIZATION
@@ -53,7 +54,7 @@ def _resolve(model: str, gpu: str, cache: SpecCache) -> tuple[str | None, str | 
 
 def read_trtllm_throughput(path: Path, profiles: Mapping[str, EngineProfile],
                            cache: SpecCache) -> list[ValidationRow]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with open_text(path) as f:
         rows = list(csv.DictReader(f))
     out: list[ValidationRow] = []
     seen: dict[str, int] = {}
@@ -115,7 +116,7 @@ def _kv_requests(mem: MemoryBreakdown, isl: int, osl: int) -> int:
 
 
 def read_trtllm_static(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with open_text(path) as f:
         rows = list(csv.DictReader(f))
     return [_static_row(r, i, profiles["trtllm"], cache) for i, r in enumerate(rows)]
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SHARED_DATA
+from conftest import MEASURED_DATA, REPO
 
 from orchestrator.cli import main
 from orchestrator.microbench.output import TABLE_COLUMNS
@@ -20,9 +19,10 @@ from orchestrator.microbench.points import family_of
 from sim.calibration.artifact import load_artifact
 from sim.calibration.plan import microbench_plan
 from sim.calibration.rows import ROW_COLUMNS
+from sim.measured import open_text, resolve
 from sim.specs.catalog import load_hardware
 
-H100_TABLES = SHARED_DATA / "aiconfigurator" / "h100_sxm"
+H100_TABLES = MEASURED_DATA / "aiconfigurator" / "h100_sxm"
 POINTWISE_ROWS = [
     {"kernel": "norm", "variant": "rmsnorm", "dtype": "bfloat16", "m": m, "n": 4096} for m in (1, 64, 1024, 8192)
 ] + [
@@ -47,8 +47,7 @@ def write_plan(path: Path, step: int = 7) -> list[dict[str, str]]:
 
 
 def read_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", newline="") as f:
+    with open_text(path) as f:
         reader = csv.DictReader(f)
         return list(reader.fieldnames or []), list(reader)
 
@@ -86,12 +85,11 @@ def test_dry_run_writes_every_point_in_aiconfigurator_columns(dry_run: tuple[Pat
     assert {int(r["message_elems"]) * 2 for r in nccl} == planned
 
 
-@pytest.mark.skipif(not H100_TABLES.is_dir(), reason="shared/data/aiconfigurator not present")
 def test_headers_equal_the_real_aiconfigurator_tables(dry_run: tuple[Path, list[dict[str, str]]]) -> None:
     out, _ = dry_run
     for name in ("gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
                  "custom_allreduce.csv"):
-        theirs, _ = read_table(H100_TABLES / name)
+        theirs, _ = read_table(resolve(H100_TABLES / name))
         ours, _ = read_table(out / name)
         assert ours == theirs, name
 
@@ -203,7 +201,6 @@ def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:
     assert "needs PyTorch" in refused.stderr and "kernelsight[microbench]" in refused.stderr
 
 
-@pytest.mark.skipif(not H100_TABLES.is_dir(), reason="shared/data/aiconfigurator not present")
 def test_compare_dry_run_against_the_real_h100_tables(dry_run: tuple[Path, list[dict[str, str]]],
                                                       tmp_path: Path) -> None:
     pytest.importorskip("pandas")

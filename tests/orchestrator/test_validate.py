@@ -7,14 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from conftest import REPO, SHARED_DATA
-
-pytestmark = pytest.mark.skipif(not (SHARED_DATA / "e2e").is_dir(), reason="shared/data/e2e not present")
+from conftest import REPO
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", "--data", str(SHARED_DATA), *args],
+    """`kernelsight validate` on the measured data shipped in the package (no --data)."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
@@ -34,6 +32,12 @@ def test_smoke_run_scores_rows_and_rewrites_only_the_end_to_end_section(tmp_path
     assert "kernel numbers" in text and "### Analysis\n\nkept" in text and "\nold\n" not in text
     assert "### Eval suite against the targets" in text and "### Skipped and deferred rows" in text
     assert list((tmp_path / "img").glob("e2e_*.png"))
+
+
+def test_data_must_hold_e2e(tmp_path: Path) -> None:
+    proc = _run("--data", str(tmp_path), "--limit", "1")
+    assert proc.returncode == 2
+    assert "--data" in proc.stderr and "holding e2e/" in proc.stderr
 
 
 def test_fitting_refuses_the_eval_suite(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MEASURED_DATA
 
 from orchestrator.cli import main
 from sim.calibration.artifact import CalibrationArtifact, from_json, load_artifact
@@ -358,11 +359,7 @@ def test_pointwise_table_calibrates_the_pointwise_family(tmp_path: Path) -> None
 
 
 def test_vidur_ops_map_to_what_they_time() -> None:
-    found = [p / "vidur" / "compute_mlp_ops.csv.gz" for p in (Path("../shared/data"), Path("/work/shared/data"))]
-    data = next((p for p in found if p.is_file()), None)
-    if data is None:
-        pytest.skip("shared data not mounted")
-    v = read_vidur_pointwise(data)
+    v = read_vidur_pointwise(MEASURED_DATA / "vidur" / "compute_mlp_ops.csv.gz")
     phi = v[(v.gpu == "h100_sxm") & (v.n == 2560) & (v.kernel == "elementwise")]
     assert {"add3"} <= set(phi.variant)  # phi-2: attn + mlp + residual, two adds
     assert set(v[v.kernel == "norm"].variant) == {"rms_norm", "layer_norm"}

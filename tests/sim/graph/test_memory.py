@@ -5,15 +5,16 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import SHARED_DATA, scenario_dict
+from conftest import MEASURED_DATA, scenario_dict
 
 from sim.graph.memory import memory_breakdown
+from sim.measured import open_text
 from sim.specs.scenario import scenario_from_dict
 
 
 def test_rtx4090_llama8b_kv_blocks_within_3pct_of_measured() -> None:
-    runs = SHARED_DATA / "e2e" / "llmservingsim_vllm_traces" / "runs.csv"
-    with runs.open() as f:
+    runs = MEASURED_DATA / "e2e" / "llmservingsim_vllm_traces" / "runs.csv"
+    with open_text(runs) as f:
         run = next(r for r in csv.DictReader(f) if r["run_id"] == "RTX4090__Llama-3.1-8B")
     measured = float(run["num_gpu_blocks"])
     d = scenario_dict(

@@ -6,9 +6,10 @@ import csv
 import json
 
 import pytest
-from conftest import SHARED_DATA, scenario_dict
+from conftest import MEASURED_DATA, scenario_dict
 
 from sim.errors import ConfigError
+from sim.measured import open_text
 from sim.serde import apply_overrides, config_hash, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model
 from sim.specs.model import model_from_hf_config
@@ -16,7 +17,7 @@ from sim.specs.scenario import scenario_from_dict
 
 
 def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
-    with (SHARED_DATA / "aiconfigurator" / "gpu_specs.csv").open() as f:
+    with open_text(MEASURED_DATA / "aiconfigurator" / "gpu_specs.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 14
     for row in rows:

@@ -7,17 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA
+from conftest import MEASURED_DATA
 
 from sim.errors import ConfigError
+from sim.measured import read_text_bytes
 from sim.specs.catalog import list_hardware
 from sim.specs.prices import load_price_entries, load_prices, price_per_gpu_hour_usd
 from sim.specs.workload import WorkloadSpec
 from sim.workload.generate import generate
 from sim.workload.requests import UNIQUE_CONTENT_BASE, Segment
 from sim.workload.traces import TraceRow, read_trace, requests_from_trace
-
-LLMSERVINGSIM_REQUESTS = SHARED_DATA / "e2e" / "llmservingsim_vllm_traces" / "requests.csv"
 
 
 def _write(path: Path, text: str) -> Path:
@@ -84,25 +83,31 @@ def test_too_few_rows_for_num_prompts(tmp_path: Path) -> None:
     assert info.value.key == "num_prompts"
 
 
-@pytest.mark.skipif(not LLMSERVINGSIM_REQUESTS.exists(), reason="shared data not mounted")
-def test_llmservingsim_requests_for_one_run() -> None:
-    rows = read_trace(LLMSERVINGSIM_REQUESTS, run_id="RTX4090__Llama-3.1-8B")
+@pytest.fixture
+def llmservingsim_requests(tmp_path: Path) -> Path:
+    """LLMServingSim's requests.csv (4 runs) as a plain trace file."""
+    path = tmp_path / "requests.csv"
+    path.write_bytes(read_text_bytes(MEASURED_DATA / "e2e" / "llmservingsim_vllm_traces" / "requests.csv"))
+    return path
+
+
+def test_llmservingsim_requests_for_one_run(llmservingsim_requests: Path) -> None:
+    rows = read_trace(llmservingsim_requests, run_id="RTX4090__Llama-3.1-8B")
     assert len(rows) == 300
     assert rows[0] == TraceRow(input_tokens=2358, output_tokens=531, arrival_s=0.0)
     assert rows[1].arrival_s == pytest.approx(0.265091419)  # arrival_rel_s beats arrival_time
-    spec = WorkloadSpec(dataset_name="trace", dataset_path=str(LLMSERVINGSIM_REQUESTS),
+    spec = WorkloadSpec(dataset_name="trace", dataset_path=str(llmservingsim_requests),
                         num_prompts=300)
     requests = requests_from_trace(rows, spec, np.random.default_rng(0))
     assert requests[-1].arrival_s == pytest.approx(rows[-1].arrival_s)
 
 
-@pytest.mark.skipif(not LLMSERVINGSIM_REQUESTS.exists(), reason="shared data not mounted")
-def test_a_multi_run_file_needs_a_run_id() -> None:
+def test_a_multi_run_file_needs_a_run_id(llmservingsim_requests: Path) -> None:
     with pytest.raises(ConfigError, match="holds 4 runs") as info:
-        read_trace(LLMSERVINGSIM_REQUESTS)
+        read_trace(llmservingsim_requests)
     assert info.value.key == "workload.dataset_run_id"
     with pytest.raises(ConfigError, match="no rows of this run") as info:
-        read_trace(LLMSERVINGSIM_REQUESTS, run_id="H100__nothing")
+        read_trace(llmservingsim_requests, run_id="H100__nothing")
     assert (info.value.key, info.value.value) == ("workload.dataset_run_id", "H100__nothing")
 
 
