@@ -108,7 +108,10 @@ def layout_of(r: Mapping[str, str], *, moe: bool) -> Layout | str:
         else:
             gpus, ep, attn_dp = 0, 0, False
         named = _ID_LAYOUT.search(r["id"])
-        if gpus and (named is None or (int(named[1]), int(named[2])) == (gpus, ep)) and gpus % ep == 0:
+        if gpus and named is not None and (int(named[1]), int(named[2])) != (gpus, ep):
+            return (f"{src} layout columns (tp {tp} x dp {dp}, moe {moe_tp} x {moe_ep}) disagree with the row id's "
+                    f"tp{named[1]}_ep{named[2]}: the deployment is unknown")
+        if gpus and gpus % ep == 0:
             return Layout(tp=1 if attn_dp else gpus, pp=pp, dp=gpus if attn_dp else 1, moe_tp=gpus // ep, moe_ep=ep,
                           note=f"{src} writes the InferenceX tp{gpus}_ep{ep} deployment as tp {tp} x dp {dp} "
                           f"(moe {moe_tp} x {moe_ep}) GPUs; simulated on its {gpus} GPUs"
