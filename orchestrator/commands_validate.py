@@ -27,7 +27,7 @@ from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
 from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
-from sim.validation.rows import SOURCES, Source, ValidationRow
+from sim.validation.rows import FAMILIES, SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -87,6 +87,8 @@ def cmd_validate(args: Namespace) -> int:
     rows = load_rows(e2e, profiles, sources=sources)
     if args.suite != "all":
         rows = [r for r in rows if r.suite == args.suite]
+    if args.family:
+        rows = [r for r in rows if r.family in args.family]
     if args.limit:
         rows = _limit(rows, args.limit)
     if args.fit_profiles:
@@ -135,7 +137,7 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
         "max_row_s": args.max_row_s,
         "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s},
     }
-    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit
+    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
     write_doc = not args.no_doc and (full_run or args.doc is not None)
     plots: list[str] = []
     doc = Path(args.doc or "docs/accuracy.md")
@@ -228,6 +230,9 @@ def register(sub: Any) -> None:
     v.add_argument("--suite", choices=("dev", "eval", "all"), default="all")
     v.add_argument("--tier", choices=TIERS, help="one kernel-model tier (default: both)")
     v.add_argument("--source", action="append", choices=SOURCES, help="only these sources (repeatable)")
+    v.add_argument("--family", action="append", choices=FAMILIES,
+                   help="only rows of these model families: dense, moe, mla (multi-head latent attention), unknown "
+                        "(no model config); repeatable; no doc update")
     v.add_argument("--json", action="store_true", help="scores as JSON on stdout")
     v.add_argument("--data", help="measured-data root holding e2e/, upstream layout such as ../shared/data "
                    "(default: the copy shipped in sim/data/measured)")

@@ -11,27 +11,69 @@ the file, told apart by the row's provenance:
   recorded; simulated with fixed lengths and the same C x 10 closed loop (an assumption, noted on
   each row).
 Engine settings the row does not record come from the backend's profile (`[defaults]`).
+
+Parallel layout (`layout_of`): the row's TP / attention-DP / MoE-TP x MoE-EP become the `[engine]`
+keys one to one, except where the file's own encoding is known to differ from the deployment:
+- the `2026-04-06.csv` and `db-dump/...` exports write an InferenceX `tpN_epM` deployment (N GPUs:
+  attention TP N, or attention DP N with `dp-attn`; experts over EP M, MoE-TP N / M) as if it had
+  N x M GPUs (DeepSeek-R1 `tp8_ep8`: tp_size 64 or attention_dp 64, moe 8 x 8; vLLM Kimi-K2.5
+  `tp4_ep4`: tp 4 x attention_dp 4, moe_ep 16); the `2026-03-25.csv` and `kimi-k2.5-ga` exports
+  write the same deployments as N GPUs. These rows are read back as N GPUs;
+- NVIDIA's collection leaves `attention_dp_size` empty: a MoE split over k x tp GPUs is vLLM's
+  data parallelism (experts over TP x DP), so DP = k; a TensorRT-LLM row whose `batch_size` is
+  concurrency / tp ran attention DP over its tp GPUs.
+Each such reading is noted on the row. The client concurrency C is spread over the DP ranks
+(each a replica of the simulator's router; `max_num_seqs` is the per-rank batch C / DP).
+
+Weight formats: `engine.quantization` is the row's expert format (`moe_quant_mode`; dense models:
+`gemm_quant_mode`), except where the catalog checkpoint already ships that family (DeepSeek
+block FP8, MiniMax-M2.5 block FP8, Kimi-K2.5 int4 W4A16 experts, gpt-oss MXFP4 experts): the
+checkpoint's own format stands (a block-scaled checkpoint is served block-scaled whatever the label).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sim.errors import ConfigError
 from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.engine_args import profile_engine
 from sim.validation.names import CHECKPOINT_QUANTIZED, GPU_NAMES, MODEL_NAMES, QUANTIZATION
-from sim.validation.rows import Replay, ValidationRow, suite_of
+from sim.validation.rows import Family, Replay, ValidationRow, suite_of
 from sim.validation.specs_cache import SpecCache
 
 FILE = "aiconfigurator_silicon_sample.csv"
 REQUESTS_PER_CONCURRENCY = 10
 """Both protocols send 10 x C requests (InferenceX: `--num-prompts $((CONC * 10))`)."""
+INFLATING_EXPORTS: Final = ("2026-04-06.csv", "db-dump/")
+"""InferenceX exports whose layout columns count an N-GPU `tpN_epM` deployment as N x M GPUs."""
+_ID_LAYOUT = re.compile(r"_tp(\d+)_ep(\d+)_\d+$")
+DP_ROUTER: Final = {"vllm": "least_outstanding", "sglang": "round_robin", "trtllm": "least_outstanding"}
+"""How each engine spreads requests over attention-DP ranks: vLLM's DP coordinator and TensorRT-LLM's
+attention-DP scheduler send a request to the least-loaded rank; SGLang's default
+`--load-balance-method` is round robin."""
+_FORMAT_FAMILY: Final = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "int4_wo": "int4_wo"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """A deployment's parallel layout as the simulator's `[engine]` keys take it."""
+
+    tp: int
+    pp: int
+    dp: int
+    """Attention data-parallel ranks (replicas behind the router)."""
+    moe_tp: int
+    moe_ep: int
+    note: str = ""
+    """How the layout was read where the row's columns do not say it directly."""
 
 
 def _num(raw: str) -> float:
@@ -46,6 +88,70 @@ def _int(raw: str, default: int) -> int:
     return default if math.isnan(x) or x <= 0 else int(x)
 
 
+def layout_of(r: Mapping[str, str], *, moe: bool) -> Layout | str:
+    """The row's parallel layout, or the exact reason it cannot be read."""
+    tp, pp = _int(r["tp_size"], 1), _int(r["pp_size"], 1)
+    dp_recorded = bool(r["attention_dp_size"].strip())
+    dp = _int(r["attention_dp_size"], 1)
+    conc = _int(r["src_concurrency"], 0)
+    ratio = _num(r["conc_over_bs_x_dp"])
+    unknown_load = (f"client concurrency {conc} is not batch_size x attention_dp (ratio "
+                    f"{r['conc_over_bs_x_dp'] or 'n/a'}): the load the engine saw is unknown")
+    if not moe:
+        return unknown_load if ratio != 1.0 else Layout(tp=tp, pp=pp, dp=dp, moe_tp=1, moe_ep=1)
+    moe_tp, moe_ep = _int(r["moe_tp_size"], 1), _int(r["moe_ep_size"], 1)
+    src = r["src_file"]
+    if src.startswith(INFLATING_EXPORTS) and moe_ep > 1 and moe_tp * moe_ep == tp * dp and ratio == 1.0:
+        if moe_tp > 1 and min(tp, dp) == 1:  # TensorRT-LLM / SGLang: tp (or dp) = N x M, moe N x M
+            gpus, ep, attn_dp = moe_tp, moe_ep, dp > 1
+        elif moe_tp == 1 and tp > 1 and dp > 1:  # vLLM: tp N, dp M, moe_ep N x M
+            gpus, ep, attn_dp = tp, dp, False
+        else:
+            gpus, ep, attn_dp = 0, 0, False
+        named = _ID_LAYOUT.search(r["id"])
+        if gpus and named is not None and (int(named[1]), int(named[2])) != (gpus, ep):
+            return (f"{src} layout columns (tp {tp} x dp {dp}, moe {moe_tp} x {moe_ep}) disagree with the row id's "
+                    f"tp{named[1]}_ep{named[2]}: the deployment is unknown")
+        if gpus and gpus % ep == 0:
+            return Layout(tp=1 if attn_dp else gpus, pp=pp, dp=gpus if attn_dp else 1, moe_tp=gpus // ep, moe_ep=ep,
+                          note=f"{src} writes the InferenceX tp{gpus}_ep{ep} deployment as tp {tp} x dp {dp} "
+                          f"(moe {moe_tp} x {moe_ep}) GPUs; simulated on its {gpus} GPUs"
+                          + (" with attention DP" if attn_dp else ""))
+    if not dp_recorded and ratio == 1.0 and moe_tp * moe_ep > tp and (moe_tp * moe_ep) % tp == 0:
+        k = moe_tp * moe_ep // tp
+        return Layout(tp=tp, pp=pp, dp=k, moe_tp=moe_tp, moe_ep=moe_ep,
+                      note=f"attention_dp_size not recorded; experts over moe_tp {moe_tp} x moe_ep {moe_ep} = {k} x tp "
+                      f"GPUs read as data parallelism {k} (the experts run over TP x DP GPUs)")
+    if not dp_recorded and tp > 1 and ratio == float(tp) and moe_tp * moe_ep == tp and r["backend"] == "trtllm":
+        return Layout(tp=1, pp=pp, dp=tp, moe_tp=moe_tp, moe_ep=moe_ep,
+                      note=f"attention_dp_size not recorded; batch_size = concurrency / tp read as TensorRT-LLM "
+                      f"attention DP over the {tp} GPUs")
+    if ratio != 1.0:
+        return unknown_load
+    if moe_tp * moe_ep != tp * dp:
+        return (f"experts split as moe_tp={moe_tp} x moe_ep={moe_ep} over tp={tp} x dp={dp} GPUs: the columns do not "
+                "give one GPU count")
+    return Layout(tp=tp, pp=pp, dp=dp, moe_tp=moe_tp, moe_ep=moe_ep)
+
+
+def weight_format(r: Mapping[str, str], *, arch: str, checkpoint: str | None,
+                  moe: bool) -> tuple[str | None, str | None] | str:
+    """(`engine.quantization`, format the weights are served in), or why the format is not modelled."""
+    label = ((r["moe_quant_mode"] if moe else "") or r["gemm_quant_mode"] or "").strip()
+    if arch in CHECKPOINT_QUANTIZED:
+        return None, checkpoint
+    if label == "int4_wo":
+        if checkpoint == "int4_wo":
+            return None, checkpoint
+        return f"weight format int4_wo (W4A16) is modelled only for checkpoints that ship it; {arch} does not"
+    if label not in QUANTIZATION:
+        return f"weight format {label} is not modelled"
+    asked = QUANTIZATION[label]
+    if asked is not None and checkpoint is not None and _FORMAT_FAMILY[asked] == _FORMAT_FAMILY[checkpoint]:
+        return None, checkpoint
+    return asked, asked or checkpoint
+
+
 def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
     with open_text(path) as f:
         return [_row(r, profiles, cache) for r in csv.DictReader(f)]
@@ -53,22 +159,36 @@ def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache
 
 def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCache) -> ValidationRow:
     model, system, backend = r["model_path"], r["system"], r["backend"]
-    tp, pp = _int(r["tp_size"], 1), _int(r["pp_size"], 1)
-    dp = _int(r["attention_dp_size"], 1)
     conc = _int(r["src_concurrency"], 0)
     isl, osl = _int(r["isl"], 0), _int(r["osl"], 0)
     precision = r["precision"] or "bf16"
     inferencex = not r["src_file"].startswith("/")
-    label = (f"{model.split('/')[-1]} {system} {backend} {r['backend_version'] or '?'} {precision} tp{tp}"
-             + (f"xdp{dp}" if dp > 1 else "") + (f"pp{pp}" if pp > 1 else "") + f" {isl}/{osl} c{conc}")
+    arch = MODEL_NAMES.get(model)
+    family: Family = cache.family(arch)
+    if family == "unknown" and r.get("model_is_dense", "") in ("True", "False"):
+        family = "dense" if r["model_is_dense"] == "True" else "moe"
+    moe = family in ("moe", "mla")
+    layout = layout_of(r, moe=moe) if r["mode"] == "agg" else None
+    if isinstance(layout, Layout):
+        parallel = (f"tp{layout.tp}" + (f"xdp{layout.dp}" if layout.dp > 1 else "")
+                    + (f"pp{layout.pp}" if layout.pp > 1 else "")
+                    + (f" moe{layout.moe_tp}x{layout.moe_ep}" if moe else ""))
+    else:
+        tp, dp = _int(r["tp_size"], 1), _int(r["attention_dp_size"], 1)
+        parallel = f"tp{tp}" + (f"xdp{dp}" if dp > 1 else "")
+    label = (f"{model.split('/')[-1]} {system} {backend} {r['backend_version'] or '?'} {precision} {parallel} "
+             f"{isl}/{osl} c{conc}")
+    notes = ["InferenceX protocol: lengths in [0.8 L, L], 10 x C requests" if inferencex else
+             "NVIDIA collection: protocol not recorded; fixed lengths and 10 x C requests assumed"]
+    if isinstance(layout, Layout) and layout.note:
+        notes.append(layout.note)
     base: dict[str, Any] = {
         "row_id": f"aiconfigurator:{r['id']}", "source": "aiconfigurator", "suite": suite_of(model, system),
         "model": model, "hardware": GPU_NAMES.get(system, system), "backend": backend,
-        "backend_version": r["backend_version"] or "unknown", "label": label,
+        "backend_version": r["backend_version"] or "unknown", "label": label, "family": family,
         "measured": {"ttft_mean_s": _num(r["silicon_ttft_ms"]) * 1e-3,
                      "tpot_mean_s": _num(r["silicon_tpot_ms"]) * 1e-3},
-        "notes": ("InferenceX protocol: lengths in [0.8 L, L], 10 x C requests" if inferencex else
-               "NVIDIA collection: protocol not recorded; fixed lengths and 10 x C requests assumed",),
+        "notes": tuple(notes),
     }
 
     def skip(reason: str) -> ValidationRow:
@@ -76,7 +196,6 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
 
     if r["mode"] != "agg":
         return skip("disaggregated prefill/decode serving (separate prefill and decode workers) is not modelled")
-    arch = MODEL_NAMES.get(model)
     if arch is None:
         return skip(f"no model config ships for {model}")
     try:
@@ -94,25 +213,22 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         return skip("no measured TTFT/TPOT")
     if conc < 1 or isl < 1 or osl < 1:
         return skip("no concurrency or lengths recorded")
-    if _num(r["conc_over_bs_x_dp"]) != 1.0:
-        return skip(f"client concurrency {conc} is not batch_size x attention_dp "
-                    f"(ratio {r['conc_over_bs_x_dp'] or 'n/a'}): the load the engine saw is unknown")
-    quant_label = r["gemm_quant_mode"] or ""
-    if quant_label not in QUANTIZATION:
-        return skip(f"weight format {quant_label} is not modelled")
-    quantization = None if arch in CHECKPOINT_QUANTIZED else QUANTIZATION[quant_label]
-    engine_extra: dict[str, Any] = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp}
-    if spec.moe is not None:
-        moe_tp, moe_ep = _int(r["moe_tp_size"], 1), _int(r["moe_ep_size"], 1)
-        if moe_tp * moe_ep != tp * dp or (moe_ep > 1 and moe_tp > 1):
-            return skip(f"experts split as moe_tp={moe_tp} x moe_ep={moe_ep} over tp={tp} x dp={dp} ranks: the "
-                        "simulator shards experts over all ranks (expert parallel) or slices each expert (TP)")
-        engine_extra["enable_expert_parallel"] = moe_ep > 1
-    elif dp > 1:
-        return skip(f"attention data parallelism ({dp}) for a dense model is not modelled")
+    if not isinstance(layout, Layout):
+        return skip(str(layout))
+    formats = weight_format(r, arch=arch, checkpoint=spec.weight_quantization, moe=moe)
+    if isinstance(formats, str):
+        return skip(formats)
+    quantization, served = formats
+    engine_extra: dict[str, Any] = {"tensor_parallel_size": layout.tp, "pipeline_parallel_size": layout.pp,
+                                    "data_parallel_size": layout.dp}
+    if moe:
+        engine_extra.update(moe_tensor_parallel_size=layout.moe_tp, moe_expert_parallel_size=layout.moe_ep)
+    if layout.dp > 1:
+        engine_extra["router"] = DP_ROUTER.get(backend, "round_robin")
+    per_rank = math.ceil(conc / layout.dp)
     profile = profiles[backend]
-    engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=conc, version=r["backend_version"]),
-              **engine_extra}
+    engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank, version=r["backend_version"],
+                               weight_format=served), **engine_extra}
     if inferencex and backend == "vllm":
         engine["async_scheduling"] = True  # InferenceX vLLM recipes pass --async-scheduling
     engine["max_model_len"] = min(isl + osl + 16, spec.max_position_embeddings)

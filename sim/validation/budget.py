@@ -57,7 +57,9 @@ def work_of(row: ValidationRow) -> tuple[float, float]:
         return 1.0, 1.0
     if rep.kind == "static_batch":
         return osl + 1, n * osl
-    running = float(max(rep.concurrency, 1))
+    # Each attention-DP rank is its own replica stepping its share of the closed loop.
+    dp = int(engine.get("data_parallel_size", 1))
+    running = max(rep.concurrency / dp, 1.0)
     return n * osl / running + n * isl / budget, n * osl
 
 

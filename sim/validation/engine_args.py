@@ -20,8 +20,12 @@ _QUANTIZED = ("fp8", "fp8_block", "nvfp4", "mxfp4")
 
 
 def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int,
-                   version: str = "") -> dict[str, Any]:
-    """Engine keys a benchmark leaves at the defaults of the engine release `version`."""
+                   version: str = "", weight_format: str | None = None) -> dict[str, Any]:
+    """Engine keys a benchmark leaves at the defaults of the engine release `version`.
+
+    `weight_format` is the format the weights are served in when the checkpoint fixes it
+    (`quantization` None); the profile's FP8-KV rule looks at it as at `quantization`.
+    """
     d = profile.defaults
     engine: dict[str, Any] = {
         "backend": profile.backend,
@@ -35,7 +39,7 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
         engine["max_cudagraph_capture_size"] = d.max_cudagraph_capture_size
     if quantization is not None:
         engine["quantization"] = quantization
-    if d.kv_cache_fp8_with_quantized_weights and quantization in _QUANTIZED:
+    if d.kv_cache_fp8_with_quantized_weights and (quantization or weight_format) in _QUANTIZED:
         engine["kv_cache_dtype"] = "fp8"
     if d.kv_memory_basis == "total":
         engine["gpu_memory_utilization"] = d.kv_memory_fraction

@@ -24,6 +24,7 @@ from sim.perf.profile import EngineProfile
 from sim.validation.finalize import TRACE_PLACEHOLDER
 from sim.validation.names import GPU_NAMES, MODEL_NAMES
 from sim.validation.rows import Replay, TraceRequest, ValidationRow, suite_of
+from sim.validation.specs_cache import SpecCache
 
 DIR = "llmservingsim_vllm_traces"
 
@@ -37,16 +38,17 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
             f"{prefix}_p90_s": float(np.percentile(values, 90))}
 
 
-def read_llmservingsim(directory: Path, profile: EngineProfile) -> list[ValidationRow]:
+def read_llmservingsim(directory: Path, profile: EngineProfile, cache: SpecCache | None = None) -> list[ValidationRow]:
+    specs = cache or SpecCache()
     with open_text(directory / "requests.csv") as f:
         by_run: dict[str, list[dict[str, str]]] = defaultdict(list)
         for r in csv.DictReader(f):
             by_run[r["run_id"]].append(r)
     with open_text(directory / "runs.csv") as f:
-        return [_row(run, by_run[run["run_id"]], profile) for run in csv.DictReader(f)]
+        return [_row(run, by_run[run["run_id"]], profile, specs) for run in csv.DictReader(f)]
 
 
-def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile) -> ValidationRow:
+def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile, cache: SpecCache) -> ValidationRow:
     model, gpu = run["model"], run["hardware"]
     hw = GPU_NAMES.get(gpu, gpu)
     queued = np.array([float(r["queued_rel_s"]) for r in reqs])
@@ -64,7 +66,7 @@ def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile
     base: dict[str, Any] = {
         "row_id": f"llmservingsim:{run['run_id']}", "source": "llmservingsim", "suite": suite_of(model, hw),
         "model": model, "hardware": hw, "backend": run["engine"], "backend_version": run["engine_version"],
-        "label": label, "measured": measured,
+        "label": label, "measured": measured, "family": cache.family(MODEL_NAMES.get(model)),
         "notes": ("exact replay of queue times and lengths; empty engine arguments take vLLM defaults",)}
     arch = MODEL_NAMES.get(model)
     if arch is None:

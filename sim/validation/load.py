@@ -42,7 +42,7 @@ def load_rows(e2e_dir: Path, profiles: Mapping[str, EngineProfile], *,
     if wanted is None or "aiconfigurator" in wanted:
         rows += read_aiconfigurator(e2e_dir / AIC_FILE, profiles, cache)
     if wanted is None or "llmservingsim" in wanted:
-        rows += read_llmservingsim(e2e_dir / LSS_DIR, profiles["vllm"])
+        rows += read_llmservingsim(e2e_dir / LSS_DIR, profiles["vllm"], cache)
     if wanted is None or "trtllm_throughput" in wanted:
         rows += read_trtllm_throughput(e2e_dir / THROUGHPUT_FILE, profiles, cache)
     if wanted is None or "trtllm_static" in wanted:

@@ -64,6 +64,69 @@ def groups_table(groups: Sequence[GroupScore]) -> list[str]:
     return lines
 
 
+FAMILY_ORDER: Final = {"dense": 0, "moe": 1, "mla": 2, "unknown": 3}
+DISAGG_PREFIX: Final = "disaggregated"
+
+
+def _cells(items: Sequence[tuple[ValidationRow, RowResult | None]], deferred: Mapping[str, str]) -> list[str]:
+    """rows, scored, skipped, deferred, failed, then p50 APE (bias) of TTFT, TPOT, throughput."""
+    scored = [(row, r) for row, r in items if r is not None and r.status == "scored"]
+    skipped = sum(1 for row, r in items if (r is not None and r.status == "skipped") or (r is None and row.skipped))
+    out = [str(len(items)), str(len(scored)), str(skipped),
+           str(sum(1 for row, r in items if r is None and row.row_id in deferred)),
+           str(sum(1 for _, r in items if r is not None and r.status == "failed"))]
+    for key in HEADLINE_METRICS.values():
+        s = metric_stats([(r.predicted[key], row.measured[key]) for row, r in scored
+                          if key in row.measured and key in r.predicted])
+        out.append("-" if s.n == 0 else f"{_pct(s.median_ape)} ({_signed(s.median_signed)})")
+    return out
+
+
+def _aggregated(rows: Sequence[ValidationRow]) -> list[ValidationRow]:
+    """AIConfigurator rows of aggregated serving (disaggregated rows are counted in the skipped table)."""
+    return [r for r in rows if r.source == "aiconfigurator"
+            and not (r.skip_reason or "").startswith(DISAGG_PREFIX)]
+
+
+def family_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, tiers: Sequence[str],
+                 deferred: Mapping[str, str]) -> list[str]:
+    """Aggregated AIConfigurator rows per architecture family x suite x tier (the MoE / MLA coverage target)."""
+    res = {(r.row_id, r.tier): r for r in results}
+    groups: dict[tuple[int, str, str, str], list[tuple[ValidationRow, RowResult | None]]] = {}
+    for row in _aggregated(rows):
+        for tier in tiers:
+            key = (FAMILY_ORDER[row.family], row.family, row.suite, tier)
+            groups.setdefault(key, []).append((row, res.get((row.row_id, tier))))
+    lines = ["| family | suite | tier | rows | scored | skipped | deferred | failed | simulable | TTFT p50 APE (bias) "
+             "| TPOT p50 APE (bias) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (_, family, suite, tier), items in sorted(groups.items()):
+        cells = _cells(items, deferred)
+        simulable = sum(1 for row, r in items if not row.skipped and (r is None or r.status != "skipped"))
+        share = f"{simulable} ({100 * simulable / len(items):.0f}%)" if items else "0"
+        lines.append(f"| {family} | {suite} | {tier} | " + " | ".join(cells[:5]) + f" | {share} | "
+                     + " | ".join(cells[5:7]) + " |")
+    return lines
+
+
+def per_model_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, tiers: Sequence[str],
+                    deferred: Mapping[str, str]) -> list[str]:
+    """Aggregated AIConfigurator rows per system x suite x family x model x tier: dense, MoE and MLA
+    models of one system side by side, evaluation rows in their own lines."""
+    res = {(r.row_id, r.tier): r for r in results}
+    groups: dict[tuple[str, str, int, str, str], list[tuple[ValidationRow, RowResult | None]]] = {}
+    for row in _aggregated(rows):
+        for tier in tiers:
+            key = (row.hardware, row.suite, FAMILY_ORDER[row.family], row.model, tier)
+            groups.setdefault(key, []).append((row, res.get((row.row_id, tier))))
+    lines = ["| system | suite | family | model | tier | rows | scored | skipped | deferred | failed "
+             "| TTFT p50 APE (bias) | TPOT p50 APE (bias) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    names = {v: k for k, v in FAMILY_ORDER.items()}
+    for (system, suite, fam, model, tier), items in sorted(groups.items()):
+        cells = _cells(items, deferred)
+        lines.append(f"| {system} | {suite} | {names[fam]} | {model} | {tier} | " + " | ".join(cells[:7]) + " |")
+    return lines
+
+
 def trace_table(rows: Sequence[ValidationRow], results: Sequence[RowResult]) -> list[str]:
     res = {(r.row_id, r.tier): r for r in results}
     lines = ["| run | tier | " + " | ".join(m.removesuffix("_s").replace("_", " ") for m in DISTRIBUTION_METRICS)
@@ -224,6 +287,18 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            "one, not a hard one; `--budget-s 0` simulates all of them.", "",
            "### Eval suite against the targets", "", *headline_table(groups), "",
            "### Per suite x tier x source", "", *groups_table(groups), ""]
+    tiers = list(result["tiers"])
+    if any(r.source == "aiconfigurator" for r in rows):
+        out += ["### Per architecture family (AIConfigurator aggregated rows)", "",
+                "Family: `dense`, `moe` (mixture of experts), `mla` (multi-head latent attention + MoE: "
+                "DeepSeek-V3 / R1, Kimi-K2.5, GLM-5). Simulable: rows the simulator can represent (not skipped), "
+                "whether or not the time budget reached them. APE (bias) over scored rows.", "",
+                *family_table(rows, results, tiers=tiers, deferred=deferred), "",
+                "### Per model (AIConfigurator aggregated rows)", "",
+                "Per GPU and suite, dense models first, then MoE, then MLA models; evaluation rows (b200_sxm, "
+                "Llama-3.1-70B, Kimi-K2.5, GLM-5) are their own lines. Disaggregated rows are counted under skipped "
+                "rows below.", "",
+                *per_model_table(rows, results, tiers=tiers, deferred=deferred), ""]
     trace = trace_table(rows, results)
     if len(trace) > 2:
         out += ["### LLMServingSim traces: predicted vs measured distributions", "", *trace, ""]

@@ -7,8 +7,9 @@ relates to the measured one (`replay`). A row the simulator cannot represent kee
 values and carries `skip_reason` instead of sections; it is reported, never dropped.
 
 Suites: `eval` holds every Llama-3.1-70B row (any checkpoint of that architecture: Llama 3 / 3.1
-/ 3.3 70B, their FP8/FP4 builds, and the Llama-2 70B rows of the old static-batch table) and every
-row measured on b200_sxm; `dev` is everything else. Nothing may be fitted or chosen on `eval`:
+/ 3.3 70B, their FP8/FP4 builds, and the Llama-2 70B rows of the old static-batch table), every
+Kimi-K2.5 and GLM-5 row, and every row measured on b200_sxm; `dev` is everything else. Nothing may
+be fitted or chosen on `eval`:
 `require_dev` raises `EvalRowRefused` for any evaluation row and is called by every fitting entry
 point (it re-derives the suite from model and GPU, not trusting the `suite` field).
 """
@@ -21,15 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from sim.errors import ConfigError
+from sim.specs.model import ModelSpec
 
 Source = Literal["aiconfigurator", "llmservingsim", "trtllm_throughput", "trtllm_static"]
 SOURCES: Final[tuple[Source, ...]] = ("aiconfigurator", "llmservingsim", "trtllm_throughput", "trtllm_static")
 Suite = Literal["dev", "eval"]
+Family = Literal["dense", "moe", "mla", "unknown"]
+FAMILIES: Final[tuple[Family, ...]] = ("dense", "moe", "mla", "unknown")
 ReplayKind = Literal["closed_loop", "trace", "offline", "static_batch", "single_request"]
 
 EVAL_HARDWARE: Final = "b200_sxm"
 _LLAMA_70B = re.compile(r"llama[^0-9]*(2|3|3\.1|3\.3|v3|v3\.1)?[^0-9]*70b", re.IGNORECASE)
 _B200_LABEL = re.compile(r"^b200", re.IGNORECASE)
+_EVAL_MODELS = re.compile(r"kimi[-_ ]?k2\.5|glm[-_ ]?5", re.IGNORECASE)
 
 HEADLINE_METRICS: Final = {
     "ttft": "ttft_mean_s",
@@ -44,8 +49,9 @@ class EvalRowRefused(ConfigError):
 
 
 def is_eval(model: str, hardware: str) -> bool:
-    """Evaluation-only: a Llama 70B checkpoint (Llama-3.1-70B architecture) or a b200_sxm GPU."""
-    return bool(_LLAMA_70B.search(model)) or hardware == EVAL_HARDWARE or bool(_B200_LABEL.match(hardware))
+    """Evaluation-only: a Llama 70B checkpoint (Llama-3.1-70B architecture), Kimi-K2.5, GLM-5, or a b200_sxm GPU."""
+    return (bool(_LLAMA_70B.search(model)) or bool(_EVAL_MODELS.search(model)) or hardware == EVAL_HARDWARE
+            or bool(_B200_LABEL.match(hardware)))
 
 
 def suite_of(model: str, hardware: str) -> Suite:
@@ -95,6 +101,9 @@ class ValidationRow:
     skip_reason: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     """Assumptions made when converting the row (engine defaults, length protocol)."""
+    family: Family = "unknown"
+    """Architecture class of the model: `mla` (multi-head latent attention, MoE), `moe`, `dense`;
+    `unknown` when no model config ships."""
 
     def __post_init__(self) -> None:
         if (self.sections is None) == (self.skip_reason is None):
@@ -107,7 +116,17 @@ class ValidationRow:
     def with_skip(self, reason: str) -> ValidationRow:
         return ValidationRow(row_id=self.row_id, source=self.source, suite=self.suite, model=self.model,
                              hardware=self.hardware, backend=self.backend, backend_version=self.backend_version,
-                             label=self.label, measured=self.measured, skip_reason=reason, notes=self.notes)
+                             label=self.label, measured=self.measured, skip_reason=reason, notes=self.notes,
+                             family=self.family)
+
+
+def family_of(spec: ModelSpec | None) -> Family:
+    """`mla`, `moe` or `dense` from the catalog spec; `unknown` without one."""
+    if spec is None:
+        return "unknown"
+    if spec.mla is not None:
+        return "mla"
+    return "moe" if spec.moe is not None else "dense"
 
 
 def require_dev(rows: Iterable[ValidationRow], *, purpose: str) -> list[ValidationRow]:

@@ -19,6 +19,7 @@ from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import resolve_precision
+from sim.validation.rows import Family, family_of
 
 _ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineParams))
 
@@ -39,6 +40,15 @@ class SpecCache:
         if isinstance(got, ConfigError):
             raise got
         return got
+
+    def family(self, name: str | None) -> Family:
+        """`family_of` the catalog model; `unknown` when it has no config or does not load."""
+        if name is None:
+            return "unknown"
+        try:
+            return family_of(self.model(name))
+        except ConfigError:
+            return "unknown"
 
     def hardware(self, name: str) -> HardwareSpec:
         if name not in self._hardware:

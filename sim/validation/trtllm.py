@@ -77,7 +77,7 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     base: dict[str, Any] = {
         "row_id": f"trtllm_throughput:{key}", "source": "trtllm_throughput",
         "suite": suite_of(r["model"], hw or r["gpu"]), "model": r["model"], "hardware": hw or r["gpu"],
-        "backend": "trtllm",
+        "backend": "trtllm", "family": cache.family(MODEL_NAMES.get(r["model"])),
         "backend_version": r["doc_version"],
         "label": f"{r['model']} {r['gpu']} {r['precision']} tp{tp}pp{pp} {isl}/{osl} x{n} (doc {r['doc_version']})",
         "measured": {"output_throughput_tokens_per_s": float(r["output_tok_per_s"])},
@@ -132,6 +132,7 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
     base: dict[str, Any] = {
         "row_id": f"trtllm_static:{index}:{r['gpu']}:{r['model']}:tp{tp}:{isl}/{osl}:{r['kind']}",
         "source": "trtllm_static", "suite": suite_of(r["model"], hw or r["gpu"]), "model": r["model"],
+        "family": cache.family(MODEL_NAMES.get(r["model"])),
         "hardware": hw or r["gpu"], "backend": "trtllm", "backend_version": r["engine_version"],
         "label": f"{r['model']} {r['gpu']} {r['precision']} tp{tp} {isl}/{osl} {what}", "measured": measured,
         "notes": ("static batching: every prompt in one context step, outputs in lockstep",)}

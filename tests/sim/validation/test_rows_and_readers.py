@@ -36,6 +36,9 @@ AIC_COLUMNS = ["id", "backend", "backend_version", "model_path", "system", "prec
     ("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm", "dev"),
     ("Llama 3.1 405B", "h200_sxm", "dev"),
     ("Llama 4 Scout", "gb200", "dev"),
+    ("moonshotai/Kimi-K2.5", "h200_sxm", "eval"),
+    ("zhipuai/GLM-5", "h200_sxm", "eval"),
+    ("deepseek-ai/DeepSeek-R1", "h200_sxm", "dev"),
 ])
 def test_suite_rule(model: str, hardware: str, suite: str) -> None:
     assert suite_of(model, hardware) == suite
@@ -103,7 +106,8 @@ def test_nvidia_collection_row_uses_fixed_lengths(tmp_path: Path) -> None:
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
     ({"gemm_quant_mode": "int4_wo"}, "int4_wo"),
-    ({"model_path": "openai/gpt-oss-120b", "moe_tp_size": "2", "moe_ep_size": "2", "tp_size": "4"}, "experts split"),
+    ({"model_path": "openai/gpt-oss-120b", "moe_tp_size": "4", "moe_ep_size": "2", "tp_size": "4",
+      "attention_dp_size": "1"}, "experts split as moe_tp=4 x moe_ep=2 over tp=4 x dp=1 GPUs"),
 ])
 def test_rows_the_simulator_cannot_represent_are_skipped_with_the_reason(tmp_path: Path, change: dict[str, str],
                                                                          reason: str) -> None:
@@ -117,8 +121,9 @@ def test_moe_row_with_expert_parallel_over_all_ranks_is_kept(tmp_path: Path) -> 
               "system": "h200_sxm", "tp_size": "4", "moe_tp_size": "1", "moe_ep_size": "4"}
     (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
     assert row.sections is not None
-    assert row.sections["engine"]["enable_expert_parallel"] is True
-    assert "quantization" not in row.sections["engine"]  # gpt-oss keeps its MXFP4 checkpoint
+    engine = row.sections["engine"]
+    assert (engine["moe_tensor_parallel_size"], engine["moe_expert_parallel_size"]) == (1, 4)
+    assert "quantization" not in engine  # gpt-oss keeps its MXFP4 checkpoint
 
 
 def test_trtllm_profile_sizes_kv_from_memory_left_after_weights(tmp_path: Path) -> None:
