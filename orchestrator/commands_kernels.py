@@ -28,10 +28,10 @@ from sim.calibration.rows import (
 from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
 from sim.errors import ConfigError
 from sim.perf.fitted import FittedEfficiency
-from sim.provenance import Provenance
-from sim.specs.catalog import load_hardware
 from sim.perf.table_kernels import NUMERIC as TABLE_NUMERIC
 from sim.perf.table_kernels import REQUIRED as TABLE_REQUIRED
+from sim.provenance import Provenance
+from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
 
 _DEFAULT_DATA = ("../shared/data", "/work/shared/data")

@@ -209,6 +209,7 @@ def table_row_work(r: _Row, kernel: str) -> KernelWork:
     kind = _KIND_OF_TABLE[kernel]
     num = {c: int(float(r.text(c))) if r.text(c) else 0 for c in TABLE_COLUMNS[kernel] if c not in ("backend",)
            and (c in NUMERIC or c in ("num_heads", "batch_size", "seq_len", "kv_len", "num_gpus"))}
+    shape: tuple[int, ...]
     if kind is KernelKind.EP_ALL_TO_ALL:
         shape = (num["num_tokens_per_rank"], num["hidden_size"], num["topk"], num["num_experts"], num["num_gpus"],
                  num.get("node_num") or 1)

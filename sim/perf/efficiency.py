@@ -46,10 +46,11 @@ class KernelColumns:
     kv_write_bytes: np.ndarray
     comm_bytes: np.ndarray
     shape: tuple[np.ndarray, ...]
-    variants: tuple[str, ...] = ()
-    """`KernelWork.variant` per row (empty: every row has the blank variant). The table-keyed kinds
-    (MOE, MLA_*, EP_ALL_TO_ALL) key their price on it; a builder that groups kernels into columns
-    must keep kernels that differ only in variant apart or pass their variants here."""
+    variants: tuple[str, ...] | np.ndarray = ()
+    """`KernelWork.variant` per row, a tuple or object array (empty: every row has the blank
+    variant). The table-keyed kinds (MOE, MLA_*, EP_ALL_TO_ALL) key their price on it; a builder
+    that groups kernels into columns must keep kernels that differ only in variant apart or pass
+    their variants here."""
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -66,7 +67,7 @@ class KernelColumns:
                           kv_read_bytes=float(self.kv_read_bytes[i]), kv_write_bytes=float(self.kv_write_bytes[i]),
                           comm_bytes=float(self.comm_bytes[i]), group_size=self.group_size,
                           shape=tuple(int(s[i]) for s in self.shape),
-                          variant=self.variants[i] if self.variants else "")
+                          variant=str(self.variants[i]) if len(self.variants) else "")
 
     @staticmethod
     def of(works: Sequence[KernelWork]) -> KernelColumns:

@@ -134,8 +134,8 @@ class FittedEfficiency:
     # -- single kernel -------------------------------------------------------------------------
     def efficiency(self, work: KernelWork, hw: HardwareSpec) -> Efficiency:
         if work.kind in TABLE_KINDS:
-            eff, prov = self._table_efficiency([work], hw)
-            return Efficiency(float(eff[0]), Provenance(int(prov[0])))
+            values, codes = self._table_efficiency([work], hw)
+            return Efficiency(float(values[0]), Provenance(int(codes[0])))
         family = KIND_FAMILY.get(work.kind)
         params = self._families.get(family) if family else None
         if family is None or params is None:

@@ -196,8 +196,8 @@ def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:
         assert tuple(header) == TABLE_COLUMNS[name] and rows
         assert all(float(r["latency_ms"]) > 0 for r in rows)
     # MoE / MLA / DeepEP points are skipped with a reason naming the library they need.
-    with (out / "points.csv").open(newline="") as f:
-        table_points = [r for r in csv.DictReader(f) if r["kernel"] in ("moe", "mla_generation", "deepep_ll")]
+    with (out / "points.csv").open(newline="") as pf:
+        table_points = [r for r in csv.DictReader(pf) if r["kernel"] in ("moe", "mla_generation", "deepep_ll")]
     assert table_points and all(r["status"] == "skipped" for r in table_points)
     reasons = " ".join(r["reason"] for r in table_points)
     assert "vLLM's fused_moe Triton kernel" in reasons and "not installed" in reasons and "FlashMLA" in reasons

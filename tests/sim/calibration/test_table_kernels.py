@@ -66,7 +66,7 @@ def test_reader_drops_flagged_rows_keeps_first_of_repeats_and_sums_deepep(tmp_pa
     assert {e.what for e in excl} == {"rows with flag_exceeds_dram_bw",
                                       "repeated configurations (first kept, as AIConfigurator)"}
     assert rows[rows.kernel == "deepep_ll"].latency_s.tolist() == [pytest.approx(0.3e-3)]  # dispatch + combine
-    assert {fb.family for fb in family_batches({c: rows[c].to_numpy(dtype=object) for c in rows}, H100)} \
+    assert {fb.family for fb in family_batches({str(c): rows[c].to_numpy(dtype=object) for c in rows}, H100)} \
         == {"moe", "ep_a2a"}
 
 
