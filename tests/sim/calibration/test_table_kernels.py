@@ -183,3 +183,25 @@ def test_row_to_work_follows_the_shape_contract() -> None:
     assert (a2a.kind, a2a.shape, a2a.variant, a2a.group_size) == (
         KernelKind.EP_ALL_TO_ALL, (4096, 7168, 8, 256, 16, 2), "normal", 16)
     assert np.isfinite(a2a.comm_bytes) and a2a.comm_bytes > 0
+
+
+def test_calibrate_accepts_table_keyed_tables(tmp_path: Path) -> None:
+    d = tmp_path / "mb"
+    d.mkdir()
+    common = {"backend": "vllm", "backend_version": "0.14.0", "backend_version_reported": "0.14.0"}
+    _write(d / "moe.csv.gz", [
+        {**common, "kernel_source": "vllm_fused_moe", "moe_dtype": "bfloat16", "num_tokens": t, "hidden_size": 4096,
+         "inter_size": 14336, "topk": 2, "num_experts": 8, "moe_tp_size": 1, "moe_ep_size": 1,
+         "distribution": "balanced", "latency_ms": 0.3 + 0.001 * t, "flag_exceeds_peak_flops": False,
+         "flag_exceeds_dram_bw": False} for t in (1, 16, 256, 4096)])
+    _write(d / "mla_bmm.csv", [
+        {**common, "op_name": "mla_gen_pre", "kernel_source": "vllm_torch_bmm", "bmm_dtype": "bfloat16",
+         "num_tokens": t, "num_heads": 16, "latency_ms": 0.01 + 1e-5 * t, "flag_exceeds_peak_flops": False}
+        for t in (1, 64, 1024)])
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(d), "--out", str(out)]) == 0
+    from sim.calibration.artifact import load_artifact
+
+    fams = load_artifact(out).families
+    assert fams["moe"].correction is not None and fams["mla_bmm"].correction is not None
+    assert fams["mla_decode"].correction is None and fams["gemm"].correction is None
