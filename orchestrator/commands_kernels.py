@@ -17,11 +17,21 @@ import numpy as np
 from sim.calibration.artifact import load_artifact
 from sim.calibration.batch import predict_latency_s
 from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microbench_plan
-from sim.calibration.rows import PREDICTION_COLUMNS, ROW_COLUMNS, max_cell, row_to_work
+from sim.calibration.rows import (
+    BASE_COLUMNS,
+    PREDICTION_COLUMNS,
+    ROW_COLUMNS,
+    TABLE_ROW_COLUMNS,
+    ZERO_ALLOWED,
+    max_cell,
+    row_to_work,
+)
 from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
 from sim.errors import ConfigError, decode_error, file_error
 from sim.measured import measured_data_root
 from sim.perf.fitted import FittedEfficiency
+from sim.perf.table_kernels import NUMERIC as TABLE_NUMERIC
+from sim.perf.table_kernels import REQUIRED as TABLE_REQUIRED
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
@@ -32,16 +42,21 @@ _DATA_HELP = ("measured-data root holding aiconfigurator/ and vidur/, upstream l
 
 
 _NUMERIC: Final = ("m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
-                   "window_size", "num_gpus", "message_bytes")
+                   "window_size", "num_gpus", "message_bytes", *sorted(TABLE_NUMERIC))
 _REQUIRED: Final[dict[str, tuple[str, ...]]] = {
     "gemm": ("m", "n", "k"), "context_attention": ("batch_size", "seq_len", "num_heads", "head_dim"),
     "generation_attention": ("batch_size", "kv_len", "num_heads", "head_dim"),
     **dict.fromkeys(("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_alltoall",
                      "custom_allreduce"), ("num_gpus", "message_bytes")),
     **dict.fromkeys(("norm", "elementwise", "embedding", "sampling"), ("m", "n")),
+    **{t: tuple(c for c in cols if c in TABLE_NUMERIC or c in _NUMERIC) for t, cols in TABLE_REQUIRED.items()},
 }
 """Numeric cells each kernel needs (integers >= 1); the fast path checks them before predicting."""
-_MODEL_TEXT: Final = ("kernel", "backend", "dtype", "attn_dtype", "kv_cache_dtype", "variant")
+_MODEL_TEXT: Final = ("kernel", "backend", "dtype", "attn_dtype", "kv_cache_dtype", "variant", "kernel_source",
+                      "moe_dtype", "distribution", "quant_type", "gemm_type", "bmm_dtype", "op_name")
+_TABLE_TEXT_REQUIRED: Final = {t: tuple(c for c in cols if c not in TABLE_NUMERIC and c not in _NUMERIC)
+                               for t, cols in TABLE_REQUIRED.items()}
+"""Text cells a table-keyed row must fill (checked by the fast path; else the row-by-row reader names them)."""
 """Text columns the model reads (the others are only copied to the output)."""
 
 
@@ -120,9 +135,15 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
         v = cols.get(c)
         if v is None:
             continue
-        ok = np.isnan(v) | ((v == np.floor(v)) & (v >= (0 if c == "window_size" else 1)) & (v <= max_cell(c)))
+        ok = np.isnan(v) | ((v == np.floor(v)) & (v >= (0 if c in ZERO_ALLOWED else 1)) & (v <= max_cell(c)))
         if not ok.all():
             return False
+    for name, required in _TABLE_TEXT_REQUIRED.items():
+        sel = kernel == name
+        for c in required if sel.any() else ():
+            v = cols.get(c)
+            if v is None or bool((v[sel] == "").any()):
+                return False
     heads, kv = cols.get("num_heads"), cols.get("num_kv_heads")
     if heads is not None and kv is not None:
         both = ~np.isnan(heads) & ~np.isnan(kv)
@@ -161,9 +182,10 @@ def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, 
 
     labels = np.array([p.label() for p in sorted(Provenance)], dtype=object)
     blank = pa.array([""] * n, type=pa.string()) if any(c not in text for c in ROW_COLUMNS) else None
-    arrays = [text.get(c, blank) for c in ROW_COLUMNS]
+    arrays = [text.get(c, blank) for c in BASE_COLUMNS]
     arrays.append(pc.cast(pa.array(_six_significant(latency_s * 1e3)), pa.string()))
     arrays.append(pa.array(labels[prov], type=pa.string()))
+    arrays += [text.get(c, blank) for c in TABLE_ROW_COLUMNS]
     pacsv.write_csv(pa.table(arrays, names=list(PREDICTION_COLUMNS)), out,
                     write_options=pacsv.WriteOptions(quoting_style="needed"))
 
@@ -215,12 +237,14 @@ def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list
             _write_fast(tmp, text, n, latency_s, prov)
         else:
             labels = {int(p): p.label() for p in Provenance}
-            pos = [header.index(c) if c in header else -1 for c in ROW_COLUMNS]
+            pos = [header.index(c) if c in header else -1 for c in BASE_COLUMNS]
+            extra = [header.index(c) if c in header else -1 for c in TABLE_ROW_COLUMNS]
             with tmp.open("w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(PREDICTION_COLUMNS)
                 for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
-                    writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]])
+                    writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]]
+                                    + [row[i] if i >= 0 else "" for i in extra])
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind

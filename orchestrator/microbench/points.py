@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from orchestrator.microbench.table_kernels import TableShape
 from sim.calibration.rows import KERNELS, POINTWISE_KERNELS, ROW_COLUMNS, row_to_work
 from sim.errors import ConfigError
 
-Family = Literal["gemm", "context_attention", "generation_attention", "nccl", "custom_allreduce", "pointwise"]
+Family = Literal["gemm", "context_attention", "generation_attention", "nccl", "custom_allreduce", "pointwise",
+                 "moe", "mla", "mla_bmm", "deepep"]
 FAMILIES: Final[tuple[Family, ...]] = (
-    "gemm", "context_attention", "generation_attention", "pointwise", "nccl", "custom_allreduce")
+    "gemm", "context_attention", "generation_attention", "pointwise", "nccl", "custom_allreduce", "moe", "mla",
+    "mla_bmm", "deepep")
+TABLE_FAMILIES: Final[dict[str, Family]] = {
+    "moe": "moe", "wideep_moe": "moe", "wideep_mlp": "moe", "mla_context": "mla", "mla_generation": "mla",
+    "mla_module_context": "mla", "mla_module_generation": "mla", "mla_bmm": "mla_bmm", "deepep_ll": "deepep",
+    "deepep_normal": "deepep"}
+"""Table-keyed plan kernels -> their `microbench run` family (`orchestrator.microbench.table_kernels`)."""
 NCCL_OPS: Final[dict[str, str]] = {
     "nccl_all_reduce": "all_reduce", "nccl_all_gather": "all_gather",
     "nccl_reduce_scatter": "reduce_scatter", "nccl_alltoall": "alltoall",
@@ -41,6 +49,8 @@ def family_of(kernel: str) -> Family:
         return "custom_allreduce"
     if kernel in POINTWISE_KERNELS:
         return "pointwise"
+    if kernel in TABLE_FAMILIES:
+        return TABLE_FAMILIES[kernel]
     raise ValueError(f"kernel={kernel!r}: must be one of {', '.join(KERNELS)}")
 
 
@@ -93,7 +103,7 @@ class CollectiveShape:
     custom: bool
 
 
-Shape = GemmShape | AttentionShape | PointwiseShape | CollectiveShape
+Shape = GemmShape | AttentionShape | PointwiseShape | CollectiveShape | TableShape
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,11 +138,15 @@ class PlanPoint:
                     f"kv={r['kv_cache_dtype'] or r['attn_dtype'] or 'bfloat16'}")
         if self.family == "pointwise":
             return f"{r['kernel']} {r['variant']} m={r['m']} n={r['n']}"
+        if self.family in ("moe", "mla", "mla_bmm", "deepep"):
+            return r["kernel"] + " " + " ".join(f"{c}={v}" for c, v in r.items() if v and c != "kernel")
         return f"{r['kernel']} g={r['num_gpus']} {r['message_bytes']} B"
 
     def shape(self, *, shrink: bool = False) -> Shape:
         """The benchmark shape; `shrink` caps every dimension (dry runs)."""
         r = self.row
+        if self.family in ("moe", "mla", "mla_bmm", "deepep"):
+            return TableShape(kernel=r["kernel"], family=self.family)
         if self.family == "gemm":
             m, n, k = self.integer("m"), self.integer("n"), self.integer("k")
             if shrink:

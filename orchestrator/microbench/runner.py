@@ -21,7 +21,7 @@ from typing import Any, Final, TextIO
 
 import numpy as np
 
-from orchestrator.microbench import attention, gemm, pointwise
+from orchestrator.microbench import attention, gemm, pointwise, table_kernels
 from orchestrator.microbench.bench import BenchContext, Prepared, Unsupported, noop, one_line, random_tensor
 from orchestrator.microbench.collectives import collective_results, to_measurement
 from orchestrator.microbench.env import (
@@ -88,6 +88,8 @@ def _candidates(point: PlanPoint, shape: Shape, ctx: BenchContext) -> list[tuple
         return list(gemm.candidates(shape))
     if isinstance(shape, AttentionShape):
         return list(attention.candidates(shape, ctx.attention_backend))
+    if isinstance(shape, table_kernels.TableShape):
+        return list(table_kernels.candidates(shape))
     return list(pointwise.candidates(shape))  # type: ignore[arg-type]
 
 
@@ -103,7 +105,8 @@ def _standin(ctx: BenchContext) -> Prepared:
 
 def _prepare(point: PlanPoint, ctx: BenchContext) -> tuple[Prepared | None, str, bool]:
     """(implementation, reasons the better ones were passed over, whether any raised unexpectedly)."""
-    if ctx.torch is None:
+    table = point.family in ("moe", "mla", "mla_bmm", "deepep")
+    if ctx.torch is None and not table:
         return noop(point.family), "", False
     shape = point.shape(shrink=ctx.dry_run)
     reasons: list[str] = []
@@ -125,7 +128,7 @@ def _prepare(point: PlanPoint, ctx: BenchContext) -> tuple[Prepared | None, str,
         known = ", ".join(pointwise.supported()) if point.family == "pointwise" else "none"
         reasons.append(f"no benchmark for kernel={r['kernel']} variant={r['variant']!r} dtype={r['dtype']!r} "
                        f"(benchmarked: {known})")
-    if ctx.dry_run:
+    if ctx.dry_run and not table:  # table families have no output table to fill with a stand-in
         return _standin(ctx), "; ".join(reasons), False
     return None, "; ".join(reasons), crashed
 

@@ -38,12 +38,23 @@ from sim.specs.hardware import HardwareSpec
 
 TRAIN_GPUS: Final = ("a100_sxm", "l40s", "h100_sxm", "h200_sxm", "rtx_pro_6000_server")
 EVAL_ONLY: Final = ("b200_sxm",)
-FAMILIES_REPORTED: Final = ("gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce")
-KEEP_FRAC: Final[dict[str, float]] = {"gemm": 0.12, "attn_prefill": 0.25, "attn_decode": 0.3}
+FAMILIES_REPORTED: Final = ("gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce", "moe",
+                             "mla_prefill", "mla_decode", "mla_bmm", "ep_a2a")
+BASE_FAMILIES: Final = FAMILIES_REPORTED[:6]
+"""The families of the earlier headline (kept as its own column so the two stay comparable)."""
+KEEP_FRAC: Final[dict[str, float]] = {"gemm": 0.12, "attn_prefill": 0.25, "attn_decode": 0.3, "moe": 0.08,
+                                      "mla_prefill": 0.5, "mla_decode": 0.5}
 """Share of shapes kept per family (by shape hash); others are kept whole."""
 SHAPE_COLS: Final = ("kernel", "backend", "dtype", "variant", "attn_dtype", "kv_cache_dtype", "m", "n",
                      "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
                      "window_size", "message_bytes", "num_gpus")
+TABLE_SHAPE_COLS: Final = ("moe_dtype", "num_tokens", "hidden_size",
+                     "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "distribution",
+                     "kernel_source", "gemm_type", "bmm_dtype", "op_name", "prefix_len", "num_tokens_per_rank",
+                     "node_num", "dispatch_sms", "intermediate_size", "num_slots", "dp_num_tokens",
+                     "rank0_num_tokens", "aic_table", "phase", "simulation_mode", "quant_type")
+"""Shape columns of the table-keyed families (blank on the other rows, so adding them to a key leaves
+the other families' keys equivalent)."""
 TIERS: Final = ("roofline", "naive", "cross-generation", "target-measured")
 
 
@@ -115,6 +126,10 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
         df["family"] = df.kernel.map(FAMILY_OF_KERNEL)
         if subsample:
             h = pd.util.hash_pandas_object(_keys(df, SHAPE_COLS), index=False).to_numpy()
+            table = df.family.isin(FAMILIES_REPORTED[6:]).to_numpy()
+            if table.any():  # table-keyed rows: hash their own key columns too (old families unchanged)
+                h[table] = pd.util.hash_pandas_object(_keys(df[table], (*SHAPE_COLS, *TABLE_SHAPE_COLS)),
+                                                      index=False).to_numpy()
             frac = df.family.map(KEEP_FRAC).fillna(1.0).to_numpy()
             df = df[(h % 10_000) < frac * 10_000].reset_index(drop=True)
         hw = load_hardware(gpu)
@@ -130,7 +145,7 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
 
 
 def _naive(train: Mapping[str, pd.DataFrame], held: pd.DataFrame) -> np.ndarray:
-    cols = tuple(c for c in SHAPE_COLS if c != "backend")
+    cols = tuple(c for c in (*SHAPE_COLS, *TABLE_SHAPE_COLS) if c not in ("backend", "kernel_source"))
     both = pd.concat([df.assign(_le=np.log(df.roofline_s / df.latency_s)) for df in train.values()])
     by_key = both.groupby(_keys(both, cols))["_le"].mean()
     fam_med = both.groupby("family")["_le"].median()
@@ -181,8 +196,9 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     return result
 
 
-def headline(scores: Mapping[str, Mapping[str, float]]) -> float:
-    return float(np.mean([s["median_ape"] for s in scores.values()])) if scores else float("nan")
+def headline(scores: Mapping[str, Mapping[str, float]], families: tuple[str, ...] | None = None) -> float:
+    vals = [s["median_ape"] for f, s in scores.items() if families is None or f in families]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def _work(args: tuple[str, Path, Loaded]) -> dict[str, Any]:

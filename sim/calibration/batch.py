@@ -16,6 +16,7 @@ import numpy as np
 from sim.calibration.rows import DEFAULT_OP, POINTWISE_KERNELS, POINTWISE_PASSES
 from sim.dtypes import DType
 from sim.perf.fitted import FittedEfficiency
+from sim.perf.table_kernels import TABLE_FAMILY, table_batch
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -171,6 +172,14 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
                                {"network_s": tn, "msg": np.maximum(msg, 1.0), "group": np.maximum(g, 2.0),
                                 "nvlink": (kinds == "nvlink").astype(float), "link_bw": link_bw},
                                {"op": op, "variant": _text(cols, "variant", idx, "")}))
+
+    # Table-keyed families (MoE, MLA, expert all-to-all): `sim.perf.table_kernels`.
+    for family in sorted(set(TABLE_FAMILY.values())):
+        names = [t for t, f in TABLE_FAMILY.items() if f == family]
+        idx = np.flatnonzero(np.isin(kernel, names))
+        if len(idx):
+            tb = table_batch(names[0], cols, idx, hw)
+            out.append(FamilyBatch(family, idx, tb.roofline_s, tb.prims, tb.cats))
     return out
 
 

@@ -34,11 +34,13 @@ from sim.specs.hardware import HardwareSpec
 CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
     "gemm": ("dtype", "backend"), "attn_prefill": ("dtype", "backend"),
     "attn_decode": ("dtype", "backend"), "pointwise": ("op",), "nccl": ("op",),
-    "custom_allreduce": ("variant",),
+    "custom_allreduce": ("variant",), "moe": ("dtype", "backend", "variant"), "mla_prefill": ("dtype", "backend"),
+    "mla_decode": ("dtype", "backend"), "mla_bmm": ("dtype", "backend", "op"), "ep_a2a": ("op",),
 }
 LEARNER: Final[dict[str, str]] = {
     "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "mlp", "nccl": "mlp",
-    "custom_allreduce": "ridge",
+    "custom_allreduce": "ridge", "moe": "mlp", "mla_prefill": "mlp", "mla_decode": "mlp", "mla_bmm": "mlp",
+    "ep_a2a": "mlp",
 }
 """Cross-generation learner per family, chosen by leave-one-GPU-out (docs/kernel-model.md)."""
 CROSS_LAMBDA: Final = 1.0
@@ -49,6 +51,8 @@ MAX_MLP_ROWS: Final = 15_000
 CORRECTION_CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
     "gemm": ("backend", "dtype"), "attn_prefill": ("backend", "dtype"), "attn_decode": ("backend", "dtype"),
     "pointwise": ("op",), "nccl": ("op",), "custom_allreduce": ("variant",),
+    "moe": ("backend", "dtype", "variant"), "mla_prefill": ("backend", "dtype"), "mla_decode": ("backend", "dtype"),
+    "mla_bmm": ("backend", "dtype", "op"), "ep_a2a": ("op",),
 }
 """Categoricals whose levels get their own correction group (a leading `backend` also gets a pooled group)."""
 LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
@@ -58,11 +62,17 @@ LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
     "pointwise": (1.0, 1.0),
     "nccl": (1.5, 1.5),
     "custom_allreduce": (1.5, 1.5),
+    "moe": (1.5, 1.5, 1.5, 1.5, 1.5),
+    "mla_prefill": (1.5, 1.5, 1.5, 0.5),
+    "mla_decode": (1.5, 1.5, 1.5, 0.5),
+    "mla_bmm": (1.5, 1.5),
+    "ep_a2a": (1.5, 1.5, 1.5),
 }
 """RBF length scales of the correction per coordinate (log units), chosen by leave-one-GPU-out."""
 CORRECTION_NOISE: Final[dict[str, float]] = {
     "gemm": 0.05, "attn_prefill": 0.05, "attn_decode": 0.05, "pointwise": 0.05, "nccl": 0.01,
-    "custom_allreduce": 0.01,
+    "custom_allreduce": 0.01, "moe": 0.05, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
+    "ep_a2a": 0.01,
 }
 """Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
 MAX_CENTERS: Final = 128

@@ -45,8 +45,26 @@ POINTWISE_OPS: Final[tuple[tuple[str, str, tuple[int, ...]], ...]] = (
 """(kernel, variant, widths) of the small memory-bound kernels (pointwise.csv)."""
 POINTWISE_TOKENS: Final = (1, 8, 64, 256, 1024, 4096)
 NCCL_KERNELS: Final = ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_alltoall")
-MAX_POINTS: Final = 2000
-MAX_GPU_S: Final = 15 * 60.0
+MOE_CONFIGS: Final[tuple[tuple[int, int, int, int], ...]] = (
+    (2048, 768, 8, 128), (4096, 14336, 2, 8), (7168, 2048, 8, 256))
+"""(hidden, expert width, top-k, experts) of the MoE points: small/many, wide/few, DeepSeek-like."""
+MOE_PARALLEL: Final[tuple[tuple[int, int], ...]] = ((1, 1), (1, 8))
+"""(moe_tp_size, moe_ep_size) of the MoE points."""
+MOE_TOKENS: Final = (1, 8, 64, 512, 4096, 16384)
+MOE_DISTRIBUTIONS: Final = ("balanced", "power_law_1.2")
+MLA_HEADS: Final = (128, 16)
+"""Per-GPU query heads of the MLA points (TP 1 and TP 8 of DeepSeek's 128)."""
+MLA_PREFILL_SHAPES: Final = ((1, 128), (1, 1024), (1, 8192), (8, 128), (8, 1024), (64, 128))
+"""(batch, prompt tokens) of the MLA prefill points."""
+MLA_DECODE_BATCH: Final = (1, 16, 128)
+MLA_DECODE_KV: Final = (128, 2048, 16384)
+MLA_BMM_TOKENS: Final = (1, 16, 256, 4096)
+DEEPEP_CONFIGS: Final[tuple[tuple[int, int, int], ...]] = ((7168, 8, 256), (4096, 8, 128))
+"""(hidden, top-k, experts) of the DeepEP points (8 GPUs of one NVLink node)."""
+DEEPEP_LL_TOKENS: Final = (1, 16, 128, 512)
+DEEPEP_NORMAL_TOKENS: Final = (128, 1024, 8192, 32768)
+MAX_POINTS: Final = 2500
+MAX_GPU_S: Final = 20 * 60.0
 CALLS_PER_POINT: Final = 30
 SETUP_S_PER_POINT: Final = 0.15
 
@@ -66,6 +84,8 @@ class PlanGrid:
     message_bytes: tuple[int, ...] = MESSAGE_BYTES
     pointwise_ops: tuple[tuple[str, str, tuple[int, ...]], ...] = POINTWISE_OPS
     pointwise_tokens: tuple[int, ...] = POINTWISE_TOKENS
+    moe_configs: tuple[tuple[int, int, int, int], ...] = MOE_CONFIGS
+    moe_tokens: tuple[int, ...] = MOE_TOKENS
 
 
 DEFAULT_GRID: Final = PlanGrid()
@@ -122,6 +142,39 @@ def microbench_plan(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> list[dic
     for kernel, variant, widths in grid.pointwise_ops:
         rows += [_row(kernel=kernel, variant=variant, dtype="bfloat16", m=t, n=w)
                  for w in widths for t in grid.pointwise_tokens]
+    return rows + table_plan(hw, grid)
+
+
+def table_plan(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> list[dict[str, str]]:
+    """The table-keyed families' points (MoE, MLA, MLA-BMM; DeepEP on 8-GPU NVLink nodes)."""
+    rows: list[dict[str, str]] = []
+    fp8 = "fp8" in hw.peak_flops_per_s
+    for dtype in gemm_dtypes(hw):
+        rows += [_row(kernel="moe", moe_dtype=dtype, num_tokens=t, hidden_size=h, inter_size=i, topk=k,
+                      num_experts=e, moe_tp_size=tp, moe_ep_size=ep, distribution=d)
+                 for h, i, k, e in grid.moe_configs for tp, ep in MOE_PARALLEL for d in MOE_DISTRIBUTIONS
+                 for t in grid.moe_tokens]
+    kv_dtypes = ("bfloat16", "fp8") if fp8 else ("bfloat16",)
+    gemm_types = ("bfloat16", "fp8_block") if fp8 else ("bfloat16",)
+    for heads in MLA_HEADS:
+        for kvd in kv_dtypes:
+            rows += [_row(kernel="mla_context", num_heads=heads, batch_size=b, seq_len=s, kv_cache_dtype=kvd)
+                     for b, s in MLA_PREFILL_SHAPES]
+            rows += [_row(kernel="mla_generation", num_heads=heads, batch_size=b, kv_len=kv, kv_cache_dtype=kvd)
+                     for b in MLA_DECODE_BATCH for kv in MLA_DECODE_KV]
+        for gt in gemm_types:
+            rows += [_row(kernel="mla_module_context", num_heads=heads, batch_size=b, seq_len=s,
+                          kv_cache_dtype="bfloat16", gemm_type=gt) for b, s in MLA_PREFILL_SHAPES]
+            rows += [_row(kernel="mla_module_generation", num_heads=heads, batch_size=b, kv_len=kv,
+                          kv_cache_dtype="bfloat16", gemm_type=gt) for b in MLA_DECODE_BATCH for kv in MLA_DECODE_KV]
+        rows += [_row(kernel="mla_bmm", op_name=op, bmm_dtype=d, num_tokens=t, num_heads=heads)
+                 for op in ("mla_gen_pre", "mla_gen_post") for d in kv_dtypes for t in MLA_BMM_TOKENS]
+    if hw.num_gpus_per_node >= 8 and hw.intra_node_link.kind == "nvlink":
+        for h, k, e in DEEPEP_CONFIGS:
+            rows += [_row(kernel="deepep_ll", node_num=1, num_gpus=8, hidden_size=h, num_tokens_per_rank=t, topk=k,
+                          num_experts=e) for t in DEEPEP_LL_TOKENS]
+            rows += [_row(kernel="deepep_normal", node_num=1, num_gpus=8, hidden_size=h, num_tokens_per_rank=t,
+                          topk=k, num_experts=e, dispatch_sms=24, combine_sms=24) for t in DEEPEP_NORMAL_TOKENS]
     return rows
 
 
@@ -139,6 +192,16 @@ PLAN_KEYS: Final[dict[str, tuple[str, ...]]] = {
                              "num_heads", "num_kv_heads", "head_dim", "window_size"),
     "collective": ("kernel", "num_gpus", "message_bytes"),
     "pointwise": ("kernel", "variant", "m", "n"),
+    "moe": ("kernel", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+            "moe_ep_size", "distribution"),
+    "mla_context": ("kernel", "num_heads", "batch_size", "seq_len", "kv_cache_dtype"),
+    "mla_generation": ("kernel", "num_heads", "batch_size", "kv_len", "kv_cache_dtype"),
+    "mla_module_context": ("kernel", "num_heads", "batch_size", "seq_len", "kv_cache_dtype", "gemm_type"),
+    "mla_module_generation": ("kernel", "num_heads", "batch_size", "kv_len", "kv_cache_dtype", "gemm_type"),
+    "mla_bmm": ("kernel", "op_name", "bmm_dtype", "num_tokens", "num_heads"),
+    "deepep_ll": ("kernel", "node_num", "num_gpus", "hidden_size", "num_tokens_per_rank", "topk", "num_experts"),
+    "deepep_normal": ("kernel", "node_num", "num_gpus", "hidden_size", "num_tokens_per_rank", "topk", "num_experts",
+                      "dispatch_sms"),
 }
 """Columns that identify a plan point (backend-independent)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sim.calibration.accuracy import FAMILIES_REPORTED, KEEP_FRAC, headline
+from sim.calibration.accuracy import BASE_FAMILIES, FAMILIES_REPORTED, KEEP_FRAC, headline
 
 TIER_COLUMNS: Final = ("roofline", "naive", "cross-generation", "target-measured")
 
@@ -16,20 +16,25 @@ def _pct(x: float) -> str:
 
 def _headline_table(result: Mapping[str, Any]) -> list[str]:
     lines = ["| held-out GPU | roofline | naive transfer | cross-generation | target-measured "
-             "| cross-gen on target's rows | plan points / calibration rows |",
-             "|---|---|---|---|---|---|---|"]
+             "| cross-gen on target's rows | plan points / calibration rows "
+             "| earlier six families: cross-generation / target-measured |",
+             "|---|---|---|---|---|---|---|---|"]
     for g in result["gpus"]:
         t = g["tiers"]
         name = g["gpu"] + (" (evaluation only)" if g["gpu"] == "b200_sxm" else "")
         lines.append(f"| {name} | " + " | ".join(_pct(headline(t[c])) for c in TIER_COLUMNS)
                      + f" | {_pct(headline(t['cross-generation (same rows as target)']))}"
                      + " | " + (f"{g['plan_points']} / {g['calibration_points']}" if g["calibration_points"]
-                                else "none (evaluation only)") + " |")
+                                else "none (evaluation only)")
+                     + f" | {_pct(headline(t['cross-generation'], BASE_FAMILIES))} / "
+                       f"{_pct(headline(t['target-measured'], BASE_FAMILIES))} |")
     logo = [g for g in result["gpus"] if g["gpu"] != "b200_sxm"]
     if logo:
         means = [sum(headline(g["tiers"][c]) for g in logo) / len(logo) for c in TIER_COLUMNS]
+        base = [sum(headline(g["tiers"][c], BASE_FAMILIES) for g in logo) / len(logo)
+                for c in ("cross-generation", "target-measured")]
         lines.append("| **mean of leave-one-out GPUs** | " + " | ".join(f"**{_pct(m)}**" for m in means)
-                     + " | | |")
+                     + f" | | | **{_pct(base[0])} / {_pct(base[1])}** |")
     return lines
 
 

@@ -17,13 +17,30 @@ from sim.dtypes import DType
 from sim.errors import ConfigError
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.transformer import collective_work, decode_attention_work, gemm_work, prefill_attention_work
+from sim.perf.table_kernels import (
+    MOE_DTYPES,
+    NUMERIC,
+    REQUIRED,
+    TABLE_COLUMNS,
+    TABLE_FAMILY,
+    table_batch,
+)
+from sim.specs.catalog import load_hardware
 
-ROW_COLUMNS: Final[tuple[str, ...]] = (
+BASE_COLUMNS: Final[tuple[str, ...]] = (
     "kernel", "backend", "backend_version", "kernel_source", "dtype", "m", "n", "k", "batch_size",
     "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim", "attn_dtype", "kv_cache_dtype",
     "window_size", "num_gpus", "message_bytes", "variant",
 )
-PREDICTION_COLUMNS: Final[tuple[str, ...]] = (*ROW_COLUMNS, "predicted_latency_ms", "provenance")
+"""Columns of the GEMM, attention, collective and small-kernel rows."""
+TABLE_ROW_COLUMNS: Final[tuple[str, ...]] = tuple(dict.fromkeys(
+    c for cols in TABLE_COLUMNS.values() for c in cols if c not in BASE_COLUMNS))
+"""Columns the table-keyed kernels (MoE, MLA, DeepEP; `kernel` = table name) add, named as in the
+data README."""
+ROW_COLUMNS: Final[tuple[str, ...]] = (*BASE_COLUMNS, *TABLE_ROW_COLUMNS)
+PREDICTION_COLUMNS: Final[tuple[str, ...]] = (*BASE_COLUMNS, "predicted_latency_ms", "provenance",
+                                              *TABLE_ROW_COLUMNS)
+"""The output: the earlier columns first (unchanged positions), then the table-keyed ones."""
 
 _DTYPES: Final[dict[str, DType]] = {
     "bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16,
@@ -41,7 +58,14 @@ POINTWISE_KERNELS: Final[dict[str, KernelKind]] = {
 }
 """Small memory-bound kernels: `m` = tokens, `n` = width, `variant` names the operation."""
 KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_attention", *_COLLECTIVES,
-                                   *POINTWISE_KERNELS)
+                                   *POINTWISE_KERNELS, *TABLE_FAMILY)
+ZERO_ALLOWED: Final = frozenset({"window_size", "prefix_len", "aic_step"})
+"""Integer columns that may be 0 (all others are >= 1)."""
+TABLE_LEVELS: Final[dict[str, tuple[str, ...]]] = {
+    "moe_dtype": tuple(MOE_DTYPES), "quant_type": tuple(MOE_DTYPES), "bmm_dtype": ("bfloat16", "fp8"),
+    "gemm_type": ("bfloat16", "fp8", "fp8_block", "nvfp4"), "op_name_mla_bmm": ("mla_gen_pre", "mla_gen_post"),
+}
+"""Levels the table-keyed kernels' text columns accept."""
 
 
 POINTWISE_PASSES: Final[dict[str, float]] = {
@@ -150,4 +174,78 @@ def row_to_work(row: Mapping[str, str | None], *, number: int, source: str) -> K
     if kernel in POINTWISE_KERNELS:
         return pointwise_work(kernel, r.integer("m"), r.integer("n"), r.dtype("dtype", "bfloat16"),
                               r.text("variant"))
+    if kernel in TABLE_FAMILY:
+        return table_row_work(r, kernel)
     raise r.fail("kernel", f"must be one of {', '.join(KERNELS)}")
+
+
+_KIND_OF_TABLE: Final[dict[str, KernelKind]] = {
+    "moe": KernelKind.MOE, "wideep_moe": KernelKind.MOE, "wideep_mlp": KernelKind.MOE,
+    "mla_context": KernelKind.MLA_PREFILL, "mla_module_context": KernelKind.MLA_PREFILL,
+    "mla_generation": KernelKind.MLA_DECODE, "mla_module_generation": KernelKind.MLA_DECODE,
+    "mla_bmm": KernelKind.MLA_BMM, "deepep_ll": KernelKind.EP_ALL_TO_ALL, "deepep_normal": KernelKind.EP_ALL_TO_ALL,
+}
+_REFERENCE_HW: Final = "h100_sxm"
+"""A table row's FLOPs and bytes do not depend on the GPU; `table_batch` is evaluated on this
+catalog spec to read them (its roofline times are not used here)."""
+
+
+def table_row_work(r: _Row, kernel: str) -> KernelWork:
+    """A table-keyed row (MoE, MLA, DeepEP) validated and as the `KernelWork` the graph emits for it
+    (shape conventions of `sim.graph.kernels`)."""
+    import numpy as np
+
+    for c in REQUIRED[kernel]:
+        if c in NUMERIC or c in ("num_heads", "batch_size", "seq_len", "kv_len", "num_gpus"):
+            r.integer(c, minimum=0 if c in ZERO_ALLOWED else 1)
+        elif not r.text(c):
+            raise r.fail(c, f"is required for kernel={kernel!r}")
+    for c in TABLE_COLUMNS[kernel]:
+        if (c in NUMERIC or c in ("num_heads", "batch_size", "seq_len", "kv_len", "num_gpus")) and r.text(c):
+            r.integer(c, minimum=0 if c in ZERO_ALLOWED else 1)
+        levels = TABLE_LEVELS.get(f"{c}_{kernel}" if c == "op_name" else c)
+        if levels is not None and r.text(c) and r.text(c) not in levels:
+            raise r.fail(c, f"must be one of {', '.join(levels)}")
+    if r.text("kv_cache_dtype") not in ("", "bfloat16", "fp8"):
+        raise r.fail("kv_cache_dtype", "must be bfloat16 or fp8")
+    dist = r.text("distribution")
+    if dist.startswith("power_law_"):
+        try:
+            float(dist.removeprefix("power_law_").removesuffix("_eplb"))
+        except ValueError:
+            raise r.fail("distribution", "must be balanced, uniform or power_law_<alpha>") from None
+    elif dist not in ("", "balanced", "uniform"):
+        raise r.fail("distribution", "must be balanced, uniform or power_law_<alpha>")
+    cols = {c: np.array([r.text(c)], dtype=object) for c in (*TABLE_COLUMNS[kernel], "kernel")}
+    tb = table_batch(kernel, cols, np.arange(1), load_hardware(_REFERENCE_HW))
+    kind = _KIND_OF_TABLE[kernel]
+    num = {c: int(float(r.text(c))) if r.text(c) else 0 for c in TABLE_COLUMNS[kernel] if c not in ("backend",)
+           and (c in NUMERIC or c in ("num_heads", "batch_size", "seq_len", "kv_len", "num_gpus"))}
+    shape: tuple[int, ...]
+    if kind is KernelKind.EP_ALL_TO_ALL:
+        shape = (num["num_tokens_per_rank"], num["hidden_size"], num["topk"], num["num_experts"], num["num_gpus"],
+                 num.get("node_num") or 1)
+        return KernelWork(kind=kind, name=kernel, dtype=DType.BFLOAT16, comm_bytes=float(tb.bytes[0]),
+                          group_size=num["num_gpus"], shape=shape,
+                          variant="low_latency" if kernel == "deepep_ll" else "normal")
+    if kind is KernelKind.MOE:
+        if kernel == "wideep_mlp":
+            shape = (num["num_tokens"], num["hidden_size"], num["intermediate_size"], 1, 1, 1, 1)
+            dt, variant = r.text("quant_type") or "bfloat16", "balanced"
+        else:
+            shape = (num["num_tokens"], num["hidden_size"], num["inter_size"], num["topk"], num["num_experts"],
+                     num.get("moe_tp_size") or 1, num["moe_ep_size"])
+            dt, variant = r.text("moe_dtype"), r.text("distribution")
+        dtype = MOE_DTYPES[dt][1] if dt not in ("w4a16_mxfp4", "w4a8_mxfp4_mxfp8") else DType.MXFP4
+    elif kind is KernelKind.MLA_BMM:
+        shape = (num["num_tokens"], num["num_heads"], 512 if r.text("op_name") == "mla_gen_pre" else 128,
+                 128 if r.text("op_name") == "mla_gen_pre" else 512)
+        dtype, variant = (DType.FP8 if r.text("bmm_dtype") == "fp8" else DType.BFLOAT16), r.text("op_name")
+    elif kind is KernelKind.MLA_PREFILL:
+        shape = (num["batch_size"], num["seq_len"], num.get("prefix_len", 0), num["num_heads"], 128, 64, 128)
+        dtype, variant = (DType.FP8 if r.text("kv_cache_dtype") == "fp8" else DType.BFLOAT16), ""
+    else:
+        shape = (num["batch_size"], num["kv_len"], num["kv_len"], num["num_heads"], 512, 64)
+        dtype, variant = (DType.FP8 if r.text("kv_cache_dtype") == "fp8" else DType.BFLOAT16), ""
+    return KernelWork(kind=kind, name=kernel, dtype=dtype, flops=float(tb.flops[0]),
+                      activation_bytes=float(tb.bytes[0]), shape=shape, variant=variant)

@@ -23,10 +23,17 @@ import pandas as pd
 
 from sim.errors import ConfigError
 from sim.measured import read_text_bytes, resolve, table_name
+from sim.perf.table_kernels import TABLE_COLUMNS, TABLE_FAMILY
 
+NEW_TABLE_FILES: Final[tuple[str, ...]] = (
+    "moe.csv.gz", "wideep_moe.csv.gz", "wideep_mlp.csv", "mla_context.csv.gz", "mla_generation.csv.gz",
+    "mla_module_context.csv.gz", "mla_module_generation.csv.gz", "mla_bmm.csv", "deepep_ll.csv",
+    "deepep_normal.csv.gz")
+"""Table-keyed tables (data README section 4): rows keep the table's own columns (`kernel` = the
+table name), see `read_table_keyed`."""
 TABLE_FILES: Final[tuple[str, ...]] = (
     "gemm.csv.gz", "context_attention.csv.gz", "generation_attention.csv.gz", "nccl.csv",
-    "custom_allreduce.csv", "pointwise.csv")
+    "custom_allreduce.csv", "pointwise.csv", *NEW_TABLE_FILES)
 POINTWISE_COLUMNS: Final = ("kernel", "variant", "dtype", "m", "n", "latency_ms")
 """Required columns of `pointwise.csv` (not an AIConfigurator table; written by `microbench run`):
 kernel (norm/elementwise/embedding/sampling), variant, dtype, m (tokens), n (width), latency_ms.
@@ -43,8 +50,19 @@ FAMILY_OF_KERNEL: Final[dict[str, str]] = {
     "gemm": "gemm", "context_attention": "attn_prefill", "generation_attention": "attn_decode",
     "nccl_all_reduce": "nccl", "nccl_all_gather": "nccl", "nccl_reduce_scatter": "nccl",
     "nccl_alltoall": "nccl", "custom_allreduce": "custom_allreduce", "norm": "pointwise",
-    "elementwise": "pointwise", "embedding": "pointwise", "sampling": "pointwise",
+    "elementwise": "pointwise", "embedding": "pointwise", "sampling": "pointwise", **TABLE_FAMILY,
 }
+UNIT_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "moe": ("hidden_size", "inter_size", "topk", "num_experts"),
+    "wideep_moe": ("hidden_size", "inter_size", "topk", "num_experts"),
+    "wideep_mlp": ("hidden_size", "intermediate_size"),
+    "mla_context": ("num_heads",), "mla_generation": ("num_heads",), "mla_module_context": ("num_heads",),
+    "mla_module_generation": ("num_heads",), "mla_bmm": ("num_heads",),
+    "deepep_ll": ("hidden_size", "topk", "num_experts", "num_gpus"),
+    "deepep_normal": ("hidden_size", "topk", "num_experts", "num_gpus"),
+}
+"""Columns that make a table-keyed row's unit (the model configuration the target-measured score
+holds out whole: MoE expert shape, MLA heads per GPU, all-to-all layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,40 @@ def _attention(df: pd.DataFrame, kernel: str, system: str, excl: list[Exclusion]
     return out
 
 
+def read_table_keyed(df: pd.DataFrame, name: str, system: str, excl: list[Exclusion]) -> pd.DataFrame:
+    """Rows of a table-keyed table: its query columns as they are (`kernel` = table name), the
+    latency per call (DeepEP: the sum of the row's `*_ms` columns, dispatch + combine), rows with
+    any `flag_*` true left out, and repeated configurations (identical query columns) kept first-wins,
+    as AIConfigurator loads them."""
+    flags = [c for c in df.columns if c.startswith("flag_")]
+    keep = np.ones(len(df), dtype=bool)
+    for flag in flags:
+        bad = df[flag].astype(str).str.lower().eq("true").to_numpy() & keep
+        if bad.any():
+            excl.append(Exclusion(system, name, f"rows with {flag}", int(bad.sum())))
+        keep &= ~bad
+    df = df[keep]
+    query = [c for c in TABLE_COLUMNS[name] if c in df.columns]
+    dup = df.duplicated(subset=query, keep="first").to_numpy()
+    if dup.any():
+        excl.append(Exclusion(system, name, "repeated configurations (first kept, as AIConfigurator)",
+                              int(dup.sum())))
+    df = df[~dup]
+    ms = [c for c in df.columns if c.endswith("_ms")]
+    latency = df[ms].sum(axis=1) if name.startswith("deepep") else df["latency_ms"]
+    out = df[query].copy()
+    for c in query:
+        if out[c].dtype.kind not in "fiu":
+            out[c] = out[c].astype(str).where(out[c].notna(), "")
+    out.insert(0, "kernel", name)
+    out["latency_s"] = latency.to_numpy(dtype=float) * 1e-3
+    unit = pd.Series(name, index=out.index)
+    for c in UNIT_COLUMNS[name]:
+        unit = unit + "/" + df[c].astype(str)
+    out["unit"] = unit
+    return out.reset_index(drop=True)
+
+
 def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, list[Exclusion], str]:
     """All rows found in `directory`, the exclusions applied, and the SHA-256 of the files read."""
     parts: list[pd.DataFrame] = []
@@ -130,6 +182,8 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
                 "kernel": "nccl_" + df.op, "backend": "nccl", "backend_version": df.nccl_version.astype(str),
                 "message_bytes": msg, "num_gpus": df.num_gpus, "latency_s": df.latency_ms * 1e-3,
                 "unit": msg.astype(str)}))
+        elif name in TABLE_COLUMNS:
+            parts.append(read_table_keyed(df, name, system, excl))
         elif name == "pointwise":
             missing = [c for c in POINTWISE_COLUMNS if c not in df]
             if missing:

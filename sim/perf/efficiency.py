@@ -46,6 +46,11 @@ class KernelColumns:
     kv_write_bytes: np.ndarray
     comm_bytes: np.ndarray
     shape: tuple[np.ndarray, ...]
+    variants: tuple[str, ...] | np.ndarray = ()
+    """`KernelWork.variant` per row, a tuple or object array (empty: every row has the blank
+    variant). The table-keyed kinds (MOE, MLA_*, EP_ALL_TO_ALL) key their price on it; a builder
+    that groups kernels into columns must keep kernels that differ only in variant apart or pass
+    their variants here."""
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -61,7 +66,8 @@ class KernelColumns:
                           weight_bytes=float(self.weight_bytes[i]), activation_bytes=float(self.activation_bytes[i]),
                           kv_read_bytes=float(self.kv_read_bytes[i]), kv_write_bytes=float(self.kv_write_bytes[i]),
                           comm_bytes=float(self.comm_bytes[i]), group_size=self.group_size,
-                          shape=tuple(int(s[i]) for s in self.shape))
+                          shape=tuple(int(s[i]) for s in self.shape),
+                          variant=str(self.variants[i]) if len(self.variants) else "")
 
     @staticmethod
     def of(works: Sequence[KernelWork]) -> KernelColumns:
@@ -77,7 +83,8 @@ class KernelColumns:
         return KernelColumns(kind=w0.kind, dtype=w0.dtype, group_size=w0.group_size, flops=col("flops"),
                              weight_bytes=col("weight_bytes"), activation_bytes=col("activation_bytes"),
                              kv_read_bytes=col("kv_read_bytes"), kv_write_bytes=col("kv_write_bytes"),
-                             comm_bytes=col("comm_bytes"), shape=tuple(shapes.T.copy()))
+                             comm_bytes=col("comm_bytes"), shape=tuple(shapes.T.copy()),
+                             variants=tuple(w.variant for w in works) if any(w.variant for w in works) else ())
 
 
 @runtime_checkable

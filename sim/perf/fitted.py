@@ -32,7 +32,8 @@ from sim.perf.learners import (
     correction_residual,
     mlp_forward,
 )
-from sim.perf.roofline import collective_wire_bytes
+from sim.perf.roofline import collective_wire_bytes, roofline
+from sim.perf.table_kernels import TABLE_FAMILY, table_batch, table_of, work_columns
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -50,6 +51,10 @@ KIND_FAMILY: Final[dict[KernelKind, str]] = {
     KernelKind.REDUCE_SCATTER: "nccl", KernelKind.ALL_TO_ALL: "nccl", KernelKind.SEND_RECV: "nccl",
 }
 """Which family's model prices a kernel kind in the simulator."""
+TABLE_KINDS: Final = frozenset({KernelKind.MOE, KernelKind.MLA_PREFILL, KernelKind.MLA_DECODE, KernelKind.MLA_BMM,
+                                KernelKind.EP_ALL_TO_ALL})
+"""Kinds priced by the table-keyed families (`sim.perf.table_kernels`): the family predicts the
+latency of the measured table's row the kernel is; efficiency = the kernel's own roofline / that."""
 _PROXY_KINDS: Final = frozenset({KernelKind.MOE_GEMM, KernelKind.SAMPLING, KernelKind.SEND_RECV, KernelKind.NORM})
 """Kinds priced by a related family's or operation's model: always reported as extrapolated."""
 KIND_OP: Final[dict[KernelKind, str]] = {
@@ -128,6 +133,9 @@ class FittedEfficiency:
 
     # -- single kernel -------------------------------------------------------------------------
     def efficiency(self, work: KernelWork, hw: HardwareSpec) -> Efficiency:
+        if work.kind in TABLE_KINDS:
+            values, codes = self._table_efficiency([work], hw)
+            return Efficiency(float(values[0]), Provenance(int(codes[0])))
         family = KIND_FAMILY.get(work.kind)
         params = self._families.get(family) if family else None
         if family is None or params is None:
@@ -218,6 +226,8 @@ class FittedEfficiency:
         (the MLP runs one stacked matrix-vector product per row, exactly as for one kernel, so the
         float32 hidden layers round the same way), to float64 rounding."""
         n = len(cols)
+        if cols.kind in TABLE_KINDS and n:
+            return self._table_efficiency([cols.work(i) for i in range(n)], hw)
         family = KIND_FAMILY.get(cols.kind)
         params = self._families.get(family) if family else None
         if family is None or params is None or n == 0:
@@ -349,6 +359,32 @@ class FittedEfficiency:
             p["compute_s"] = tokens * width / hw.peak_flops_for(cols.dtype)
             cats["op"] = KIND_OP.get(cols.kind)
         return p, cats  # type: ignore[return-value]
+
+    # -- table-keyed kinds (MoE, MLA, expert all-to-all) ----------------------------------------
+    def _table_efficiency(self, works: list[KernelWork], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+        """(efficiency, provenance code) of kernels of one table-keyed kind: the family's predicted
+        latency of the table row each kernel is (`table_kernels.work_columns`), expressed against the
+        kernel's own roofline (so the graph's FLOP/byte count does not change the price)."""
+        n = len(works)
+        tables = sorted({table_of(w.kind, w.variant) for w in works})
+        eff = np.ones(n)
+        prov = np.full(n, int(Provenance.ROOFLINE), dtype=np.int64)
+        own = np.array([roofline(w, hw).time_s() for w in works])
+        for table in tables:
+            sel = np.flatnonzero([table_of(w.kind, w.variant) == table for w in works])
+            family = TABLE_FAMILY[table]
+            if family not in self._families:
+                continue
+            cols = work_columns([works[i] for i in sel])
+            if family != "ep_a2a":
+                cols["backend"] = np.full(len(sel), self._backend or "", dtype=object)
+            tb = table_batch(table, cols, np.arange(len(sel)), hw)
+            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw)
+            predicted = tb.roofline_s * np.exp(y)
+            eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)
+            prov[sel] = np.where(outside, int(Provenance.EXTRAPOLATED),
+                                 np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
+        return eff, prov
 
     # -- vectorised ----------------------------------------------------------------------------
     def predict_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],

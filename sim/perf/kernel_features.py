@@ -18,10 +18,12 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-Family = Literal["gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce"]
+Family = Literal["gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce", "moe",
+                 "mla_prefill", "mla_decode", "mla_bmm", "ep_a2a"]
 FAMILIES: Final[tuple[Family, ...]] = (
-    "gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce")
-COLLECTIVE_FAMILIES: Final[frozenset[str]] = frozenset({"nccl", "custom_allreduce"})
+    "gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce", "moe", "mla_prefill",
+    "mla_decode", "mla_bmm", "ep_a2a")
+COLLECTIVE_FAMILIES: Final[frozenset[str]] = frozenset({"nccl", "custom_allreduce", "ep_a2a"})
 
 _TIME_SCALE_S: Final = 1e-5
 _LAUNCH_FLOOR_S: Final = 5e-6
@@ -75,6 +77,11 @@ SHAPE_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "attn_prefill": ("log_seq", "log_batch", "log_head_dim", "log_gqa", "windowed"),
     "attn_decode": ("log_kv", "log_batch", "log_head_dim", "log_gqa", "windowed"),
     "pointwise": ("log_tokens", "log_width"),
+    "moe": ("log_tokens", "log_per_expert", "log_skew", "log_active", "log_local", "log_hidden", "log_width",
+            "log_topk", "gated"),
+    "mla_prefill": ("log_batch", "log_heads", "log_length", "module"),
+    "mla_decode": ("log_batch", "log_heads", "log_length", "module"),
+    "mla_bmm": ("log_tokens", "log_heads"),
 }
 COLLECTIVE_NAMES: Final[tuple[str, ...]] = (
     "log_time", "log_msg", "knee_16k", "knee_256k", "knee_4m", "knee_64m", "log_group",
@@ -83,6 +90,8 @@ COLLECTIVE_NAMES: Final[tuple[str, ...]] = (
 
 
 def feature_names(family: str) -> tuple[str, ...]:
+    if family == "ep_a2a":
+        return (*COLLECTIVE_NAMES, "log_sms_frac")
     if family in COLLECTIVE_FAMILIES:
         return COLLECTIVE_NAMES
     return (*COMPUTE_BASE, *SHAPE_NAMES[family])
@@ -97,6 +106,16 @@ def _tiles(xp: Ops, family: str, p: dict[str, Any]) -> tuple[Any, Any]:
                 p["batch"] * p["kv_heads"] * xp.ceil(p["seq"] / 64.0))
     if family == "attn_decode":
         return (p["batch"] * p["kv_heads"], p["batch"] * p["heads"] * xp.ceil(p["kv"] / 1024.0))
+    if family == "moe":
+        return (p["active"] * xp.ceil(p["per_expert"] / 128.0) * xp.ceil(2.0 * p["width"] / 128.0),
+                p["active"] * xp.ceil(p["per_expert"] * p["skew"] / 64.0) * xp.ceil(p["hidden"] / 128.0))
+    if family == "mla_prefill":
+        return (p["batch"] * p["heads"] * xp.ceil(p["length"] / 128.0),
+                p["batch"] * p["heads"] * xp.ceil(p["length"] / 64.0))
+    if family == "mla_decode":
+        return (p["batch"] * xp.ceil(p["heads"] / 64.0), p["batch"] * p["heads"] * xp.ceil(p["length"] / 1024.0))
+    if family == "mla_bmm":
+        return (p["heads"] * xp.ceil(p["tokens"] / 128.0) * 4.0, p["heads"] * xp.ceil(p["tokens"] / 64.0))
     return (p["tokens"], xp.ceil(p["tokens"] * p["width"] / 8192.0))
 
 
@@ -108,6 +127,13 @@ def _shape(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
         length = p["seq"] if family == "attn_prefill" else p["kv"]
         return [xp.log(length), xp.log(p["batch"]), xp.log(p["head_dim"]),
                 xp.log(p["heads"] / p["kv_heads"]), p["windowed"]]
+    if family == "moe":
+        return [xp.log(p["tokens"]), xp.log(p["per_expert"]), xp.log(p["skew"]), xp.log(p["active"]),
+                xp.log(p["local"]), xp.log(p["hidden"]), xp.log(p["width"]), xp.log(p["topk"]), p["gated"]]
+    if family in ("mla_prefill", "mla_decode"):
+        return [xp.log(p["batch"]), xp.log(p["heads"]), xp.log(p["length"]), p["module"]]
+    if family == "mla_bmm":
+        return [xp.log(p["tokens"]), xp.log(p["heads"])]
     return [xp.log(p["tokens"]), xp.log(p["width"])]
 
 
@@ -145,6 +171,11 @@ CORRECTION_COORDINATES: Final[dict[str, tuple[str, ...]]] = {
     "pointwise": ("log_tokens", "log_width"),
     "nccl": ("log_msg", "log_group"),
     "custom_allreduce": ("log_msg", "log_group"),
+    "moe": ("log_tokens", "log_expert_size", "log_local", "log_topk", "log_skew"),
+    "mla_prefill": ("log_batch", "log_length", "log_heads", "module"),
+    "mla_decode": ("log_batch", "log_length", "log_heads", "module"),
+    "mla_bmm": ("log_tokens", "log_heads"),
+    "ep_a2a": ("log_msg", "log_group", "log_sms_frac"),
 }
 """Shape coordinates over which the target-measured correction interpolates, per family."""
 
@@ -162,6 +193,14 @@ def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> 
                 p["windowed"]]
     elif family == "pointwise":
         cols = [lg(p["tokens"]), lg(p["width"])]
+    elif family == "moe":
+        cols = [lg(p["tokens"]), lg(p["hidden"] * p["width"]), lg(p["local"]), lg(p["topk"]), lg(p["skew"])]
+    elif family in ("mla_prefill", "mla_decode"):
+        cols = [lg(p["batch"]), lg(p["length"]), lg(p["heads"]), p["module"]]
+    elif family == "mla_bmm":
+        cols = [lg(p["tokens"]), lg(p["heads"])]
+    elif family == "ep_a2a":
+        cols = [lg(p["msg"]), lg(p["group"]), lg(p["sms_frac"])]
     else:
         cols = [lg(p["msg"]), lg(p["group"])]
     if not xp.vectorised:
@@ -171,6 +210,8 @@ def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> 
 
 
 def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float) -> list[Any]:
+    if family == "ep_a2a":
+        return [*collective_features(xp, p), xp.log(p["sms_frac"])]
     if family in COLLECTIVE_FAMILIES:
         return collective_features(xp, p)
     return compute_features(xp, family, p, num_sms, l2_bytes)

@@ -189,10 +189,16 @@ def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:
     done = _run_without_torch(["microbench", "run", "--plan", "plan.csv", "--out", str(out), "--device", "cpu",
                                "--dry-run"], tmp_path)
     assert done.returncode == 0, done.stderr
-    for name in {FILE_OF[family_of(r["kernel"])] for r in plan}:
+    for name in {FILE_OF[f] for r in plan if (f := family_of(r["kernel"])) in FILE_OF}:
         header, rows = read_table(out / name)
         assert tuple(header) == TABLE_COLUMNS[name] and rows
         assert all(float(r["latency_ms"]) > 0 for r in rows)
+    # MoE / MLA / DeepEP points are skipped with a reason naming the library they need.
+    with (out / "points.csv").open(newline="") as pf:
+        table_points = [r for r in csv.DictReader(pf) if r["kernel"] in ("moe", "mla_generation", "deepep_ll")]
+    assert table_points and all(r["status"] == "skipped" for r in table_points)
+    reasons = " ".join(r["reason"] for r in table_points)
+    assert "vLLM's fused_moe Triton kernel" in reasons and "not installed" in reasons and "FlashMLA" in reasons
     info = json.loads((out / "device.json").read_text())
     assert info["torch"] is None and info["dry_run"] is True
     refused = _run_without_torch(["microbench", "run", "--plan", "plan.csv", "--out", str(tmp_path / "o2")],
