@@ -54,21 +54,22 @@ class NodeTemplate:
     same for every n), distinct kernel rows, and the rows' columns at many counts."""
 
     def __init__(self, first: NodeList) -> None:
-        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in first]
+        self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), w.variant, r) for w, r in first]
         self.row_of: list[int] = list(range(len(first)))
         self.num_rows = len(first)
 
     def groups(self) -> list[list[int]]:
-        """Rows by (kind, dtype, group size, shape length): one kernel-model call each."""
+        """Rows by (kind, dtype, group size, shape length, variant): one kernel-model call each (the
+        table-keyed kinds price by variant: routing distribution, DeepEP mode, MLA BMM op)."""
         out: dict[tuple[object, ...], list[int]] = {}
-        for (kind, _, dtype, group, ndim, _), row in zip(self.nodes, self.row_of, strict=True):
-            rows = out.setdefault((kind, dtype, group, ndim), [])
+        for (kind, _, dtype, group, ndim, variant, _), row in zip(self.nodes, self.row_of, strict=True):
+            rows = out.setdefault((kind, dtype, group, ndim, variant), [])
             if row not in rows:
                 rows.append(row)
         return list(out.values())
 
     def same_nodes(self, nodes: NodeList) -> bool:
-        return [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), r) for w, r in nodes] == self.nodes
+        return [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), w.variant, r) for w, r in nodes] == self.nodes
 
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
         """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
@@ -104,7 +105,7 @@ class PolynomialNodes(NodeTemplate):
             floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
             shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
             # Kernels alike but for the name are one row (priced once, as `StepPricer._priced` does).
-            sig = (w1.kind, w1.dtype, w1.group_size, tuple(floats), tuple(shape))
+            sig = (w1.kind, w1.dtype, w1.group_size, w1.variant, tuple(floats), tuple(shape))
             if sig not in rows:
                 rows[sig] = len(self.coef)
                 self.coef.append((floats, shape))
@@ -148,7 +149,7 @@ class PolynomialNodes(NodeTemplate):
         return poly
 
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
-        kind, _, dtype, group, _, _ = self.nodes[self.row_of.index(rows[0])]
+        kind, _, dtype, group, _, variant, _ = self.nodes[self.row_of.index(rows[0])]
         k = ns - 1
         tri = k * (k - 1) // 2
         kf, trif = k.astype(float), tri.astype(float)
@@ -158,7 +159,8 @@ class PolynomialNodes(NodeTemplate):
         shape = tuple(np.concatenate([a + d1 * k + d2 * tri for a, d1, d2 in (self.coef[r][1][i] for r in rows)])
                       for i in range(ndim))
         by_name = dict(zip(_FLOAT_FIELDS, floats, strict=True))
-        return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape, **by_name)
+        return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape,
+                             variants=(variant,) * len(floats[0]) if variant else (), **by_name)
 
 
 @dataclass(slots=True)

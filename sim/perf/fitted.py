@@ -379,7 +379,7 @@ class FittedEfficiency:
             if family != "ep_a2a":
                 cols["backend"] = np.full(len(sel), self._backend or "", dtype=object)
             tb = table_batch(table, cols, np.arange(len(sel)), hw)
-            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw)
+            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
             predicted = tb.roofline_s * np.exp(y)
             eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)
             prov[sel] = np.where(outside, int(Provenance.EXTRAPOLATED),
@@ -388,26 +388,29 @@ class FittedEfficiency:
 
     # -- vectorised ----------------------------------------------------------------------------
     def predict_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],
-                             cats: Mapping[str, np.ndarray], hw: HardwareSpec
+                             cats: Mapping[str, np.ndarray], hw: HardwareSpec, *, rowwise: bool = False
                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """log(time / roofline) (>= 0), an extrapolation mask and a calibrated mask, for arrays of
-        one family's rows."""
+        one family's rows. `rowwise` runs the MLP one matrix-vector product per row, so a row's
+        value does not depend on the batch it is priced in (the simulator's block pricing)."""
         n = len(next(iter(prims.values())))
         params = self._families.get(family)
         if params is None:
             return np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        y, outside = self.prior_log_slowdown(family, prims, cats, hw)
+        y, outside = self.prior_log_slowdown(family, prims, cats, hw, rowwise=rowwise)
         corrected = np.zeros(n, dtype=bool)
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
             keys = [np.asarray(cats[c], dtype=object) if c in cats else np.full(n, "", dtype=object)
                     for c in params.correction.categoricals]
-            delta, corrected = correction_residual(corr, correction_coordinates(family, dict(prims)), keys)
+            delta, corrected = correction_residual(corr, correction_coordinates(family, dict(prims)), keys,
+                                                    rowwise=rowwise)
             y = y + delta
         return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside, corrected
 
     def prior_log_slowdown(self, family: str, prims: Mapping[str, np.ndarray],
-                           cats: Mapping[str, np.ndarray], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+                           cats: Mapping[str, np.ndarray], hw: HardwareSpec, *, rowwise: bool = False
+                           ) -> tuple[np.ndarray, np.ndarray]:
         """The cross-generation part, unclipped (what a target-measured correction is fitted
         against), and the extrapolation mask."""
         params = self._families[family]
@@ -432,7 +435,8 @@ class FittedEfficiency:
             np.minimum(x, rng[:, 1], out=x)
         mlp = self._mlp.get(family)
         if mlp is not None:
-            y: np.ndarray = mlp_forward(mlp, x_all)
+            # float32 hidden layers round differently in a matrix product than in a matrix-vector one.
+            y: np.ndarray = mlp_forward(mlp, x_all[:, None, :])[:, 0] if rowwise else mlp_forward(mlp, x_all)
             return y, outside
         w = self._coef[family]
         y = w[0] + x @ w[1:1 + p]

@@ -128,9 +128,13 @@ class CorrectionArrays:
     """key -> (offset, points, alpha, squared norms of the points)."""
 
 
-def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray, sq: np.ndarray | None = None) -> np.ndarray:
+def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray, sq: np.ndarray | None = None, *,
+             rowwise: bool = False) -> np.ndarray:
     """sum_j alpha_j exp(-|z - z_j|^2 / 2) for each row of `z` (coordinates already scaled), in
-    float32 (~1e-6 relative: |z|^2 stays below ~1e3 for real shapes)."""
+    float32 (~1e-6 relative: |z|^2 stays below ~1e3 for real shapes). `rowwise` computes each row
+    in float64 on its own, so its value does not depend on the other rows of the batch."""
+    if rowwise:
+        return np.array([float(np.exp(-0.5 * ((points - row) ** 2).sum(1)) @ alpha) for row in z])
     p32 = points.astype(np.float32)
     z32 = z.astype(np.float32)
     sq32 = ((points * points).sum(1) if sq is None else sq).astype(np.float32)
@@ -149,7 +153,7 @@ def _codes(values: np.ndarray, levels: dict[str, int]) -> np.ndarray:
     return np.fromiter((levels.get(v, -1) for v in values.tolist()), dtype=np.int64, count=len(values))
 
 
-def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.ndarray]
+def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.ndarray], *, rowwise: bool = False
                         ) -> tuple[np.ndarray, np.ndarray]:
     """(residual log slowdown, corrected mask) for rows with coordinates `coords` (n x d).
 
@@ -172,7 +176,7 @@ def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.n
         if not hit.any():
             continue
         idx = np.flatnonzero(hit)
-        out[idx] = offset + rbf_mean(points, alpha, z[idx], sq)
+        out[idx] = offset + rbf_mean(points, alpha, z[idx], sq, rowwise=rowwise)
         done[idx] = True
     return out, done
 
