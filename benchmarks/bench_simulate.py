@@ -30,7 +30,7 @@ from typing import Any  # noqa: E402
 
 from sim.api import load_scenario, simulate  # noqa: E402
 from sim.engine.block_pricing import BlockPricer  # noqa: E402
-from sim.engine.pricer import StepPricer  # noqa: E402
+from sim.engine.part_prices import PartPrices  # noqa: E402
 from sim.engine.simulation import SimLimits  # noqa: E402
 from sim.engine.step_parts import PartNodes  # noqa: E402
 
@@ -47,7 +47,7 @@ class _PricingClock:
         self._depth = 0
 
     def install(self) -> None:
-        for cls, name in ((PartNodes, "non_attention"), (StepPricer, "_priced"), (BlockPricer, "part")):
+        for cls, name in ((PartNodes, "non_attention"), (PartPrices, "priced"), (BlockPricer, "part")):
             setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:

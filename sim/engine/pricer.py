@@ -11,17 +11,22 @@ the loop.
 
 A part not seen before is priced with its family's block pricer when the efficiency model prices
 columns (`sim.engine.block_pricing`: many counts in one vectorised call per kernel kind), else, and
-where block pricing does not apply, count by count (`StepPricer._priced`).
+where block pricing does not apply, count by count; the first part a run asks of each family is
+priced count by count too. Priced parts live in a `PartPrices` (`sim.engine.part_prices`), which
+a long-lived caller shares between runs of the same pricing identity (`PriceCache`): the run's
+prices are the same either way.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
 from sim.engine.block_pricing import BlockPricer, NodeList, Part
-from sim.engine.step_parts import PartFamily, PartNodes
+from sim.engine.part_prices import PartPrices
+from sim.engine.step_parts import PartFamily
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -29,12 +34,16 @@ from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
-_WorkSignature = tuple[object, ...]
+_TOKEN: PartFamily = ("token",)
+_SAMPLING: PartFamily = ("sampling",)
 
 
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
-                 decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True) -> None:
+                 decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True,
+                 prices: PartPrices | None = None) -> None:
+        """`prices`: priced parts shared with other runs of the same pricing identity (from
+        `PriceCache.prices`); None prices this run's parts afresh."""
         self._sc = scenario
         self._cost = cost
         self._host = host
@@ -48,8 +57,10 @@ class StepPricer:
         self._prefill_parts: dict[tuple[int, int, int], Part] = {}
         self._decode_parts: dict[tuple[int, int], Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
-        self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
-        self._nodes = PartNodes(scenario)
+        if prices is None:
+            prices = PartPrices(scenario, cost, host.eager_launch_s, block_pricing=block_pricing)
+        self._prices = prices
+        self._nodes = prices.nodes
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
@@ -57,8 +68,11 @@ class StepPricer:
         self.counts: Counter[StepKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
-        self._blocks: dict[PartFamily, BlockPricer] | None = (
-            {} if block_pricing and cost.prices_columns() else None)
+        self._blocks: dict[PartFamily, BlockPricer | None] | None = {} if prices.block_pricing else None
+        """This run's families: the first part of each is priced count by count (absent
+        before), later ones by the family's block pricer (None where it has none)."""
+        self._tops = (scenario.engine.max_num_batched_tokens,
+                      min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
 
     def key(self, plan: StepPlan) -> StepKey:
         prefills: list[tuple[int, int, bool]] = []
@@ -168,80 +182,54 @@ class StepPricer:
         return host
 
     # -- parts ---------------------------------------------------------------------------------
-    def _block_part(self, which: PartFamily, n: int) -> Part | None:
-        """The part of count `n` of the part family `which` from block pricing, or None where it
-        does not apply (the caller prices the part alone)."""
-        if self._blocks is None:
-            return None
-        pricer = self._blocks.get(which)
-        if pricer is None:
-            pricer = self._blocks[which] = self._nodes.block_pricer(which, self._cost, self._host.eager_launch_s)
-        part = pricer.part(n)
-        if part is not None:
-            self.worst_provenance = max(self.worst_provenance, part.worst_provenance)
+    def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
+        """The part of count `n` of `family`, first asked for in this run: by block pricing from
+        the family's second part on, else (and where block pricing does not apply) count by count."""
+        part = None
+        blocks = self._blocks
+        if blocks is not None:
+            if family in blocks:
+                pricer = blocks[family]
+                if pricer is not None:
+                    part = pricer.part(n)
+            else:
+                top = self._tops[0] if family[0] in ("token", "prefill") else self._tops[1]
+                assert top is not None
+                blocks[family] = self._prices.block_pricer(family, top)
+        if part is None:
+            part = self._prices.scalar_part(family, n, build)
+        if part.worst_provenance > self.worst_provenance:
+            self.worst_provenance = part.worst_provenance
         return part
 
     def _token_part(self, num_tokens: int) -> Part:
         part = self._token_parts.get(num_tokens)
         if part is None:
-            part = self._block_part(("token",), num_tokens) or self._priced(self._nodes.token(num_tokens))
-            self._token_parts[num_tokens] = part
+            part = self._token_parts[num_tokens] = self._new_part(_TOKEN, num_tokens, self._nodes.token)
         return part
 
     def _sampling_part(self, num_sampled: int) -> Part:
         part = self._sampling_parts.get(num_sampled)
         if part is None:
-            part = (self._block_part(("sampling",), num_sampled)
-                    or self._priced(self._nodes.sampling(num_sampled)))
-            self._sampling_parts[num_sampled] = part
+            part = self._sampling_parts[num_sampled] = self._new_part(_SAMPLING, num_sampled, self._nodes.sampling)
         return part
 
     def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> Part:
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
         if part is None:
-            part = (self._block_part(("prefill", context_tokens, count), new_tokens)
-                    or self._priced(self._nodes.prefill(new_tokens, context_tokens, count)))
-            self._prefill_parts[key] = part
+            nodes = self._nodes
+            part = self._prefill_parts[key] = self._new_part(
+                ("prefill", context_tokens, count), new_tokens, lambda n: nodes.prefill(n, context_tokens, count))
         return part
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
         part = self._decode_parts.get((num_decode, mean_context_tokens))
         if part is None:
-            part = (self._block_part(("decode", mean_context_tokens), num_decode)
-                    or self._priced(self._nodes.decode(num_decode, mean_context_tokens)))
-            self._decode_parts[(num_decode, mean_context_tokens)] = part
+            nodes = self._nodes
+            part = self._decode_parts[(num_decode, mean_context_tokens)] = self._new_part(
+                ("decode", mean_context_tokens), num_decode, lambda n: nodes.decode(n, mean_context_tokens))
         return part
-
-    def _priced(self, nodes: NodeList) -> Part:
-        labels, secs = [], []
-        gpu = comm = gap = 0.0
-        launches = 0
-        worst = Provenance.MEASURED
-        eager_launch_s = self._host.eager_launch_s
-        for work, repeat in nodes:
-            # Time does not depend on the kernel's name: kernels alike but for it share a price.
-            signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
-                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape)
-            priced = self._by_signature.get(signature)
-            if priced is None:
-                est = self._cost.estimate(work)
-                priced = (est.time_s, est.provenance)
-                self._by_signature[signature] = priced
-            time_s, provenance = priced
-            seconds = time_s * repeat
-            labels.append((work.kind.value, work.name))
-            secs.append(seconds)
-            if work.kind.is_collective():
-                comm += seconds
-            else:
-                gpu += seconds
-            gap += max(0.0, eager_launch_s - time_s) * repeat
-            launches += repeat
-            worst = max(worst, provenance)
-        self.worst_provenance = max(self.worst_provenance, worst)
-        return Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
-                     short_kernel_gap_s=gap, worst_provenance=worst)
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""
