@@ -1,17 +1,17 @@
 """Block pricing: the parts of one family, a kernel-node list indexed by a count n >= 1, priced
 for many counts at once (used when the efficiency model prices columns, `ColumnEfficiencyModel`).
 
-From the second part of a family a run asks for (the run prices the first count by count), a
-miss prices every unpriced count of an aligned window around it (128 counts first, then as wide
-as the counts the family has priced, so short runs price little and long runs make few calls) in
-one vectorised kernel-model call per kernel kind, and keeps them. The kernel fields of the step parts are polynomials of degree <= 2
-in the count (GEMM m, pointwise tokens, collective bytes and decode batch are linear; prefill
-attention FLOPs quadratic): their columns come from the nodes at counts 1, 2 and 3, after an
-exact check against the real nodes at enough other counts to rule out a second piece
-(`PolynomialNodes.checks`). A family that fails the check is priced count by count by the caller
-(MoE: expected experts hit), or, where the family asks for it (prefill attention with a sliding
-window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices equal
-count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
+From the second part of a family a run asks for (the run prices the first count by count), a miss
+prices every unpriced count of an aligned window around it (128 counts first, then as wide as the
+counts the family has priced, so short runs price little and long runs make few calls) in one
+vectorised kernel-model call per kernel kind, and keeps them. The kernel fields of the step parts
+are polynomials of degree <= 2 in the count (GEMM m, pointwise tokens, collective bytes and decode
+batch are linear; prefill attention FLOPs quadratic): their columns come from the nodes at counts
+1, 2 and 3, after an exact check against the real nodes at enough other counts to rule out a second
+piece (`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
+caller (MoE: expected experts hit), or, where the family asks for it (prefill attention with a
+sliding window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices
+equal count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
 Which families there are and how each is built: `sim.engine.step_parts`.
 """
 

@@ -47,9 +47,9 @@ Engine-profile policies (`sim.perf.profile.SchedulingPolicy`, both off by defaul
 from __future__ import annotations
 
 from bisect import insort
-from heapq import heappop, heappush
 from collections import deque
 from collections.abc import Sequence
+from heapq import heappop, heappush
 from typing import cast
 
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
