@@ -132,27 +132,15 @@ class StepPricer:
 
     def step_s(self, key: StepKey) -> float:
         """Seconds of a step: its kernels (sum of the parts) and host overhead."""
-        parts = self._parts(key)
-        gpu = comm = gap = 0.0
-        launches = 0
-        for p in parts:
-            gpu += p.gpu_s
-            comm += p.comm_s
-            gap += p.short_kernel_gap_s
-            launches += p.num_launches
-        host = self._host_cost(key, launches, gap)
-        self._key_parts[key] = (parts, host)
-        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
-
-    def _parts(self, key: StepKey) -> list[Part]:
         prefills, num_decode, mean = key
         num_tokens = num_sampled = num_decode
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-        parts = [self._token_part(num_tokens)]
+        part = self._token_parts.get(num_tokens) or self._token_part(num_tokens)
+        parts = [part]
         if num_sampled:
-            parts.append(self._sampling_part(num_sampled))
+            parts.append(self._sampling_parts.get(num_sampled) or self._sampling_part(num_sampled))
         # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
         i, n = 0, len(prefills)
         while i < n:
@@ -162,24 +150,26 @@ class StepPricer:
             parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
             i = j
         if num_decode:
-            parts.append(self._decode_part(num_decode, mean))
-        return parts
-
-    def _host_cost(self, key: StepKey, num_launches: int, short_kernel_gap_s: float) -> HostCost:
-        prefills, num_decode, _ = key
-        num_sampled = num_decode + sum(1 for _, _, s in prefills if s)
+            parts.append(self._decode_parts.get((num_decode, mean)) or self._decode_part(num_decode, mean))
+        gpu = comm = gap = 0.0
+        launches = 0
+        for p in parts:
+            gpu += p.gpu_s
+            comm += p.comm_s
+            gap += p.short_kernel_gap_s
+            launches += p.num_launches
         if self._mode != "eager":
-            num_launches, short_kernel_gap_s = 0, 0.0  # only eager launches cost per kernel
-        host_key = (len(prefills) + num_decode, num_sampled, not prefills, num_launches, short_kernel_gap_s)
+            launches, gap = 0, 0.0  # only eager launches cost per kernel
+        host_key = (n + num_decode, num_sampled, not prefills, launches, gap)
         host = self._host_costs.get(host_key)
         if host is None:
             host = self._host_costs[host_key] = host_cost(
                 params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_sampled,
                 is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
-                num_launches=num_launches, num_layers=self._sc.model.num_layers,
-                short_kernel_gap_s=short_kernel_gap_s,
+                num_launches=launches, num_layers=self._sc.model.num_layers, short_kernel_gap_s=gap,
             )
-        return host
+        self._key_parts[key] = (parts, host)
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
 
     # -- parts ---------------------------------------------------------------------------------
     def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
