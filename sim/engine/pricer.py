@@ -79,7 +79,7 @@ class StepPricer:
         num_decode = plan.num_bulk_decodes
         total_context = plan.bulk_decode_context_tokens
         for c in plan.chunks:
-            if c.is_decode():
+            if c.num_new_tokens == 1 and c.num_context_tokens >= c.request.prompt_tokens:  # c.is_decode()
                 num_decode += 1
                 total_context += c.num_context_tokens
             else:
@@ -124,7 +124,8 @@ class StepPricer:
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""
         key = self.key(plan)
-        self.counts[key] += 1
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1  # (Counter's += calls __missing__ for a new key)
         step_s = self._memo.get(key)
         if step_s is None:
             step_s = self._memo[key] = self.step_s(key)

@@ -296,7 +296,7 @@ class Simulation:
                 n = min(last, steps) - first
                 if n <= 0:
                     break
-                counts[key] += n
+                counts[key] = counts.get(key, 0) + n
                 itl[step_s] = itl.get(step_s, 0) + num_decode * n
                 for _ in range(n):
                     busy_s += step_s
