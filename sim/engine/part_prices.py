@@ -134,7 +134,7 @@ class PriceCache:
     at most `max_identities` kept, the least recently used dropped first. Not thread-safe: one
     owner simulates one trial at a time."""
 
-    def __init__(self, max_identities: int = 8, max_parts: int = 1 << 16) -> None:
+    def __init__(self, max_identities: int = 16, max_parts: int = 1 << 16) -> None:
         if max_identities < 1:
             raise ValueError(f"max_identities={max_identities!r} must be >= 1")
         self._max = max_identities
