@@ -9,7 +9,9 @@ ShareGPT-like lengths: input ~ uniform[102, 1946] (mean 1024), output ~ uniform[
 (mean 256), i.e. `random_range_ratio = 0.9` around 1024/256 — wide, like ShareGPT's spread.
 The rate (~80% of the saturated throughput) is found first by a closed `inf`-rate run with the
 same kernel tier. `--reference` runs the request-by-request path (`SimLimits(bulk_decode=False)`),
-which gives the same results.
+which gives the same results. `--price-cache` shares one `PriceCache` and `EfficiencyModels` between
+the probe and the timed runs, as a sweep worker's trials do (same results; the timed runs then
+price few or no parts and do not parse the calibration).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from sim.api import load_scenario, simulate  # noqa: E402
+from sim.api import load_scenario, scenario_efficiency, simulate  # noqa: E402
+from sim.calibration.select import EfficiencyModels  # noqa: E402
 from sim.engine.block_pricing import BlockPricer  # noqa: E402
-from sim.engine.pricer import StepPricer  # noqa: E402
+from sim.engine.part_prices import PartPrices, PriceCache  # noqa: E402
 from sim.engine.simulation import SimLimits  # noqa: E402
 from sim.engine.step_parts import PartNodes  # noqa: E402
 
@@ -47,7 +50,7 @@ class _PricingClock:
         self._depth = 0
 
     def install(self) -> None:
-        for cls, name in ((PartNodes, "non_attention"), (StepPricer, "_priced"), (BlockPricer, "part")):
+        for cls, name in ((PartNodes, "non_attention"), (PartPrices, "priced"), (BlockPricer, "part")):
             setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,10 +73,16 @@ def main() -> int:
     parser.add_argument("--tier", default="auto", help="[perf] tier: auto, roofline, cross-generation, ...")
     parser.add_argument("--repeat", type=int, default=1, help="report the best of this many runs")
     parser.add_argument("--reference", action="store_true", help="request-by-request path (no bulk decodes)")
+    parser.add_argument("--price-cache", action="store_true",
+                        help="share priced step parts between the probe and the timed runs, as a sweep worker does")
     args = parser.parse_args()
+    prices = PriceCache() if args.price_cache else None
+    models = EfficiencyModels() if args.price_cache else None
     base = {**BASE, "perf.tier": args.tier}
-    probe = simulate(load_scenario(SCENARIO, {**base, "workload.num_prompts": 2000,
-                                              "workload.request_rate": float("inf")}))
+    probe_scenario = load_scenario(SCENARIO, {**base, "workload.num_prompts": 2000,
+                                              "workload.request_rate": float("inf")})
+    probe = simulate(probe_scenario, prices=prices,
+                     efficiency=None if models is None else scenario_efficiency(probe_scenario, models=models))
     capacity = probe.summary.request_throughput_per_s
     rate = 0.8 * capacity
     scenario = load_scenario(SCENARIO, {**base, "workload.num_prompts": args.requests, "workload.request_rate": rate})
@@ -84,14 +93,16 @@ def main() -> int:
     for _ in range(args.repeat):
         clock.cpu_s = 0.0
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        result = simulate(scenario, limits=limits)
+        efficiency = None if models is None else scenario_efficiency(scenario, models=models)
+        result = simulate(scenario, limits=limits, prices=prices, efficiency=efficiency)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         best = min(best, (wall, cpu, clock.cpu_s))
     wall, cpu, pricing = best
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     s = result.summary
     sys.stdout.write(
-        f"requests={args.requests} tier={args.tier} {'reference' if args.reference else 'bulk'} "
+        f"requests={args.requests} tier={args.tier} {'reference' if args.reference else 'bulk'}"
+        f"{' price-cache' if args.price_cache else ''} "
         f"capacity={capacity:.2f} req/s rate={rate:.2f} req/s\n"
         f"wall={wall:.3f} s cpu={cpu:.3f} s (pricing new kernel parts {pricing:.3f} s)  "
         f"sim_requests_per_s={args.requests / wall:.0f}  steps={s.num_steps} "

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sim.calibration.select import EfficiencyModels, efficiency_model_for
+from sim.engine.part_prices import PriceCache
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord, StepRecord
 from sim.engine.simulation import SimLimits, Simulation, gc_paused, request_states
@@ -186,22 +187,26 @@ def simulate(
     profile: EngineProfile | None = None,
     progress: Callable[[int], None] | None = None,
     max_step_events: int = 0,
+    prices: PriceCache | None = None,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
 
     `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
     `max_step_events` > 0 logs the steps run (`SimResult.steps`, at most that many records; see
-    `sim.engine.step_log`); the results are the same either way.
+    `sim.engine.step_log`); the results are the same either way. `prices` shares priced step parts
+    with earlier calls of the same pricing identity (a sweep worker's trials; see
+    `sim.engine.part_prices`): same results, less pricing.
     Cyclic garbage collection is paused during the call (see `sim.engine.simulation.gc_paused`).
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
-                         progress=progress, max_step_events=max_step_events)
+                         progress=progress, max_step_events=max_step_events, prices=prices)
 
 
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
-              progress: Callable[[int], None] | None, max_step_events: int) -> SimResult:
+              progress: Callable[[int], None] | None, max_step_events: int,
+              prices: PriceCache | None) -> SimResult:
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -223,8 +228,13 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         for _ in range(engine.data_parallel_size)
     ]
     states = request_states(specs, replicas[0].kv)
-    cost_model = StepCostModel(scenario.hardware, efficiency or scenario_efficiency(scenario, profile))
-    pricer = StepPricer(scenario, cost_model, host or profile.host)
+    efficiency = efficiency or scenario_efficiency(scenario, profile)
+    host = host or profile.host
+    if prices is None:
+        pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
+    else:
+        shared = prices.prices(scenario, efficiency, host.eager_launch_s)
+        pricer = StepPricer(scenario, shared.cost, host, prices=shared)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                      max_concurrency=scenario.workload.max_concurrency, limits=limits,

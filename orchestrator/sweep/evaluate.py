@@ -18,6 +18,7 @@ from orchestrator.sweep.spec import ParamValue
 from sim.api import __version__ as sim_version
 from sim.api import scenario_efficiency, simulate
 from sim.calibration.select import EfficiencyModels
+from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.specs.scenario import Scenario
 
@@ -39,6 +40,9 @@ class TrialEvaluator:
         self._base = base
         self._render = render_artifacts
         self._models = EfficiencyModels()
+        self._prices = PriceCache()
+        """Priced step parts shared by this worker's trials of the same hardware, model, precision,
+        parallelism and kernel model (same results as pricing each trial afresh)."""
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
         start_s = time.perf_counter()
@@ -51,7 +55,8 @@ class TrialEvaluator:
         failed = TrialResult(number=trial.number, status=TrialStatus.FAILED, params=params,
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
-            result = simulate(scenario, efficiency=scenario_efficiency(scenario, models=self._models))
+            result = simulate(scenario, efficiency=scenario_efficiency(scenario, models=self._models),
+                              prices=self._prices)
         except InfeasibleScenario as exc:
             return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
                            duration_s=time.perf_counter() - start_s)

@@ -83,10 +83,17 @@ def _fail(source: str, key: str, value: object, rule: str) -> ConfigError:
     return ConfigError(source=source, key=key, value=value, rule=rule)
 
 
+_PLAIN_NUMBERS = frozenset({int, float})
+
+
 def _floats(source: str, key: str, value: object) -> tuple[float, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list):
         raise _fail(source, key, value, "must be a list of numbers")
-    return tuple(float(v) for v in value)
+    # The common case (JSON numbers) checked by type in C; anything else goes through the full rule.
+    if not _PLAIN_NUMBERS.issuperset(map(type, value)) and not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        raise _fail(source, key, value, "must be a list of numbers")
+    return tuple(map(float, value))
 
 
 def _matrix(source: str, key: str, value: object) -> tuple[tuple[float, ...], ...]:

@@ -1,17 +1,17 @@
 """Block pricing: the parts of one family, a kernel-node list indexed by a count n >= 1, priced
 for many counts at once (used when the efficiency model prices columns, `ColumnEfficiencyModel`).
 
-From the second part of a family not seen before, a miss prices every unpriced count of an
-aligned window around it (128 counts first, then as wide as the counts the family has priced, so
-short runs price little and long runs make few calls) in one vectorised kernel-model call per
-kernel kind, and keeps them. The kernel fields of the step parts are polynomials of degree <= 2
-in the count (GEMM m, pointwise tokens, collective bytes and decode batch are linear; prefill
-attention FLOPs quadratic): their columns come from the nodes at counts 1, 2 and 3, after an
-exact check against the real nodes at enough other counts to rule out a second piece
-(`PolynomialNodes.checks`). A family that fails the check is priced count by count by the caller
-(MoE: expected experts hit), or, where the family asks for it (prefill attention with a sliding
-window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices equal
-count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
+From the second part of a family a run asks for (the run prices the first count by count), a miss
+prices every unpriced count of an aligned window around it (128 counts first, then as wide as the
+counts the family has priced, so short runs price little and long runs make few calls) in one
+vectorised kernel-model call per kernel kind, and keeps them. The kernel fields of the step parts
+are polynomials of degree <= 2 in the count (GEMM m, pointwise tokens, collective bytes and decode
+batch are linear; prefill attention FLOPs quadratic): their columns come from the nodes at counts
+1, 2 and 3, after an exact check against the real nodes at enough other counts to rule out a second
+piece (`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
+caller (MoE: expected experts hit), or, where the family asks for it (prefill attention with a
+sliding window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices
+equal count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
 Which families there are and how each is built: `sim.engine.step_parts`.
 """
 
@@ -31,6 +31,7 @@ NodeList = list[tuple[KernelWork, int]]
 """Kernel nodes of a part: (work, repeat) in step order."""
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
 _MIN_BLOCK = 128
+_PROVENANCE = {int(p): p for p in Provenance}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,14 +170,16 @@ class _Block:
 
     seconds: np.ndarray
     """Per node, seconds in the step (launch time x repeat) at each count."""
-    gpu_s: np.ndarray
-    comm_s: np.ndarray
-    short_kernel_gap_s: np.ndarray
-    worst: np.ndarray
+    gpu_s: list[float]
+    comm_s: list[float]
+    short_kernel_gap_s: list[float]
+    worst: list[Provenance]
 
 
 class BlockPricer:
-    """Parts of counts 1..`max_count` priced in windows (see the module docstring)."""
+    """Parts of counts 1..`max_count` priced in windows (see the module docstring). Which counts
+    a caller prices alone (a run's first part of the family) is the caller's choice: a count's
+    block price does not depend on the counts priced before it, so one pricer may serve many runs."""
 
     def __init__(self, template: Callable[[], NodeTemplate | None], cost: StepCostModel, eager_launch_s: float,
                  max_count: int) -> None:
@@ -186,17 +189,19 @@ class BlockPricer:
         self._eager = eager_launch_s
         self._max = max_count
         self._where: dict[int, tuple[_Block, int]] = {}
-        self._misses = 0
+        self._parts: dict[int, Part] = {}
         self._labels: tuple[tuple[str, str], ...] = ()
         self._launches = 0
 
     def part(self, n: int) -> Part | None:
         """The part of count `n`, or None where the caller prices it alone: outside 1..max_count,
-        on the first miss (a part asked for once needs no window), or when no template applies."""
+        or when no template applies."""
+        part = self._parts.get(n)
+        if part is not None:
+            return part
         at = self._where.get(n)
         if at is None:
-            self._misses += 1
-            if not 1 <= n <= self._max or self._misses == 1:
+            if not 1 <= n <= self._max:
                 return None
             if self._template is None:
                 self._template = self._make_template()
@@ -208,17 +213,19 @@ class BlockPricer:
             self._price_window(n)
             at = self._where[n]
         block, j = at
-        return Part(labels=self._labels, seconds=block.seconds[:, j], gpu_s=float(block.gpu_s[j]),
-                     comm_s=float(block.comm_s[j]), num_launches=self._launches,
-                     short_kernel_gap_s=float(block.short_kernel_gap_s[j]),
-                     worst_provenance=Provenance(int(block.worst[j])))
+        part = self._parts[n] = Part(
+            labels=self._labels, seconds=block.seconds[:, j], gpu_s=block.gpu_s[j], comm_s=block.comm_s[j],
+            num_launches=self._launches, short_kernel_gap_s=block.short_kernel_gap_s[j],
+            worst_provenance=block.worst[j])
+        return part
 
     def _price_window(self, n: int) -> None:
         size = _MIN_BLOCK
         while size < len(self._where):
             size *= 2
         lo = (n - 1) // size * size + 1
-        ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in self._where], dtype=np.int64)
+        where = self._where
+        ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in where], dtype=np.int64)
         template = self._template
         assert template is not None
         times = np.empty((template.num_rows, len(ns)))
@@ -230,7 +237,7 @@ class BlockPricer:
         seconds = np.empty((len(template.nodes), len(ns)))
         gpu, comm, gap = np.zeros(len(ns)), np.zeros(len(ns)), np.zeros(len(ns))
         worst = np.full(len(ns), int(Provenance.MEASURED), dtype=np.int64)
-        # The sums run over the nodes in order, as `StepPricer._priced` adds them.
+        # The sums run over the nodes in order, as `PartPrices.priced` adds them.
         for i, ((kind, *_, repeat), row) in enumerate(zip(template.nodes, template.row_of, strict=True)):
             time_s = times[row]
             sec = seconds[i] = time_s * repeat
@@ -240,6 +247,7 @@ class BlockPricer:
                 gpu += sec
             gap += np.maximum(0.0, self._eager - time_s) * repeat
             np.maximum(worst, provs[row], out=worst)
-        block = _Block(seconds=seconds, gpu_s=gpu, comm_s=comm, short_kernel_gap_s=gap, worst=worst)
+        block = _Block(seconds=seconds, gpu_s=gpu.tolist(), comm_s=comm.tolist(), short_kernel_gap_s=gap.tolist(),
+                       worst=[_PROVENANCE[w] for w in worst.tolist()])
         for j, m in enumerate(ns.tolist()):
-            self._where[m] = (block, j)
+            where[m] = (block, j)

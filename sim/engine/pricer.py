@@ -11,17 +11,22 @@ the loop.
 
 A part not seen before is priced with its family's block pricer when the efficiency model prices
 columns (`sim.engine.block_pricing`: many counts in one vectorised call per kernel kind), else, and
-where block pricing does not apply, count by count (`StepPricer._priced`).
+where block pricing does not apply, count by count; the first part a run asks of each family is
+priced count by count too. Priced parts live in a `PartPrices` (`sim.engine.part_prices`), which
+a long-lived caller shares between runs of the same pricing identity (`PriceCache`): the run's
+prices are the same either way.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
 from sim.engine.block_pricing import BlockPricer, NodeList, Part
-from sim.engine.step_parts import PartFamily, PartNodes
+from sim.engine.part_prices import PartPrices
+from sim.engine.step_parts import PartFamily
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -29,12 +34,17 @@ from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
-_WorkSignature = tuple[object, ...]
+_TOKEN: PartFamily = ("token",)
+_DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
+_SAMPLING: PartFamily = ("sampling",)
 
 
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
-                 decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True) -> None:
+                 decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True,
+                 prices: PartPrices | None = None) -> None:
+        """`prices`: priced parts shared with other runs of the same pricing identity (from
+        `PriceCache.prices`); None prices this run's parts afresh."""
         self._sc = scenario
         self._cost = cost
         self._host = host
@@ -43,13 +53,17 @@ class StepPricer:
         """Step seconds per key (no more entries than `counts`)."""
         self._key_parts: dict[StepKey, tuple[list[Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown)."""
-        self._token_parts: dict[tuple[int, bool], Part] = {}
+        self._token_parts: dict[int, Part] = {}
+        """Token parts by count; negative counts key decode-only steps' parts (expert-parallel
+        models: their all-to-all runs in low-latency mode)."""
         self._sampling_parts: dict[int, Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], Part] = {}
         self._decode_parts: dict[tuple[int, int], Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
-        self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
-        self._nodes = PartNodes(scenario)
+        if prices is None:
+            prices = PartPrices(scenario, cost, host.eager_launch_s, block_pricing=block_pricing)
+        self._prices = prices
+        self._nodes = prices.nodes
         # Only the expert all-to-all differs between decode-only steps and others (its mode).
         self._decode_modes = scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1
         self._mode = scenario.engine.effective_launch_mode()
@@ -59,15 +73,18 @@ class StepPricer:
         self.counts: Counter[StepKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
-        self._blocks: dict[PartFamily, BlockPricer] | None = (
-            {} if block_pricing and cost.prices_columns() else None)
+        self._blocks: dict[PartFamily, BlockPricer | None] | None = {} if prices.block_pricing else None
+        """This run's families: the first part of each is priced count by count (absent
+        before), later ones by the family's block pricer (None where it has none)."""
+        self._tops = (scenario.engine.max_num_batched_tokens,
+                      min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
 
     def key(self, plan: StepPlan) -> StepKey:
         prefills: list[tuple[int, int, bool]] = []
         num_decode = plan.num_bulk_decodes
         total_context = plan.bulk_decode_context_tokens
         for c in plan.chunks:
-            if c.is_decode():
+            if c.num_new_tokens == 1 and c.num_context_tokens >= c.request.prompt_tokens:  # c.is_decode()
                 num_decode += 1
                 total_context += c.num_context_tokens
             else:
@@ -112,7 +129,8 @@ class StepPricer:
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""
         key = self.key(plan)
-        self.counts[key] += 1
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1  # (Counter's += calls __missing__ for a new key)
         step_s = self._memo.get(key)
         if step_s is None:
             step_s = self._memo[key] = self.step_s(key)
@@ -120,27 +138,16 @@ class StepPricer:
 
     def step_s(self, key: StepKey) -> float:
         """Seconds of a step: its kernels (sum of the parts) and host overhead."""
-        parts = self._parts(key)
-        gpu = comm = gap = 0.0
-        launches = 0
-        for p in parts:
-            gpu += p.gpu_s
-            comm += p.comm_s
-            gap += p.short_kernel_gap_s
-            launches += p.num_launches
-        host = self._host_cost(key, launches, gap)
-        self._key_parts[key] = (parts, host)
-        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
-
-    def _parts(self, key: StepKey) -> list[Part]:
         prefills, num_decode, mean = key
         num_tokens = num_sampled = num_decode
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-        parts = [self._token_part(num_tokens, self._decode_modes and not prefills)]
+        token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
+        part = self._token_parts.get(token_key) or self._token_part(token_key)
+        parts = [part]
         if num_sampled:
-            parts.append(self._sampling_part(num_sampled))
+            parts.append(self._sampling_parts.get(num_sampled) or self._sampling_part(num_sampled))
         # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
         i, n = 0, len(prefills)
         while i < n:
@@ -150,102 +157,80 @@ class StepPricer:
             parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
             i = j
         if num_decode:
-            parts.append(self._decode_part(num_decode, mean))
-        return parts
-
-    def _host_cost(self, key: StepKey, num_launches: int, short_kernel_gap_s: float) -> HostCost:
-        prefills, num_decode, _ = key
-        num_sampled = num_decode + sum(1 for _, _, s in prefills if s)
+            parts.append(self._decode_parts.get((num_decode, mean)) or self._decode_part(num_decode, mean))
+        gpu = comm = gap = 0.0
+        launches = 0
+        for p in parts:
+            gpu += p.gpu_s
+            comm += p.comm_s
+            gap += p.short_kernel_gap_s
+            launches += p.num_launches
         if self._mode != "eager":
-            num_launches, short_kernel_gap_s = 0, 0.0  # only eager launches cost per kernel
-        host_key = (len(prefills) + num_decode, num_sampled, not prefills, num_launches, short_kernel_gap_s)
+            launches, gap = 0, 0.0  # only eager launches cost per kernel
+        host_key = (n + num_decode, num_sampled, not prefills, launches, gap)
         host = self._host_costs.get(host_key)
         if host is None:
             host = self._host_costs[host_key] = host_cost(
                 params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_sampled,
                 is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
-                num_launches=num_launches, num_layers=self._sc.model.num_layers,
-                short_kernel_gap_s=short_kernel_gap_s,
+                num_launches=launches, num_layers=self._sc.model.num_layers, short_kernel_gap_s=gap,
             )
-        return host
+        self._key_parts[key] = (parts, host)
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
 
     # -- parts ---------------------------------------------------------------------------------
-    def _block_part(self, which: PartFamily, n: int) -> Part | None:
-        """The part of count `n` of the part family `which` from block pricing, or None where it
-        does not apply (the caller prices the part alone)."""
-        if self._blocks is None:
-            return None
-        pricer = self._blocks.get(which)
-        if pricer is None:
-            pricer = self._blocks[which] = self._nodes.block_pricer(which, self._cost, self._host.eager_launch_s)
-        part = pricer.part(n)
-        if part is not None:
-            self.worst_provenance = max(self.worst_provenance, part.worst_provenance)
+    def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
+        """The part of count `n` of `family`, first asked for in this run: by block pricing from
+        the family's second part on, else (and where block pricing does not apply) count by count."""
+        part = None
+        blocks = self._blocks
+        if blocks is not None:
+            if family in blocks:
+                pricer = blocks[family]
+                if pricer is not None:
+                    part = pricer.part(n)
+            else:
+                top = self._tops[0] if family[0] in ("token", "prefill") else self._tops[1]
+                assert top is not None
+                blocks[family] = self._prices.block_pricer(family, top)
+        if part is None:
+            part = self._prices.scalar_part(family, n, build)
+        if part.worst_provenance > self.worst_provenance:
+            self.worst_provenance = part.worst_provenance
         return part
 
-    def _token_part(self, num_tokens: int, decode_only: bool) -> Part:
-        part = self._token_parts.get((num_tokens, decode_only))
+    def _token_part(self, token_key: int) -> Part:
+        part = self._token_parts.get(token_key)
         if part is None:
-            part = (self._block_part(("token", "decode_only") if decode_only else ("token",), num_tokens)
-                    or self._priced(self._nodes.token(num_tokens, decode_only)))
-            self._token_parts[(num_tokens, decode_only)] = part
+            if token_key < 0:
+                part = self._new_part(_DECODE_ONLY_TOKEN, -token_key, self._nodes.decode_only_token)
+            else:
+                part = self._new_part(_TOKEN, token_key, self._nodes.token)
+            self._token_parts[token_key] = part
         return part
 
     def _sampling_part(self, num_sampled: int) -> Part:
         part = self._sampling_parts.get(num_sampled)
         if part is None:
-            part = (self._block_part(("sampling",), num_sampled)
-                    or self._priced(self._nodes.sampling(num_sampled)))
-            self._sampling_parts[num_sampled] = part
+            part = self._sampling_parts[num_sampled] = self._new_part(_SAMPLING, num_sampled, self._nodes.sampling)
         return part
 
     def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> Part:
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
         if part is None:
-            part = (self._block_part(("prefill", context_tokens, count), new_tokens)
-                    or self._priced(self._nodes.prefill(new_tokens, context_tokens, count)))
-            self._prefill_parts[key] = part
+            nodes = self._nodes
+            part = self._prefill_parts[key] = self._new_part(
+                ("prefill", context_tokens, count), new_tokens, lambda n: nodes.prefill(n, context_tokens, count))
         return part
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
         part = self._decode_parts.get((num_decode, mean_context_tokens))
         if part is None:
-            part = (self._block_part(("decode", mean_context_tokens), num_decode)
-                    or self._priced(self._nodes.decode(num_decode, mean_context_tokens)))
-            self._decode_parts[(num_decode, mean_context_tokens)] = part
+            nodes = self._nodes
+            part = self._decode_parts[(num_decode, mean_context_tokens)] = self._new_part(
+                ("decode", mean_context_tokens), num_decode, lambda n: nodes.decode(n, mean_context_tokens))
         return part
-
-    def _priced(self, nodes: NodeList) -> Part:
-        labels, secs = [], []
-        gpu = comm = gap = 0.0
-        launches = 0
-        worst = Provenance.MEASURED
-        eager_launch_s = self._host.eager_launch_s
-        for work, repeat in nodes:
-            # Time does not depend on the kernel's name: kernels alike but for it share a price.
-            signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
-                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape,
-                         work.variant)
-            priced = self._by_signature.get(signature)
-            if priced is None:
-                est = self._cost.estimate(work)
-                priced = (est.time_s, est.provenance)
-                self._by_signature[signature] = priced
-            time_s, provenance = priced
-            seconds = time_s * repeat
-            labels.append((work.kind.value, work.name))
-            secs.append(seconds)
-            if work.kind.is_collective():
-                comm += seconds
-            else:
-                gpu += seconds
-            gap += max(0.0, eager_launch_s - time_s) * repeat
-            launches += repeat
-            worst = max(worst, provenance)
-        self.worst_provenance = max(self.worst_provenance, worst)
-        return Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
-                     short_kernel_gap_s=gap, worst_provenance=worst)
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""

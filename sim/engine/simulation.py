@@ -296,7 +296,7 @@ class Simulation:
                 n = min(last, steps) - first
                 if n <= 0:
                     break
-                counts[key] += n
+                counts[key] = counts.get(key, 0) + n
                 itl[step_s] = itl.get(step_s, 0) + num_decode * n
                 for _ in range(n):
                     busy_s += step_s
@@ -313,8 +313,10 @@ class Simulation:
             if finished and self._held:
                 return finished
             self._in_flight -= len(finished)
-            if steps < len(ends) and not finished:
-                return []  # blocks ran out: the next step preempts
+            if not finished and (steps < len(ends) or steps < max_steps):
+                # Blocks ran out (the next step preempts), or the next step, the same as the one
+                # `decode_run` stopped at, ends at or past the horizon: `_start_step` plans it.
+                return []
 
     def _finish_step(self, idx: int) -> list[RequestState]:
         replica = self._replicas[idx]

@@ -60,6 +60,9 @@ class PartNodes:
         nodes = self.non_attention(num_tokens, 0)
         return [(as_decode_only(w), r) for w, r in nodes] if decode_only else nodes
 
+    def decode_only_token(self, num_tokens: int) -> NodeList:
+        return self.token(num_tokens, decode_only=True)
+
     def sampling(self, num_sampled: int) -> NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
         unsampled = Counter(self.token(num_sampled, decode_only=True))
@@ -74,14 +77,11 @@ class PartNodes:
         sc = self._sc
         return decode_attention_nodes(sc.model, sc.engine, sc.precision, (mean_context_tokens,) * num_decode)
 
-    def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float) -> BlockPricer:
-        """The block pricer of one part family, over the counts the engine's limits allow."""
-        engine = self._sc.engine
-        assert engine.max_num_batched_tokens is not None and engine.max_num_seqs is not None
-        max_tokens, max_seqs = engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens)
+    def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float, top: int) -> BlockPricer:
+        """The block pricer of one part family over counts 1..top (the run's token budget for token and
+        prefill parts, its running-request cap for sampling and decode parts)."""
 
-        def polynomial(build: Callable[[int], NodeList], top: int, fallback: bool = False
-                       ) -> Callable[[], NodeTemplate | None]:
+        def polynomial(build: Callable[[int], NodeList], fallback: bool = False) -> Callable[[], NodeTemplate | None]:
             def make() -> NodeTemplate | None:
                 poly = PolynomialNodes.of(build, top)
                 return poly if poly is not None or not fallback else BuiltNodes(build)
@@ -89,16 +89,13 @@ class PartNodes:
 
         kind, eager = family[0], eager_launch_s
         if kind == "token":
-            decode_only = len(family) > 1
-            return BlockPricer(polynomial(lambda n: self.token(n, decode_only), max_tokens), cost, eager,
-                               max_tokens)
+            return BlockPricer(polynomial(self.decode_only_token if len(family) > 1 else self.token), cost, eager, top)
         if kind == "sampling":
-            return BlockPricer(polynomial(self.sampling, max_seqs), cost, eager, max_seqs)
+            return BlockPricer(polynomial(self.sampling), cost, eager, top)
         if kind == "decode":
             mean = int(family[1])  # type: ignore[call-overload]
-            return BlockPricer(polynomial(lambda n: self.decode(n, mean), max_seqs), cost, eager, max_seqs)
+            return BlockPricer(polynomial(lambda n: self.decode(n, mean)), cost, eager, top)
         assert kind == "prefill"
         context, count = int(family[1]), int(family[2])  # type: ignore[call-overload]
         # Prefill attention is quadratic in the chunk; with a window, piecewise (then built per count).
-        return BlockPricer(polynomial(lambda n: self.prefill(n, context, count), max_tokens, fallback=True),
-                           cost, eager, max_tokens)
+        return BlockPricer(polynomial(lambda n: self.prefill(n, context, count), fallback=True), cost, eager, top)

@@ -255,8 +255,8 @@ class KVCacheManager:
             # The common case: the head run has enough unindexed blocks for everyone.
             self._head_offset = offset + len(ids)
             self._num_free -= len(ids)
-            for request_id, b in zip(ids, head[offset:offset + len(ids)], strict=True):
-                held[request_id].tail.append(b)
+            for blocks, b in zip(map(held.__getitem__, ids), head[offset:offset + len(ids)], strict=True):
+                blocks.tail.append(b)
             return
         # Taking them all at once gives each request the block it would take alone, in order.
         for request_id, b in zip(ids, self._take(len(ids)), strict=True):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serving.request import RequestState
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):
+    """One request's tokens in a step. A named tuple rather than a frozen dataclass, as `StepPlan`:
+    the scheduler makes one per scheduled request per step, and a tuple is made ~3x faster."""
+
     request: RequestState
     num_new_tokens: int
     """Tokens computed this step (a prompt chunk, a recompute chunk, or 1 for decode)."""
@@ -23,8 +24,9 @@ class ScheduledChunk:
         return self.num_new_tokens == 1 and self.num_context_tokens >= self.request.prompt_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
+class StepPlan(NamedTuple):
+    """What one step runs (immutable; a named tuple because the scheduler makes one per step)."""
+
     step_id: int
     chunks: tuple[ScheduledChunk, ...]
     """Requests scheduled one by one: prefill and recompute chunks, and decodes not run in bulk."""

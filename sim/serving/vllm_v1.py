@@ -49,6 +49,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from collections.abc import Sequence
+from heapq import heappop, heappush
 from typing import cast
 
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
@@ -89,6 +90,9 @@ class VllmV1Scheduler:
         u mod block_size holds the ones whose context after step u fills its last block."""
         self._finish_at: dict[int, list[RequestState]] = {}
         """Bulk decodes by the step that samples their last token."""
+        self._finish_steps: list[int] = []
+        """The keys of `_finish_at` as a heap: steps end in order, so the key popped is always the
+        smallest, and the next finish is read without scanning the dict."""
         self._step_id = 0
         self._next_seq = 0
         self._in_flight = False
@@ -147,7 +151,7 @@ class VllmV1Scheduler:
         u = self._step_id
         if len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
             return None
-        return self._num_bulk, self._bulk_context_base + self._num_bulk * u, min(self._finish_at) - u
+        return self._num_bulk, self._bulk_context_base + self._num_bulk * u, self._finish_steps[0] - u
 
     def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
@@ -163,6 +167,9 @@ class VllmV1Scheduler:
         request_ids: list[int] = []
         free_after: list[int] = []
         steps = 0
+        last = self._finish_steps[0] - u
+        if num_steps > last:
+            num_steps = last
         while steps < num_steps:
             due = self._due[(u + steps) % bs]
             if len(due) > free:
@@ -172,13 +179,11 @@ class VllmV1Scheduler:
                 request_ids += [r.request_id for r in due]
             free_after.append(free)
             steps += 1
-            if u + steps in self._finish_at:
-                break
         if request_ids:
             self._kv.append_one_block(request_ids)
         self._step_id = u + steps
         finished: list[RequestState] = []
-        if steps and u + steps in self._finish_at:
+        if steps == last:
             finished = self._finish_bulk(u + steps)
             self._release(finished)
             free_after[-1] = self._kv.num_free_blocks()
@@ -381,6 +386,7 @@ class VllmV1Scheduler:
         at = self._finish_at.get(finish)
         if at is None:
             self._finish_at[finish] = [req]
+            heappush(self._finish_steps, finish)
         else:
             at.append(req)
         self._num_bulk += 1
@@ -404,6 +410,7 @@ class VllmV1Scheduler:
         for bucket in self._due:
             bucket.clear()
         self._finish_at.clear()
+        self._finish_steps.clear()
         self._num_bulk = 0
         self._bulk_context_base = 0
         self._active = list(self._running)
@@ -443,6 +450,8 @@ class VllmV1Scheduler:
     def _finish_bulk(self, step: int) -> list[RequestState]:
         """Bulk decodes that sample their last token in `step`, in running order, brought up to date."""
         done = self._finish_at.pop(step)
+        popped = heappop(self._finish_steps)
+        assert popped == step, "bulk decodes finish in step order"
         for req in done:
             self._bulk_context_base -= req.num_computed - req.lazy_step
             self._num_bulk -= 1

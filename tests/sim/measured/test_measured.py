@@ -12,7 +12,7 @@ import pytest
 from conftest import MEASURED_DATA, SHARED_DATA
 
 from sim.calibration.select import CALIBRATION_DIR
-from sim.calibration.tables import TABLE_FILES, file_sha256, read_microbench_dir
+from sim.calibration.tables import NEW_TABLE_FILES, TABLE_FILES, file_sha256, read_microbench_dir
 from sim.measured import open_text, read_text_bytes, resolve, table_name
 from sim.measured.vendor import SYSTEMS, check, load_manifest, vendor
 from sim.validation.load import DATA_FILES, data_sha256
@@ -98,8 +98,17 @@ def test_vendored_files_match_upstream() -> None:
 
 def test_the_copy_holds_every_table_the_project_reads() -> None:
     listed = {f["upstream_path"] for f in load_manifest(MEASURED_DATA)}
-    kernel_tables = {f"aiconfigurator/{s}/{t}" for s in SYSTEMS for t in TABLE_FILES if t != "pointwise.csv"}
-    assert kernel_tables <= listed
+    old = [t for t in TABLE_FILES if t != "pointwise.csv" and t not in NEW_TABLE_FILES]
+    assert {f"aiconfigurator/{s}/{t}" for s in SYSTEMS for t in old} <= listed
+    # Section 4 of the data README: not every GPU has every MoE / MLA / wide-EP table.
+    mla = {"mla_bmm.csv", "mla_context.csv.gz", "mla_generation.csv.gz"}
+    module = {"mla_module_context.csv.gz", "mla_module_generation.csv.gz"}
+    wide = {"wideep_moe.csv.gz", "deepep_ll.csv", "deepep_normal.csv.gz"}
+    new = {"a100_sxm": {"moe.csv.gz", *mla}, "l40s": {"moe.csv.gz", *mla, *module},
+           "h100_sxm": set(NEW_TABLE_FILES), "h200_sxm": set(NEW_TABLE_FILES),
+           "b200_sxm": {"moe.csv.gz", *mla, *module, *wide},
+           "rtx_pro_6000_server": {"moe.csv.gz", "wideep_moe.csv.gz", *mla, *module}}
+    assert {f"aiconfigurator/{s}/{t}" for s in SYSTEMS for t in new[s]} <= listed
     assert {f"e2e/{f}" for f in DATA_FILES} <= listed
     assert {"aiconfigurator/gpu_specs.csv", "vidur/compute_mlp_ops.csv.gz", "vidur/cpu_overheads_a100.csv"} <= listed
     moe_mla = {"moe.csv.gz", "wideep_moe.csv.gz", "wideep_mlp.csv", "mla_bmm.csv", "mla_context.csv.gz",

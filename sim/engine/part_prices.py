@@ -1,0 +1,165 @@
+"""Priced step parts, shareable by every run with the same pricing identity (a sweep worker's trials).
+
+A part's price is a function of what it is, never of the run that asked for it, with one
+exception that stays in the run (`StepPricer`): the first part a run asks of a family is priced
+count by count, the later ones by block pricing (the two agree to ~1e-15, not bitwise). So this
+holds both kinds, each keyed by the part alone:
+
+- `priced(nodes)`: count by count, each kernel priced once per signature (the kernel model's
+  scalar path), and `scalar_part(family, n, build)` memoizing those per part;
+- `block_part(family, top, n)`: block pricing (`sim.engine.block_pricing`). A count's price does
+  not depend on the window it is priced in nor on the counts priced before it (the kernel model's
+  column arithmetic is row by row; a test prices families in different orders and compares), so
+  a part priced by an earlier run is the part this run would price.
+
+`PriceCache` keeps `PartPrices` per pricing identity: the model, precision and hardware, the
+engine fields the kernel graph reads (parallelism, dtypes, quantization, backend), the eager launch
+cost, and the kernel model (the efficiency model object itself, held by the entry so its id stays
+unique; `sim.calibration.select.EfficiencyModels` hands the same object to every trial that
+selects the same hardware, tier, calibration file version, backend and kernel sources). Scheduling
+limits are not part of the identity: they enter a block pricer's key as its top count. The cache
+is bounded in identities (least recently used dropped) and in parts per identity (cleared when
+full; prices come back the same when priced again).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+
+from sim.engine.block_pricing import BlockPricer, NodeList, Part
+from sim.engine.step_parts import PartFamily, PartNodes
+from sim.perf.efficiency import EfficiencyModel
+from sim.perf.step import StepCostModel
+from sim.provenance import Provenance
+from sim.serde import config_hash
+from sim.specs.engine import EngineParams
+from sim.specs.scenario import Scenario
+
+_WorkSignature = tuple[object, ...]
+
+SCHEDULING_ONLY_FIELDS = (
+    "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+    "enable_prefix_caching", "long_prefill_token_threshold", "max_num_partial_prefills",
+    "gpu_memory_utilization", "block_size", "max_model_len", "enforce_eager", "max_cudagraph_capture_size",
+    "async_scheduling", "launch_mode", "scheduler", "router",
+)
+"""Engine fields that never reach a step part's kernel nodes (they shape the schedule, the host
+overhead or the memory plan), so trials that differ only in them share priced parts. MoE expert
+layers read `data_parallel_size` (tokens of every attention-DP rank, experts split over TP x DP): it
+stays in the identity for MoE models (tests check every field listed here against the kernel graph)."""
+
+
+def pricing_identity(scenario: Scenario, efficiency: EfficiencyModel, eager_launch_s: float,
+                     block_pricing: bool) -> tuple[object, ...]:
+    engine = scenario.engine
+    kept = {f: getattr(EngineParams(), f) for f in SCHEDULING_ONLY_FIELDS}
+    if scenario.model.moe is not None:
+        del kept["data_parallel_size"]  # MoE layers see every DP rank's tokens; experts split over TP x DP
+    graph_engine = replace(engine, **kept)
+    return (config_hash(scenario.model), config_hash(scenario.precision), config_hash(scenario.hardware),
+            config_hash(graph_engine), eager_launch_s, id(efficiency), block_pricing)
+
+
+class PartPrices:
+    """Parts of one pricing identity, priced on demand and kept (see the module docstring)."""
+
+    def __init__(self, scenario: Scenario, cost: StepCostModel, eager_launch_s: float, *, block_pricing: bool = True,
+                 max_parts: int = 1 << 16) -> None:
+        self.nodes = PartNodes(scenario)
+        self.cost = cost
+        self.eager_launch_s = eager_launch_s
+        self.block_pricing = block_pricing and cost.prices_columns()
+        self._max_parts = max_parts
+        self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
+        self._scalar: dict[tuple[PartFamily, int], Part] = {}
+        self._blocks: dict[tuple[PartFamily, int], BlockPricer] = {}
+
+    def block_pricer(self, family: PartFamily, top: int) -> BlockPricer | None:
+        """The family's block pricer over counts 1..top; None when the kernel model prices no columns."""
+        if not self.block_pricing:
+            return None
+        pricer = self._blocks.get((family, top))
+        if pricer is None:
+            if len(self._blocks) >= self._max_parts // 64:
+                self._blocks.clear()  # bounded: a family priced again gets the same prices
+            pricer = self._blocks[(family, top)] = self.nodes.block_pricer(family, self.cost, self.eager_launch_s,
+                                                                           top)
+        return pricer
+
+    def scalar_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
+        """The part of count `n` of `family` priced count by count (`build(n)` gives its nodes)."""
+        part = self._scalar.get((family, n))
+        if part is None:
+            if len(self._scalar) >= self._max_parts:
+                self._scalar.clear()
+            part = self._scalar[(family, n)] = self.priced(build(n))
+        return part
+
+    def priced(self, nodes: NodeList) -> Part:
+        if len(self._by_signature) >= self._max_parts:
+            self._by_signature.clear()
+        labels, secs = [], []
+        gpu = comm = gap = 0.0
+        launches = 0
+        worst = Provenance.MEASURED
+        eager_launch_s = self.eager_launch_s
+        for work, repeat in nodes:
+            # Time does not depend on the kernel's name: kernels alike but for it share a price.
+            signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
+                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape,
+                         work.variant)
+            priced = self._by_signature.get(signature)
+            if priced is None:
+                est = self.cost.estimate(work)
+                priced = (est.time_s, est.provenance)
+                self._by_signature[signature] = priced
+            time_s, provenance = priced
+            seconds = time_s * repeat
+            labels.append((work.kind.value, work.name))
+            secs.append(seconds)
+            if work.kind.is_collective():
+                comm += seconds
+            else:
+                gpu += seconds
+            gap += max(0.0, eager_launch_s - time_s) * repeat
+            launches += repeat
+            worst = max(worst, provenance)
+        return Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
+                    short_kernel_gap_s=gap, worst_provenance=worst)
+
+
+class PriceCache:
+    """`PartPrices` by pricing identity, for the runs of one long-lived owner (a sweep worker);
+    at most `max_identities` kept, the least recently used dropped first. Not thread-safe: one
+    owner simulates one trial at a time."""
+
+    def __init__(self, max_identities: int = 16, max_parts: int = 1 << 16) -> None:
+        if max_identities < 1:
+            raise ValueError(f"max_identities={max_identities!r} must be >= 1")
+        self._max = max_identities
+        self._max_parts = max_parts
+        self._entries: OrderedDict[tuple[object, ...], tuple[EfficiencyModel, PartPrices]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def prices(self, scenario: Scenario, efficiency: EfficiencyModel, eager_launch_s: float, *,
+               block_pricing: bool = True) -> PartPrices:
+        """The shared parts of the scenario's pricing identity (new ones on the first call)."""
+        key = pricing_identity(scenario, efficiency, eager_launch_s, block_pricing)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return entry[1]
+        self.misses += 1
+        prices = PartPrices(scenario, StepCostModel(scenario.hardware, efficiency), eager_launch_s,
+                            block_pricing=block_pricing, max_parts=self._max_parts)
+        self._entries[key] = (efficiency, prices)  # the model is held so that its id stays unique
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+        return prices
