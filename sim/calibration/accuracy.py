@@ -125,7 +125,7 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
             plan_rows[gpu] = df[at_plan].reset_index(drop=True)
         df["family"] = df.kernel.map(FAMILY_OF_KERNEL)
         if subsample:
-            h = pd.util.hash_pandas_object(_keys(df, SHAPE_COLS), index=False).to_numpy()
+            h = pd.util.hash_pandas_object(_keys(df, SHAPE_COLS), index=False).to_numpy().copy()
             table = df.family.isin(FAMILIES_REPORTED[6:]).to_numpy()
             if table.any():  # table-keyed rows: hash their own key columns too (old families unchanged)
                 h[table] = pd.util.hash_pandas_object(_keys(df[table], (*SHAPE_COLS, *TABLE_SHAPE_COLS)),

@@ -68,7 +68,8 @@ def render_kernels_section(result: Mapping[str, Any]) -> str:
         "the held-out GPU (and never sees b200_sxm); target-measured adds a correction fitted only "
         "on the held-out GPU's rows at `kernelsight microbench plan` points and is scored only on "
         "units the plan does not touch (GEMM (n,k) sites, attention head configurations, "
-        "collective message sizes); 'cross-gen on target's rows' is the cross-generation tier on "
+        "collective message sizes, MoE expert shapes, MLA heads per GPU, DeepEP layouts); "
+        "'cross-gen on target's rows' is the cross-generation tier on "
         "exactly those rows. Naive transfer = mean log-efficiency of the same shape on the training "
         "GPUs (family median when no training GPU measured it). b200_sxm is evaluation only: it gets "
         "no target-measured score, because calibrating on it would fit on its rows.",
