@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sim.errors import ConfigError, decode_error, file_error
+from sim.errors import ConfigError
 from sim.perf.fitted import FamilyParams
 from sim.perf.learners import CorrectionGroup, CorrectionParams, MlpParams
+from sim.specs.catalog import read_json_object
 
 SCHEMA: Final = 2
 ArtifactTier = Literal["cross-generation", "target-measured"]
@@ -214,12 +215,4 @@ def from_json(data: object, source: str) -> CalibrationArtifact:
 
 def load_artifact(path: str | Path) -> CalibrationArtifact:
     p = Path(path)
-    try:
-        data = json.loads(p.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise file_error(exc, path=p) from None
-    except UnicodeDecodeError as exc:
-        raise decode_error(exc, path=p, what="calibration JSON") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise _fail(str(p), "<root>", None, f"invalid JSON: {exc}") from None
-    return from_json(data, str(p))
+    return from_json(read_json_object(p, "calibration JSON"), str(p))

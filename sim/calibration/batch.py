@@ -16,7 +16,7 @@ import numpy as np
 from sim.calibration.rows import DEFAULT_OP, POINTWISE_KERNELS, POINTWISE_PASSES
 from sim.dtypes import DType
 from sim.perf.fitted import FittedEfficiency
-from sim.perf.table_kernels import TABLE_FAMILY, table_batch
+from sim.perf.table_kernels import TABLE_FAMILY, num, table_batch
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -40,19 +40,6 @@ class FamilyBatch:
     roofline_s: np.ndarray
     prims: dict[str, np.ndarray]
     cats: dict[str, np.ndarray]
-
-
-def _num(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray, default: float) -> np.ndarray:
-    col = cols.get(name)
-    if col is None:
-        return np.full(len(idx), default)
-    raw = col[idx]
-    if raw.dtype.kind in "fiu":
-        out = raw.astype(float)
-    else:
-        out = np.array([float(v) if v not in ("", None) else np.nan for v in raw.tolist()])
-    result: np.ndarray = np.where(np.isnan(out), default, out)
-    return result
 
 
 def _text(cols: Mapping[str, np.ndarray], name: str, idx: np.ndarray, default: str) -> np.ndarray:
@@ -88,7 +75,7 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
 
     idx = np.flatnonzero(kernel == "gemm")
     if len(idx):
-        m, n, k = (_num(cols, c, idx, 1.0) for c in ("m", "n", "k"))
+        m, n, k = (num(cols, c, idx, 1.0) for c in ("m", "n", "k"))
         dt = _text(cols, "dtype", idx, "bfloat16")
         flops = 2.0 * m * n * k
         nbytes = n * k * _per_dtype(dt, bytes_of) + (m * k + m * n) * 2.0
@@ -104,16 +91,16 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
         act = _text(cols, "attn_dtype", idx, "bfloat16")
         kvd = _text(cols, "kv_cache_dtype", idx, "")
         kvd = np.where(kvd == "", act, kvd)
-        b = _num(cols, "batch_size", idx, 1.0)
-        h = _num(cols, "num_heads", idx, 1.0)
-        kvh = _num(cols, "num_kv_heads", idx, np.nan)
+        b = num(cols, "batch_size", idx, 1.0)
+        h = num(cols, "num_heads", idx, 1.0)
+        kvh = num(cols, "num_kv_heads", idx, np.nan)
         kvh = np.where(np.isnan(kvh), h, kvh)
-        d = _num(cols, "head_dim", idx, 128.0)
-        win = _num(cols, "window_size", idx, 0.0)
+        d = num(cols, "head_dim", idx, 128.0)
+        win = num(cols, "window_size", idx, 0.0)
         ab, kb = _per_dtype(act, bytes_of), _per_dtype(kvd, bytes_of)
         kv_row = 2.0 * kvh * d * kb
         if family == "attn_prefill":
-            s = _num(cols, "seq_len", idx, 1.0)
+            s = num(cols, "seq_len", idx, 1.0)
             full = (win <= 0) | (win >= s)
             grow = np.minimum(win, s)
             keys = np.where(full, (1.0 + s) * s // 2,
@@ -122,7 +109,7 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
             nbytes = 2.0 * s * h * d * ab * b + s * kv_row * b + s * kv_row * b
             length = {"seq": s}
         else:
-            kv = _num(cols, "kv_len", idx, 1.0)
+            kv = num(cols, "kv_len", idx, 1.0)
             span = np.where(win <= 0, kv + 1.0, np.minimum(kv + 1.0, win))
             flops = 4.0 * h * d * span * b
             nbytes = 2.0 * b * h * d * ab + span * b * kv_row + b * kv_row
@@ -139,7 +126,7 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
 
     idx = np.flatnonzero(np.isin(kernel, list(POINTWISE_KERNELS)))
     if len(idx):
-        t, w = _num(cols, "m", idx, 1.0), _num(cols, "n", idx, 1.0)
+        t, w = num(cols, "m", idx, 1.0), num(cols, "n", idx, 1.0)
         dt = _text(cols, "dtype", idx, "bfloat16")
         variant = _text(cols, "variant", idx, "")
         op = variant.copy()
@@ -159,8 +146,8 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
         idx = np.flatnonzero(np.isin(kernel, names))
         if not len(idx):
             continue
-        msg = _num(cols, "message_bytes", idx, 1.0)
-        g = _num(cols, "num_gpus", idx, 2.0)
+        msg = num(cols, "message_bytes", idx, 1.0)
+        g = num(cols, "num_gpus", idx, 2.0)
         op = np.array([_NCCL_OPS[str(v)] for v in kernel[idx]], dtype=object)
         frac = np.where(g <= 1, 0.0, np.where(op == "all_reduce", 2.0 * (g - 1) / g, (g - 1) / g))
         intra = g <= hw.num_gpus_per_node

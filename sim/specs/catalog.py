@@ -132,7 +132,7 @@ def load_model(name: str) -> ModelSpec:
     directory = model_directory(name)
     if name.endswith(".json") or directory is not None:
         path = Path(name) if directory is None else directory / "config.json"
-        return model_from_hf_config(_read_json(path), name=name, source=str(path))
+        return model_from_hf_config(read_json_object(path), name=name, source=str(path))
     index = _model_index()
     entry = index.get(name)
     if entry is None:
@@ -140,19 +140,21 @@ def load_model(name: str) -> ModelSpec:
                           rule=f"unknown model id; {did_you_mean(name, index)}give a config.json path, a "
                           f"directory holding one, or one of {', '.join(sorted(index))}")
     path = _data_dir() / "models" / entry.config
-    spec = model_from_hf_config(_read_json(path), name=entry.id, source=str(path))
+    spec = model_from_hf_config(read_json_object(path), name=entry.id, source=str(path))
     if entry.quantization is not None:
         spec = dataclasses.replace(spec, weight_quantization=entry.quantization)
     return spec
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path, what: str = "JSON") -> dict[str, Any]:
+    """A JSON file that must hold an object; unreadable, non-UTF-8 or invalid files are ConfigErrors
+    naming the file."""
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise file_error(exc, path=path) from None
     except UnicodeDecodeError as exc:
-        raise decode_error(exc, path=path, what="JSON") from None
+        raise decode_error(exc, path=path, what=what) from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
