@@ -8,15 +8,9 @@ width, `variant` the routing distribution and `dtype` the expert weight format.
 
 Its roofline work is that of the most loaded rank (rank 0, as the measured tables emulate it):
 
-- `balanced` (round-robin top-k): routed (token, expert) pairs per rank = num_tokens x topk / moe_ep;
-  local experts touched = min(num_experts / moe_ep, pairs).
-- `power_law_<alpha>`: AIConfigurator's generator (`_generate_power_law_distribution` in its
-  collector): every expert's load is drawn from a power law on [1, 0.8 x num_tokens] (exponent
-  alpha), scaled to num_tokens x topk pairs and capped at num_tokens per expert; experts sit on
-  ranks in contiguous groups in random order and the busiest group is rank 0. Rank 0's share of the
-  pairs and its touched experts are the mean over `_DRAWS` draws of a generator seeded from the shape
-  (deterministic, no global state). When num_tokens x topk <= num_experts the loads are drawn on
-  [0.01, 2], as AIConfigurator does.
+- `balanced` and `power_law_<alpha>`: rank 0's routed (token, expert) pairs and touched local
+  experts as AIConfigurator's collector routes them (`sim.graph.moe_routing`, shared with the fitted
+  MoE kernel family).
 
 FLOPs = 2 x 3 x pairs x hidden x inter / moe_tp (gate, up, down); bytes = touched local experts'
 weights + activations (the input per token, the dispatched rows, the gate-up output and activation,
@@ -30,16 +24,12 @@ low-latency format), else BF16 (2 x hidden), combine in BF16 (2 x hidden per sel
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.moe_routing import moe_rank0_load
 from sim.specs.engine import routing_alpha
-
-_DRAWS = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,29 +43,10 @@ class RankLoad:
 
 
 def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing: str) -> RankLoad:
-    """Rank-0 load under the routing distribution (see the module docstring)."""
-    local = num_experts // ep
-    pairs = num_tokens * topk
-    alpha = routing_alpha(routing)
-    assert alpha is not False, routing
-    if alpha is None:
-        per_rank = pairs / ep
-        return RankLoad(routed_pairs=per_rank, active_experts=min(float(local), per_rank))
-    seed = zlib.crc32(f"{num_tokens},{num_experts},{topk},{ep},{routing}".encode())
-    rng = np.random.default_rng(seed)
-    lo, hi = (1.0, max(num_tokens * 0.8, 1.0 + 1e-9)) if pairs > num_experts else (0.01, 2.0)
-    u = rng.random((_DRAWS, num_experts))
-    a = 1.0 - alpha
-    loads = ((hi ** a - lo ** a) * u + lo ** a) ** (1.0 / a)
-    loads = np.minimum(loads / loads.sum(axis=1, keepdims=True) * pairs, float(num_tokens))
-    # The pairs cut by the cap go to the experts below it (AIConfigurator: to the smallest first).
-    free = loads < num_tokens
-    loads += free * ((pairs - loads.sum(axis=1, keepdims=True)) / np.maximum(free.sum(axis=1, keepdims=True), 1))
-    groups = loads.reshape(_DRAWS, ep, local)
-    busiest = groups.sum(axis=2).argmax(axis=1)
-    rank0 = groups[np.arange(_DRAWS), busiest]
-    return RankLoad(routed_pairs=float(rank0.sum(axis=1).mean()),
-                    active_experts=float((rank0 >= 0.5).sum(axis=1).mean()))
+    """Rank-0 load under the routing distribution (`sim.graph.moe_routing`)."""
+    assert routing_alpha(routing) is not False, routing
+    pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, routing)
+    return RankLoad(routed_pairs=pairs, active_experts=active)
 
 
 def moe_work(*, num_tokens: int, hidden: int, inter_size: int, topk: int, num_experts: int, moe_tp: int,

@@ -1,0 +1,91 @@
+"""Rank 0's expert load at one MoE layer under a routing distribution, as AIConfigurator's MoE
+collector generates it (the measured `moe.csv.gz` rows are rank 0 of such a routing).
+
+- `balanced`: `balanced_logits`, round-robin top-k with stride ceil(E / topk), counted exactly.
+- `power_law_<alpha>`: `_generate_power_law_distribution`: every expert's load drawn from a power
+  law on [1, 0.8 x tokens] (on [0.01, 2] when tokens x topk <= experts), scaled and rounded to
+  tokens x topk pairs, experts in contiguous groups per rank with the heaviest group moved to rank 0;
+  the mean over `POWER_LAW_DRAWS` draws of a generator seeded by the shape (deterministic, no global
+  state), as the collector averages its latency over that many routings.
+
+One function serves both the kernel graph (rank 0's roofline work, `sim.graph.moe`) and the fitted
+MoE family's features (`sim.perf.table_kernels`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Final
+
+import numpy as np
+
+POWER_LAW_DRAWS: Final = 5
+
+
+def _balanced_counts(tokens: int, experts: int, topk: int) -> np.ndarray:
+    """Tokens per expert of AIConfigurator's `balanced_logits` (round-robin, stride ceil(E/topk))."""
+    stride = math.ceil(experts / topk)
+    if tokens >= stride:
+        # Token i picks (i + j * stride) % E: count the tokens i < T congruent to e - j*stride.
+        e = np.arange(experts)[:, None]
+        r = (e - np.arange(topk)[None, :] * stride) % experts
+        counts = np.where(r < tokens, (tokens - 1 - r) // experts + 1, 0).sum(1)
+    else:
+        i = np.arange(tokens)[:, None]
+        j = np.arange(topk)[None, :]
+        picks = np.floor(np.mod(i * stride / tokens + j * stride, experts)).astype(np.int64)
+        counts = np.zeros(experts, dtype=np.int64)
+        for row in picks:  # an expert picked twice by one token counts once (one-hot sum)
+            counts[np.unique(row)] += 1
+    out: np.ndarray = counts.astype(float)
+    return out
+
+
+def _power_law_counts(tokens: int, experts: int, topk: int, ep: int, alpha: float,
+                      rng: np.random.Generator) -> np.ndarray:
+    """One draw of the collector's power-law token counts per expert, heaviest EP group first."""
+    lo, hi = (1.0, tokens * 0.8) if tokens * topk > experts else (0.01, 2.0)
+    u = rng.random(experts)
+    if abs(1.0 - alpha) < 1e-9:
+        x = lo * (hi / lo) ** u
+    else:
+        x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
+    target = tokens * topk
+    counts = np.round(x / x.sum() * target).astype(np.int64)
+    delta = int(target - counts.sum())
+    order = np.argsort(-counts, kind="stable")
+    if delta > 0:
+        counts += delta // experts
+        counts[order[: delta % experts]] += 1
+    for i in range(-delta if delta < 0 else 0):
+        k = order[-(i % experts) - 1]
+        if counts[k] > 0:
+            counts[k] -= 1
+        else:
+            counts[int(np.argmax(counts))] -= 1
+    group = max(experts // max(ep, 1), 1)
+    usable = group * (experts // group)
+    sums = counts[:usable].reshape(-1, group).sum(1)
+    heavy = int(np.argmax(sums))
+    if heavy:
+        g = counts[:usable].reshape(-1, group).copy()
+        g[[0, heavy]] = g[[heavy, 0]]
+        counts[:usable] = g.ravel()
+    out: np.ndarray = counts.astype(float)
+    return out
+
+
+def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
+    """(routed token-expert pairs, active experts, tokens of the heaviest expert) on EP rank 0."""
+    local = max(experts // max(ep, 1), 1)
+    tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
+    if distribution.startswith("power_law_"):
+        alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
+        seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
+        rng = np.random.default_rng(seed)
+        draws = [_power_law_counts(tokens, experts, topk, ep, alpha, rng)[:local] for _ in range(POWER_LAW_DRAWS)]
+        return (float(np.mean([d.sum() for d in draws])), float(np.mean([(d > 0).sum() for d in draws])),
+                float(np.mean([d.max() for d in draws])))
+    c = _balanced_counts(tokens, experts, topk)[:local]
+    return float(c.sum()), float((c > 0).sum()), float(c.max())
