@@ -224,6 +224,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,
+            batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
+            batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
         )
         for _ in range(engine.data_parallel_size)
     ]

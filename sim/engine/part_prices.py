@@ -43,7 +43,8 @@ SCHEDULING_ONLY_FIELDS = (
     "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
     "enable_prefix_caching", "long_prefill_token_threshold", "max_num_partial_prefills",
     "gpu_memory_utilization", "block_size", "max_model_len", "enforce_eager", "max_cudagraph_capture_size",
-    "async_scheduling", "launch_mode", "scheduler", "router",
+    "async_scheduling", "launch_mode", "scheduler", "router", "batch_wait_timeout_iters",
+    "batch_wait_max_tokens_ratio",
 )
 """Engine fields that never reach a step part's kernel nodes (they shape the schedule, the host
 overhead or the memory plan), so trials that differ only in them share priced parts. MoE expert

@@ -65,8 +65,13 @@ class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
                  bulk_decodes: bool = True, prefill_priority: bool = False,
-                 reserve_full_output: bool = False) -> None:
+                 reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
+                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
         self._kv = kv
+        self._batch_wait_iters = batch_wait_timeout_iters
+        self._batch_wait_tokens = batch_wait_max_tokens_ratio * max_num_batched_tokens
+        self._batch_wait = batch_wait_timeout_iters > 0 and batch_wait_max_tokens_ratio > 0.0
+        self._waited_iters = 0
         self._prefill_priority = prefill_priority
         self._reserve_full_output = reserve_full_output
         self._reserved_blocks = 0
@@ -323,10 +328,30 @@ class VllmV1Scheduler:
         self._step_id += 1
         return StepPlan(self._step_id, tuple(chunks), hits, ())
 
+    def _holds_waiting(self, chunks: list[ScheduledChunk], budget: int) -> bool:
+        """TensorRT-LLM batch waiting (`PyExecutor._waiting_requests`): while decodes run, waiting
+        prefills are held until `batch_wait_timeout_iters` steps have held them or the step's tokens
+        (the prompts that would be admitted plus the tokens already scheduled) reach
+        `batch_wait_max_tokens_ratio` x the token budget. Without running decodes nothing is held:
+        the GPU would idle."""
+        if not (self._num_bulk or any(c.request.num_computed >= c.request.prompt_tokens for c in chunks)):
+            return False
+        slots = self._max_num_seqs - len(self._running)
+        admissible = zip(range(slots), self._waiting, strict=False)
+        prompt_tokens = sum(req.num_known() - req.num_computed for _, req in admissible)
+        scheduled_tokens = self._budget - budget + min(prompt_tokens, budget)
+        if self._waited_iters < self._batch_wait_iters and scheduled_tokens < self._batch_wait_tokens:
+            self._waited_iters += 1
+            return True
+        self._waited_iters = 0
+        return False
+
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> tuple[int, int]:
         """Admit waiting requests FCFS into the remaining budget; returns (prefix hit tokens, budget)."""
         hits = 0
         kv = self._kv
+        if self._batch_wait and self._waiting and self._holds_waiting(chunks, budget):
+            return hits, budget
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
             req = self._waiting[0]
             if self._no_room_reserved(req):

@@ -92,6 +92,12 @@ class EngineParams:
     """kernelsight: how requests are spread over data-parallel replicas."""
     backend: BackendName = "vllm"
     """kernelsight: engine profile (host overheads, scheduling quirks) to simulate."""
+    batch_wait_timeout_iters: int = 0
+    """TensorRT-LLM (LLM API name; `backend = "trtllm"` only): while decodes run, hold waiting
+    prefills for up to this many iterations so they batch together; 0 disables batch waiting."""
+    batch_wait_max_tokens_ratio: float = 0.0
+    """TensorRT-LLM: stop holding prefills early once the step's tokens (waiting prompts + decodes)
+    reach this fraction of `max_num_batched_tokens` (TRT-LLM `max_num_tokens`); 0 disables the test."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -103,6 +109,10 @@ class EngineParams:
             require(value is None or value >= 1, key, value, "must be >= 1")
         require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
                 self.long_prefill_token_threshold, "must be >= 0")
+        require(self.batch_wait_timeout_iters >= 0, "batch_wait_timeout_iters", self.batch_wait_timeout_iters,
+                "must be >= 0")
+        require(0.0 <= self.batch_wait_max_tokens_ratio <= 1.0, "batch_wait_max_tokens_ratio",
+                self.batch_wait_max_tokens_ratio, "must be in [0, 1]")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,

@@ -190,6 +190,10 @@ def _check_combination(
     def fail(key: str, value: object, rule: str) -> None:
         raise ConfigError(source=source, key=key, value=value, rule=rule)
 
+    if engine.backend != "trtllm" and (engine.batch_wait_timeout_iters or engine.batch_wait_max_tokens_ratio):
+        fail("engine.batch_wait_timeout_iters", engine.batch_wait_timeout_iters,
+             f"batch waiting is TensorRT-LLM's scheduler feature: needs backend = \"trtllm\" (backend is "
+             f"{engine.backend!r})")
     tp = engine.tensor_parallel_size
     if model.num_attention_heads % tp:
         fail("engine.tensor_parallel_size", tp,

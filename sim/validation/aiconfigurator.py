@@ -55,6 +55,12 @@ REQUESTS_PER_CONCURRENCY = 10
 INFLATING_EXPORTS: Final = ("2026-04-06.csv", "db-dump/")
 """InferenceX exports whose layout columns count an N-GPU `tpN_epM` deployment as N x M GPUs."""
 _ID_LAYOUT = re.compile(r"_tp(\d+)_ep(\d+)_\d+$")
+TRTLLM_LLAMA70B_1K_BATCH_WAIT: Final = {"batch_wait_timeout_iters": 20, "batch_wait_max_tokens_ratio": 0.9}
+"""InferenceX's TensorRT-LLM Llama-3.1-70B recipes (`benchmarks/70b_fp8_{h200,b200}_trt_slurm.sh`,
+SemiAnalysisAI/InferenceX) turn on TRT-LLM batch waiting for ISL = OSL = 1024 below TP 8 ("will
+improve the performance"): a prompt that arrives while decodes run waits up to 20 iterations. It is
+part of the measured deployment, not a fitted number; without it those rows' TTFT is under-predicted
+by about 20 decode steps."""
 DP_ROUTER: Final = {"vllm": "least_outstanding", "sglang": "round_robin", "trtllm": "least_outstanding"}
 """How each engine spreads requests over attention-DP ranks: vLLM's DP coordinator and TensorRT-LLM's
 attention-DP scheduler send a request to the least-loaded rank; SGLang's default
@@ -232,6 +238,12 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
     if inferencex and backend == "vllm":
         engine["async_scheduling"] = True  # InferenceX vLLM recipes pass --async-scheduling
     engine["max_model_len"] = min(isl + osl + 16, spec.max_position_embeddings)
+    if inferencex and backend == "trtllm" and "Llama-3.1-70B" in model and isl == osl == 1024 and layout.tp < 8:
+        engine.update(TRTLLM_LLAMA70B_1K_BATCH_WAIT)
+        engine["max_num_batched_tokens"] = 16384 if hw == "b200_sxm" else engine["max_model_len"]
+        base["notes"] = (*base["notes"], "InferenceX TensorRT-LLM Llama-70B 1k/1k TP<8 recipe: "
+                         "batch_wait_timeout_iters 20, batch_wait_max_tokens_ratio 0.9, max_num_tokens 16384 "
+                         "(B200) / max_model_len (H100, H200)")
     num_requests = REQUESTS_PER_CONCURRENCY * conc
     if inferencex:
         centre = round(0.9 * isl), round(0.9 * osl)

@@ -8,6 +8,7 @@ import pytest
 from conftest import scenario_dict
 
 from sim.api import load_engine_profile, load_host_params, simulate
+from sim.errors import ConfigError
 from sim.perf.profile import SchedulingPolicy
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -123,3 +124,67 @@ def test_simulate_selects_the_profile_from_the_backend() -> None:
                                                    ("v0.19.0-cu130", True), ("nightly-5b8c30d", True)])
 def test_vllm_async_scheduling_is_on_by_default_from_0_14(version: str, expected: bool) -> None:
     assert load_engine_profile("vllm").defaults.async_for(version) is expected
+
+
+def _wait_sched(iters: int, ratio: float) -> VllmV1Scheduler:
+    kv = KVCacheManager(num_blocks=100, block_size=4, enable_prefix_caching=False)
+    return VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                           long_prefill_token_threshold=0, batch_wait_timeout_iters=iters,
+                           batch_wait_max_tokens_ratio=ratio)
+
+
+def _steps_until_admitted(sched: VllmV1Scheduler, rid: int) -> int:
+    """Steps planned (and run) before the one that admits request `rid`."""
+    held = 0
+    while True:
+        plan = sched.schedule()
+        assert plan is not None
+        if any(c.request.request_id == rid for c in plan.chunks):
+            sched.finish_step(plan)
+            return held
+        held += 1
+        sched.finish_step(plan)
+
+
+def test_batch_waiting_holds_a_prompt_for_the_timeout_while_decodes_run() -> None:
+    # TRT-LLM PyExecutor._waiting_requests: 8 prompt + 1 decode tokens < 0.9 x 64, so request 1 is
+    # held for exactly `batch_wait_timeout_iters` = 3 steps, then admitted.
+    sched = _wait_sched(3, 0.9)
+    sched.add(_req(0, 8, 20))
+    _run_prefill(sched)  # nothing decodes yet: request 0 is not held
+    sched.add(_req(1, 8, 5))
+    assert _steps_until_admitted(sched, 1) == 3
+    # The counter restarts after a release: the next prompt is held 3 steps again.
+    sched.add(_req(2, 8, 5))
+    assert _steps_until_admitted(sched, 2) == 3
+
+
+def test_batch_waiting_releases_at_once_when_the_token_ratio_is_reached() -> None:
+    # 60 prompt tokens + 1 decode >= 0.9 x 64 = 57.6: admitted in the first step.
+    sched = _wait_sched(3, 0.9)
+    sched.add(_req(0, 8, 20))
+    _run_prefill(sched)
+    sched.add(_req(1, 60, 5))
+    assert _steps_until_admitted(sched, 1) == 0
+
+
+@pytest.mark.parametrize(("iters", "ratio"), [(0, 0.9), (3, 0.0)])
+def test_batch_waiting_needs_both_knobs_as_in_trtllm(iters: int, ratio: float) -> None:
+    # TRT-LLM stops waiting when count >= timeout or tokens >= ratio x max_num_tokens: either at 0 never waits.
+    sched = _wait_sched(iters, ratio)
+    sched.add(_req(0, 8, 20))
+    _run_prefill(sched)
+    sched.add(_req(1, 8, 5))
+    assert _steps_until_admitted(sched, 1) == 0
+
+
+def test_batch_waiting_raises_ttft_in_a_trtllm_run_and_is_rejected_on_other_backends() -> None:
+    wl = {"num_prompts": 16, "random_input_len": 512, "random_output_len": 64, "max_concurrency": 4}
+    base = scenario_from_dict(scenario_dict(engine={"backend": "trtllm"}, workload=wl), source="t")
+    waited = base.with_overrides({"engine.batch_wait_timeout_iters": 20, "engine.batch_wait_max_tokens_ratio": 0.9})
+    plain, held = simulate(base).summary, simulate(waited).summary
+    # 12 of 16 requests arrive while others decode and wait ~20 decode steps (the first 4 are not held).
+    assert held.ttft_mean_s > plain.ttft_mean_s + 5 * plain.tpot_mean_s
+    with pytest.raises(ConfigError, match="backend"):
+        scenario_from_dict(scenario_dict(engine={"backend": "vllm", "batch_wait_timeout_iters": 20,
+                                                 "batch_wait_max_tokens_ratio": 0.9}), source="t")

@@ -178,3 +178,25 @@ def test_per_model_and_family_tables_put_moe_and_mla_beside_dense_rows(tmp_path:
     fam = family_table(rows, results, tiers=["cross-generation"], deferred={})
     assert fam[2].startswith("| dense | dev | cross-generation | 1 | 0 | 1 | 0 | 0 | 0 (0%) |")
     assert fam[4].startswith("| mla | dev | cross-generation | 1 | 1 | 0 | 0 | 0 | 1 (100%) | 50.0% (-50.0%)")
+
+
+# Llama-3.1-70B FP8, TRT-LLM, InferenceX 1k/1k at C = 4 on H200 (evaluation rows), TP 4 and TP 8.
+LLAMA70B_TRT = {"id": "2026_04_06_llama_3_1_70b_h200_sxm_trtllm_fp8_agg_1024x1024_c4_tp4_ep1_670",
+                "backend": "trtllm", "backend_version": "", "model_path": "meta-llama/Llama-3.1-70B",
+                "system": "h200_sxm", "precision": "fp8", "mode": "agg", "isl": "1024", "osl": "1024",
+                "gemm_quant_mode": "fp8", "moe_quant_mode": "fp8", "batch_size": "4", "tp_size": "4",
+                "pp_size": "1", "attention_dp_size": "1", "moe_tp_size": "4", "moe_ep_size": "1",
+                "silicon_ttft_ms": "230.3721300791949", "silicon_tpot_ms": "7.981652196329792",
+                "src_file": "2026-04-06.csv", "src_concurrency": "4", "conc_over_bs_x_dp": "1.0"}
+
+
+def test_inferencex_trtllm_llama70b_1k_rows_below_tp8_run_with_the_recipes_batch_waiting(tmp_path: Path) -> None:
+    tp8 = {**LLAMA70B_TRT, "id": LLAMA70B_TRT["id"].replace("_tp4_", "_tp8_"), "tp_size": "8", "moe_tp_size": "8"}
+    longer = {**LLAMA70B_TRT, "id": LLAMA70B_TRT["id"].replace("1024x1024", "8192x1024"), "isl": "8192"}
+    waiting, full_tp, long_prompt = _read(tmp_path, LLAMA70B_TRT, tp8, longer)
+    e = _engine(waiting)
+    assert (e["batch_wait_timeout_iters"], e["batch_wait_max_tokens_ratio"]) == (20, 0.9)
+    assert e["max_num_batched_tokens"] == e["max_model_len"] == 2064  # H200 recipe: max_num_tokens = max_model_len
+    assert any("batch_wait_timeout_iters 20" in n for n in waiting.notes)
+    for row in (full_tp, long_prompt):
+        assert "batch_wait_timeout_iters" not in _engine(row)
