@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -154,7 +154,13 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
 
 
 def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
-    sections = build(ScenarioSections, data, source=source)
+    # Built on its own so that errors inside it keep their full dotted key (an optional table's
+    # errors would be reported at the table).
+    disaggregation_data = data.get("disaggregation")
+    sections = build(ScenarioSections, {k: v for k, v in data.items() if k != "disaggregation"}, source=source)
+    if disaggregation_data is not None:
+        sections = replace(sections, disaggregation=build(DisaggregationSection, disaggregation_data, source=source,
+                                                          prefix="disaggregation"))
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
                        ("perf.calibration", sections.perf.calibration)):
         if value is not None and not Path(value).exists():
