@@ -45,9 +45,8 @@ from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
-from sim.specs.disaggregation import Pool
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
-from sim.specs.scenario import Scenario, load_scenario_file
+from sim.specs.scenario import Pool, Scenario, load_scenario_file
 from sim.workload.generate import generate
 
 __version__ = "0.2.0"

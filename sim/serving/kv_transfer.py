@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.graph.memory import kv_bytes_per_token
-from sim.specs.disaggregation import Disaggregation
 from sim.specs.hardware import HardwareSpec, LinkSpec
+from sim.specs.scenario import Disaggregation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

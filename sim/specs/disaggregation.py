@@ -22,12 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from sim.serde import require
-
-if TYPE_CHECKING:
-    from sim.specs.scenario import Scenario
 
 Connector = Literal["nixl", "layerwise"]
 TransferLink = Literal["auto", "nvlink", "inter_node"]
@@ -71,33 +68,3 @@ class DisaggregationSection:
     def __post_init__(self) -> None:
         lat = self.transfer_latency_s
         require(lat is None or lat >= 0, "transfer_latency_s", lat, "must be >= 0")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Pool:
-    name: PoolName
-    num_workers: int
-    scenario: Scenario
-    """The pool's resolved scenario (aggregated, one worker)."""
-
-    def num_ranks(self) -> int:
-        """Schedulers in the pool: workers x attention-DP ranks."""
-        return self.num_workers * self.scenario.engine.data_parallel_size
-
-    def num_gpus(self) -> int:
-        return self.num_workers * self.scenario.engine.num_gpus()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Disaggregation:
-    prefill: Pool
-    decode: Pool
-    connector: Connector
-    transfer_link: TransferLink
-    transfer_latency_s: float | None
-
-    def pools(self) -> tuple[Pool, Pool]:
-        return self.prefill, self.decode
-
-    def num_gpus(self) -> int:
-        return self.prefill.num_gpus() + self.decode.num_gpus()

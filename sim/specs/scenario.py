@@ -32,7 +32,7 @@ from typing import Any, Literal
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
 from sim.specs.catalog import load_hardware, load_model, read_toml
-from sim.specs.disaggregation import Disaggregation, DisaggregationSection, Pool, PoolName, PoolSection
+from sim.specs.disaggregation import Connector, DisaggregationSection, PoolName, PoolSection, TransferLink
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -133,6 +133,36 @@ class Scenario:
                                        for pool in self.disaggregation.pools()}
             parts["transfer"] = self.sections()["disaggregation"]
         return config_hash(parts, *extra)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pool:
+    name: PoolName
+    num_workers: int
+    scenario: Scenario
+    """The pool's resolved scenario (aggregated, one worker)."""
+
+    def num_ranks(self) -> int:
+        """Schedulers in the pool: workers x attention-DP ranks."""
+        return self.num_workers * self.scenario.engine.data_parallel_size
+
+    def num_gpus(self) -> int:
+        return self.num_workers * self.scenario.engine.num_gpus()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disaggregation:
+    prefill: Pool
+    decode: Pool
+    connector: Connector
+    transfer_link: TransferLink
+    transfer_latency_s: float | None
+
+    def pools(self) -> tuple[Pool, Pool]:
+        return self.prefill, self.decode
+
+    def num_gpus(self) -> int:
+        return self.prefill.num_gpus() + self.decode.num_gpus()
 
 
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
