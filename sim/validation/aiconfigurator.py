@@ -266,7 +266,7 @@ _POOL_KEYS: Final = ("num_workers", "tp_size", "pp_size", "attention_dp_size", "
 
 
 def _pool_label(r: Mapping[str, str], pool: str) -> str:
-    n, tp, pp, dp, mtp, mep = (r[f"{pool}_{k}"] or "?" for k in _POOL_KEYS)
+    n, tp, pp, dp, mtp, mep = (r.get(f"{pool}_{k}") or "?" for k in _POOL_KEYS)
     dp_pp = (f"dp{dp}" if dp not in ("1", "?") else "") + (f"pp{pp}" if pp not in ("1", "?") else "")
     return f"{pool[0]}{n}x(tp{tp}{dp_pp} moe{mtp}x{mep})"
 
@@ -285,17 +285,17 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
     pools: dict[str, dict[str, Any]] = {}
     layouts: dict[str, Layout] = {}
     for pool in ("prefill", "decode"):
-        tp, pp = _int(r[f"{pool}_tp_size"], 1), _int(r[f"{pool}_pp_size"], 1)
-        dp = _int(r[f"{pool}_attention_dp_size"], 1)
-        moe_tp, moe_ep = _int(r[f"{pool}_moe_tp_size"], 1), _int(r[f"{pool}_moe_ep_size"], 1)
+        tp, pp = _int(r.get(f"{pool}_tp_size", ""), 1), _int(r.get(f"{pool}_pp_size", ""), 1)
+        dp = _int(r.get(f"{pool}_attention_dp_size", ""), 1)
+        moe_tp, moe_ep = _int(r.get(f"{pool}_moe_tp_size", ""), 1), _int(r.get(f"{pool}_moe_ep_size", ""), 1)
         if moe and moe_tp * moe_ep != tp * dp:
             return (f"{pool} pool experts split as moe_tp={moe_tp} x moe_ep={moe_ep} over tp={tp} x dp={dp} GPUs: "
                     "the columns do not give one GPU count")
-        workers = _int(r[f"{pool}_num_workers"], 0)
+        workers = _int(r.get(f"{pool}_num_workers", ""), 0)
         if workers == 0:
             workers = 1
             notes.append(f"{pool}_num_workers not recorded by {r['src_file']}: one {pool} worker assumed")
-        batch = _int(r[f"{pool}_batch_size"], 0)
+        batch = _int(r.get(f"{pool}_batch_size", ""), 0)
         per_rank = batch or math.ceil(conc / (workers * dp))
         engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank,
                                    version=r["backend_version"], weight_format=served),
