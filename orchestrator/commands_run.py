@@ -43,6 +43,20 @@ def result_payload(result: SimResult) -> dict[str, Any]:
             "share_by_kind": bd.share_by_kind(),
         },
         "memory": to_jsonable(result.memory),
+        **_pool_payload(result),
+    }
+
+
+def _pool_payload(result: SimResult) -> dict[str, Any]:
+    """Disaggregated runs: per-pool metrics and kernel breakdowns, and the KV transfers."""
+    if not result.pools:
+        return {}
+    return {
+        "pools": [to_jsonable(p) for p in result.pools],
+        "pool_breakdowns": {name: {"seconds_by_kind": dict(bd.seconds_by_kind), "host_s": bd.host_s,
+                                   "launch_floor_s": bd.launch_floor_s, "share_by_kind": bd.share_by_kind()}
+                            for name, bd in result.pool_breakdowns},
+        "transfer": to_jsonable(result.transfer),
     }
 
 
@@ -55,7 +69,15 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
     for row, rec in zip(rows, result.records, strict=True):
         row.update(ttft_s=rec.ttft_s(), tpot_s=rec.tpot_s(), e2el_s=rec.e2el_s())
     pq.write_table(pa.Table.from_pylist(rows), out / "requests.parquet")
-    pq.write_table(pa.Table.from_pylist(result.breakdown.rows()), out / "kernel_breakdown.parquet")
+    breakdown_rows = result.breakdown.rows()
+    if result.pool_breakdowns:
+        breakdown_rows = [{"pool": name, **row} for name, bd in result.pool_breakdowns for row in bd.rows()]
+    pq.write_table(pa.Table.from_pylist(breakdown_rows), out / "kernel_breakdown.parquet")
+    if result.steps:
+        steps = [dataclasses.asdict(st) for st in result.steps]
+        for row in steps:
+            row["pool"] = result.replica_pools[row["replica"]] if result.replica_pools else "aggregated"
+        pq.write_table(pa.Table.from_pylist(steps), out / "steps.parquet")
     pq.write_table(pa.Table.from_pylist([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage]),
                    out / "kv_usage.parquet")
     (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
@@ -102,6 +124,12 @@ def cmd_run(args: Namespace) -> int:
         sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
         return 0
     rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
+    for pool in result.pools:
+        rows += [(f"{pool.pool}.{f.name}", _cell(getattr(pool, f.name))) for f in dataclasses.fields(pool)
+                 if f.name != "pool"]
+    if result.transfer is not None:
+        rows += [(f"transfer.{f.name}", _cell(getattr(result.transfer, f.name)))
+                 for f in dataclasses.fields(result.transfer)]
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))

@@ -167,6 +167,14 @@ def check_file(path: Path) -> str:
         if scenario.workload.dataset_name not in ("random", "fixed"):
             generate(scenario.workload, np.random.default_rng(scenario.seed),
                      max_model_len=scenario.engine.max_model_len)
+        if scenario.disaggregation is not None:
+            pools = []
+            for pool in scenario.disaggregation.pools():
+                scenario_efficiency(pool.scenario)
+                pm = scenario_memory(pool.scenario)
+                pools.append(f"{pool.name} {pool.num_workers} x {pool.scenario.engine.num_gpus()} GPUs on "
+                             f"{pool.scenario.hardware.name}, {pm.num_kv_blocks} KV blocks of {pm.block_size} per GPU")
+            return f"disaggregated scenario {scenario.model.name}: " + "; ".join(pools)
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
                 f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),

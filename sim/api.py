@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sim.calibration.select import EfficiencyModels, efficiency_model_for
+from sim.engine.disaggregated import DisaggregatedSimulation
 from sim.engine.part_prices import PriceCache
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord, StepRecord
@@ -25,6 +26,7 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
+from sim.metrics.pools import PoolSummary, TransferSummary, pool_summary, transfer_summary
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
@@ -39,10 +41,12 @@ from sim.perf.profile import (
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
+from sim.serving.kv_transfer import transfer_path
+from sim.serving.request import RequestState
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
-from sim.specs.scenario import Scenario, load_scenario_file
+from sim.specs.scenario import Pool, Scenario, load_scenario_file
 from sim.workload.generate import generate
 
 __version__ = "0.2.0"
@@ -62,7 +66,11 @@ def scenario_memory(scenario: Scenario) -> MemoryBreakdown:
 
 
 def check_feasible(scenario: Scenario) -> MemoryBreakdown:
-    """Raise `InfeasibleScenario` when weights do not fit or one max-length request has no room."""
+    """Raise `InfeasibleScenario` when weights do not fit or one max-length request has no room
+    (disaggregated: in either pool; returns the decode pool's memory)."""
+    if scenario.disaggregation is not None:
+        mems = [_check_pool(pool) for pool in scenario.disaggregation.pools()]
+        return mems[1]
     mem = scenario_memory(scenario)
     engine = scenario.engine
     if mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes > mem.requested_bytes:
@@ -84,6 +92,14 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
                   f"({mem.kv_cache_bytes / _GIB:.2f} GiB), less than one request needs; lower "
                   "max_model_len or raise gpu_memory_utilization or parallelism"))
     return mem
+
+
+def _check_pool(pool: Pool) -> MemoryBreakdown:
+    try:
+        return check_feasible(pool.scenario)
+    except InfeasibleScenario as exc:
+        raise InfeasibleScenario(source=exc.source, key=f"disaggregation.{pool.name}.{exc.key}", value=exc.value,
+                                 rule=f"{exc.rule} (in the {pool.name} pool)") from None
 
 
 def _longest_request(scenario: Scenario) -> int:
@@ -151,6 +167,13 @@ class SimResult:
     steps are one record); empty otherwise."""
     num_steps_not_logged: int = 0
     """Steps left out of `steps` because the log reached `max_step_events`."""
+    pools: tuple[PoolSummary, ...] = ()
+    """Disaggregated runs: the prefill and the decode pool's metrics; empty for aggregated runs."""
+    pool_breakdowns: tuple[tuple[str, KernelBreakdown], ...] = ()
+    """Disaggregated runs: each pool's kernel breakdown (`breakdown` is their sum)."""
+    transfer: TransferSummary | None = None
+    replica_pools: tuple[str, ...] = ()
+    """Disaggregated runs: the pool of each replica index (step records' `replica`)."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -207,6 +230,9 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
               prices: PriceCache | None) -> SimResult:
+    if scenario.disaggregation is not None:
+        return _simulate_disaggregated(scenario, efficiency=efficiency, host=host, limits=limits or SimLimits(),
+                                       progress=progress, max_step_events=max_step_events, prices=prices)
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -260,4 +286,119 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
+    )
+
+
+def _pool_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
+                     limits: SimLimits) -> list[VllmV1Scheduler]:
+    engine = scenario.engine
+    assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
+    return [
+        VllmV1Scheduler(
+            kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
+                              enable_prefix_caching=engine.enable_prefix_caching),
+            max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+            enable_chunked_prefill=engine.enable_chunked_prefill,
+            long_prefill_token_threshold=engine.long_prefill_token_threshold,
+            bulk_decodes=limits.bulk_decode,
+            prefill_priority=profile.policy.prefill_priority,
+            reserve_full_output=profile.policy.reserve_full_output,
+        )
+        for _ in range(num_ranks)
+    ]
+
+
+def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
+                 host: HostOverheadParams | None, prices: PriceCache | None) -> StepPricer:
+    efficiency = efficiency or scenario_efficiency(scenario, profile)
+    host = host or profile.host
+    if prices is None:
+        return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
+    shared = prices.prices(scenario, efficiency, host.eager_launch_s)
+    return StepPricer(scenario, shared.cost, host, prices=shared)
+
+
+def _breakdown(pricer: StepPricer) -> KernelBreakdown:
+    by_kind, by_name, host_s, floor_s = pricer.breakdown()
+    return KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s, launch_floor_s=floor_s)
+
+
+def _sum_breakdowns(parts: list[KernelBreakdown]) -> KernelBreakdown:
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for bd in parts:
+        for k, v in bd.seconds_by_kind.items():
+            by_kind[k] = by_kind.get(k, 0.0) + v
+        for k, v in bd.seconds_by_name.items():
+            by_name[k] = by_name.get(k, 0.0) + v
+    return KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name,
+                           host_s=sum(bd.host_s for bd in parts), launch_floor_s=sum(bd.launch_floor_s for bd in parts))
+
+
+def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel | None,
+                            host: HostOverheadParams | None, limits: SimLimits,
+                            progress: Callable[[int], None] | None, max_step_events: int,
+                            prices: PriceCache | None) -> SimResult:
+    """Prefill pool -> KV transfer -> decode pool (`sim.engine.disaggregated`). `efficiency` and
+    `host`, when given, apply to both pools (a caller's single kernel model)."""
+    disagg = scenario.disaggregation
+    assert disagg is not None
+    prefill_mem, decode_mem = (_check_pool(pool) for pool in disagg.pools())
+    p_sc, d_sc = disagg.prefill.scenario, disagg.decode.scenario
+    p_profile, d_profile = load_engine_profile(p_sc.engine.backend), load_engine_profile(d_sc.engine.backend)
+    (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
+    specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=p_sc.engine.max_model_len)
+    prefill = _pool_schedulers(p_sc, prefill_mem, p_profile, disagg.prefill.num_ranks(), limits)
+    decode = _pool_schedulers(d_sc, decode_mem, d_profile, disagg.decode.num_ranks(), limits)
+    full = request_states(specs, prefill[0].kv)
+    # Prefill ranks run each prompt with one output token (the proxy's max_tokens=1).
+    first = [RequestState(request_id=s.request_id, prompt_tokens=s.prompt_tokens, output_tokens=1,
+                          arrival_s=s.arrival_s, keys=s.keys, segments=s.segments) for s in full]
+    for s in full:
+        s.keys = ()  # the decode phase takes its prompt KV from the transfer, not the prefix cache
+    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices)
+    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices)
+    path = transfer_path(disagg)
+    step_log = StepLog(max_step_events) if max_step_events > 0 else None
+    sim = DisaggregatedSimulation(
+        prefill=prefill, decode=decode, prefill_pricer=p_pricer, decode_pricer=d_pricer,
+        prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
+        max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log)
+    records = sim.run(first)
+    gpu_prices = [scenario_price_per_gpu_hour_usd(pool.scenario) for pool in disagg.pools()]
+    num_gpus = disagg.num_gpus()
+    price = None
+    if all(p is not None for p in gpu_prices):
+        price = sum(p * pool.num_gpus() for p, pool in zip(gpu_prices, disagg.pools(), strict=True)
+                    if p is not None) / num_gpus
+    worst = max(p_pricer.worst_provenance, d_pricer.worst_provenance)
+    summary = summarize(
+        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
+        num_preemptions=sim.num_preemptions(),
+        prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in prefill),
+        prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in prefill),
+        num_gpus=num_gpus, price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
+        truncated=sim.truncated, worst_provenance=worst.label(),
+    )
+    p_busy, d_busy = sim.pool_busy_s()
+    p_pre, d_pre = sim.pool_preemptions()
+    pools = tuple(
+        pool_summary(pool=pool.name, hardware=pool.scenario.hardware.name, num_workers=pool.num_workers,
+                     num_ranks=pool.num_ranks(), num_gpus=pool.num_gpus(), busy_s=busy,
+                     duration_s=summary.duration_s, queue_delay_s=queue, kv_usage=usage, num_preemptions=pre)
+        for pool, busy, queue, usage, pre in (
+            (disagg.prefill, p_busy, sim.prefill_queue_s, sim.prefill_kv_usage_frac, p_pre),
+            (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_usage_frac, d_pre)))
+    breakdowns = (("prefill", _breakdown(p_pricer)), ("decode", _breakdown(d_pricer)))
+    kv_usage = tuple(sorted(zip(sim.prefill_kv_time_s, sim.prefill_kv_usage_frac, strict=True))) + tuple(sim.kv_usage)
+    return SimResult(
+        summary=summary, breakdown=_sum_breakdowns([bd for _, bd in breakdowns]),
+        records=tuple(records), kv_usage=kv_usage, memory=decode_mem,
+        scenario_hash=scenario.scenario_hash(), sim_version=__version__,
+        steps=step_log.records() if step_log is not None else (),
+        num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
+        pools=pools, pool_breakdowns=breakdowns,
+        transfer=transfer_summary(connector=disagg.connector, link=path.link_name, transfer_s=sim.transfer_s,
+                                  transfer_bytes=sim.transfer_bytes),
+        replica_pools=("prefill",) * len(prefill) + ("decode",) * len(decode),
     )

@@ -102,6 +102,9 @@ class _Replica:
     scheduler: VllmV1Scheduler
     bulk: bool
     """The scheduler runs decode-only steps in bulk (`BulkDecodeScheduler`) and the limits allow it."""
+    pricer: StepPricer
+    """Prices this replica's steps (one pricer for all replicas of an aggregated run; one per pool
+    in a disaggregated run)."""
     busy: bool = False
     plan: StepPlan | None = None
     step_s: float = 0.0
@@ -111,8 +114,12 @@ class _Replica:
 class Simulation:
     def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
-                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
-        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler)) for s in replicas]
+                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
+                 pricers: Sequence[StepPricer] | None = None) -> None:
+        """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`."""
+        pricers = pricers or [pricer] * len(replicas)
+        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p)
+                          for s, p in zip(replicas, pricers, strict=True)]
         self._pricer = pricer
         self._router = router
         self._max_concurrency = max_concurrency
@@ -225,10 +232,10 @@ class Simulation:
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
-        step_s = self._pricer.price(plan)
+        step_s = replica.pricer.price(plan)
         if self.step_log is not None:
             self.step_log.add(replica=idx, start_s=now, step_s=step_s, num_steps=1, end_s=now + step_s,
-                              key=self._pricer.key(plan), num_preempted=len(plan.preempted))
+                              key=replica.pricer.key(plan), num_preempted=len(plan.preempted))
         replica.busy, replica.plan, replica.step_s = True, plan, step_s
         replica.busy_s += step_s
         self.num_steps += 1
@@ -273,8 +280,8 @@ class Simulation:
         replica = self._replicas[idx]
         scheduler = replica.scheduler
         num_blocks = scheduler.kv.num_blocks
-        decode_run = self._pricer.decode_run
-        counts = self._pricer.counts
+        decode_run = replica.pricer.decode_run
+        counts = replica.pricer.counts
         itl = self.itl
         limits = self._limits
         while True:

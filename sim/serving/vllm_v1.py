@@ -110,6 +110,16 @@ class VllmV1Scheduler:
     def add(self, request: RequestState) -> None:
         self._waiting.append(request)
 
+    def add_transferred(self, request: RequestState) -> None:
+        """Queue a request whose prompt KV arrived from a prefill worker (disaggregated serving).
+
+        As vLLM's scheduler does for a remote prefill (`WAITING_FOR_REMOTE_KVS`), all prompt tokens
+        but the last count as computed: admission allocates blocks for the whole prompt without
+        computing it, and the first step computes the last prompt token to sample the first output.
+        """
+        request.num_computed = request.prompt_tokens - 1
+        self._waiting.append(request)
+
     def num_outstanding(self) -> int:
         return len(self._waiting) + len(self._running)
 
@@ -356,25 +366,27 @@ class VllmV1Scheduler:
             req = self._waiting[0]
             if self._no_room_reserved(req):
                 break
+            remote = req.num_computed  # > 0 only for transferred KV (`add_transferred`)
             hit = 0
-            if req.num_computed == 0 and req.keys:
+            if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
-            pending = req.num_known() - hit
+            pending = req.num_known() - hit - remote
             if not self._chunked and pending > budget:
                 break
             num_new = self._cap(pending, budget)
-            if not kv.allocate(req.request_id, num_tokens=hit + num_new, keys=req.keys,
+            if not kv.allocate(req.request_id, num_tokens=remote + hit + num_new, keys=req.keys,
                                num_computed_tokens=hit):
                 break
             self._waiting.popleft()
             if self._reserve_full_output:
                 self._reserved_blocks += self._full_blocks(req)
-            if req.num_preemptions == 0 and req.first_scheduled_s is None:
+            if not remote and req.num_preemptions == 0 and req.first_scheduled_s is None:
                 kv.record_prefix_query(req.prompt_tokens, hit)
                 req.prefix_hit_tokens = hit
             elif req.num_preemptions:
                 req.recomputed_tokens -= hit  # resumed: its cached blocks are not computed again
             hits += hit
+            hit += remote
             req.num_computed = hit
             req.run_seq = self._next_seq
             self._next_seq += 1

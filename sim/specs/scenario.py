@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
 from sim.specs.catalog import load_hardware, load_model, read_toml
+from sim.specs.disaggregation import Connector, DisaggregationSection, PoolName, PoolSection, TransferLink
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -87,6 +88,7 @@ class ScenarioSections:
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     slo: SloSpec = field(default_factory=SloSpec)
     perf: PerfSection = field(default_factory=PerfSection)
+    disaggregation: DisaggregationSection | None = None
 
     def __post_init__(self) -> None:
         require(self.seed >= 0, "seed", self.seed, "must be >= 0 (it seeds numpy's SeedSequence)")
@@ -110,6 +112,9 @@ class Scenario:
     perf: PerfSection = field(default_factory=PerfSection)
     sections_json: str
     """Canonical JSON of the user's sections, for re-deriving with overrides."""
+    disaggregation: Disaggregation | None = None
+    """The prefill and decode pools when `[disaggregation]` is given (the top-level `hardware` and
+    `engine` are then only the base the pools' keys are laid over)."""
 
     def sections(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.sections_json)
@@ -119,12 +124,45 @@ class Scenario:
         return scenario_from_dict(apply_overrides(self.sections(), overrides), source=self.source)
 
     def scenario_hash(self, *extra: str) -> str:
-        return config_hash(
-            {"seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
-             "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd,
-             "perf": self.perf},
-            *extra,
-        )
+        parts: dict[str, Any] = {
+            "seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
+            "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self.perf}
+        if self.disaggregation is not None:  # aggregated scenarios keep their hashes
+            parts["disaggregation"] = {pool.name: {"num_workers": pool.num_workers,
+                                                   "hash": pool.scenario.scenario_hash()}
+                                       for pool in self.disaggregation.pools()}
+            parts["transfer"] = self.sections()["disaggregation"]
+        return config_hash(parts, *extra)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pool:
+    name: PoolName
+    num_workers: int
+    scenario: Scenario
+    """The pool's resolved scenario (aggregated, one worker)."""
+
+    def num_ranks(self) -> int:
+        """Schedulers in the pool: workers x attention-DP ranks."""
+        return self.num_workers * self.scenario.engine.data_parallel_size
+
+    def num_gpus(self) -> int:
+        return self.num_workers * self.scenario.engine.num_gpus()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disaggregation:
+    prefill: Pool
+    decode: Pool
+    connector: Connector
+    transfer_link: TransferLink
+    transfer_latency_s: float | None
+
+    def pools(self) -> tuple[Pool, Pool]:
+        return self.prefill, self.decode
+
+    def num_gpus(self) -> int:
+        return self.prefill.num_gpus() + self.decode.num_gpus()
 
 
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
@@ -146,7 +184,13 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
 
 
 def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
-    sections = build(ScenarioSections, data, source=source)
+    # Built on its own so that errors inside it keep their full dotted key (an optional table's
+    # errors would be reported at the table).
+    disaggregation_data = data.get("disaggregation")
+    sections = build(ScenarioSections, {k: v for k, v in data.items() if k != "disaggregation"}, source=source)
+    if disaggregation_data is not None:
+        sections = replace(sections, disaggregation=build(DisaggregationSection, disaggregation_data, source=source,
+                                                          prefix="disaggregation"))
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
                        ("perf.calibration", sections.perf.calibration)):
         if value is not None and not Path(value).exists():
@@ -160,6 +204,9 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         max_position_embeddings=model.max_position_embeddings,
     )
     _check_combination(source, model, sections.engine, engine, sections.workload)
+    disaggregation = None
+    if sections.disaggregation is not None:
+        disaggregation = _resolve_disaggregation(data, sections.disaggregation, source)
     return Scenario(
         source=source,
         seed=sections.seed,
@@ -172,7 +219,56 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         price_per_gpu_hour_usd=sections.hardware.price_per_gpu_hour_usd,
         perf=sections.perf,
         sections_json=json.dumps(to_jsonable(sections), sort_keys=True),
+        disaggregation=disaggregation,
     )
+
+
+def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSection, source: str) -> Disaggregation:
+    """Each pool's scenario: the file's sections with the pool's `hardware` / `engine` keys laid over."""
+    pools: dict[PoolName, Pool] = {}
+    named: tuple[tuple[PoolName, PoolSection], ...] = (("prefill", section.prefill), ("decode", section.decode))
+    for name, pool in named:
+        pools[name] = Pool(name=name, num_workers=pool.num_workers,
+                           scenario=_pool_scenario(data, name, pool, source))
+    prefill, decode = pools["prefill"].scenario, pools["decode"].scenario
+    where = "disaggregation.decode.engine."
+    if prefill.precision.kv_cache_dtype != decode.precision.kv_cache_dtype:
+        raise ConfigError(
+            source=source, key=where + "kv_cache_dtype", value=decode.engine.kv_cache_dtype,
+            rule=(f"the decode pool's KV cache is {decode.precision.kv_cache_dtype.value} but the prefill pool "
+                  f"writes {prefill.precision.kv_cache_dtype.value}: KV blocks are transferred as they are, so "
+                  "both pools need the same kv_cache_dtype"))
+    if prefill.engine.block_size != decode.engine.block_size:
+        raise ConfigError(
+            source=source, key=where + "block_size", value=decode.engine.block_size,
+            rule=(f"must equal the prefill pool's block_size={prefill.engine.block_size}: the connector "
+                  "transfers whole KV blocks"))
+    if prefill.engine.max_model_len != decode.engine.max_model_len:
+        raise ConfigError(
+            source=source, key=where + "max_model_len", value=decode.engine.max_model_len,
+            rule=f"must equal the prefill pool's max_model_len={prefill.engine.max_model_len}")
+    return Disaggregation(prefill=pools["prefill"], decode=pools["decode"], connector=section.connector,
+                          transfer_link=section.transfer_link, transfer_latency_s=section.transfer_latency_s)
+
+
+def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source: str) -> Scenario:
+    pool_data = {k: v for k, v in data.items() if k != "disaggregation"}
+    hardware = dict(pool_data.get("hardware", {}))
+    if pool.hardware is not None:
+        hardware = {"name": pool.hardware}
+    if pool.price_per_gpu_hour_usd is not None:
+        hardware["price_per_gpu_hour_usd"] = pool.price_per_gpu_hour_usd
+    pool_data["hardware"] = hardware
+    pool_data["engine"] = {**dict(pool_data.get("engine", {})), **dict(pool.engine)}
+    try:
+        return scenario_from_dict(pool_data, source=source)
+    except ConfigError as exc:
+        section, _, rest = exc.key.partition(".")
+        own = ((section == "engine" and rest.split(".")[0] in pool.engine)
+               or (section == "hardware" and pool.hardware is not None))
+        key = f"disaggregation.{name}.{exc.key}" if own else exc.key
+        raise type(exc)(source=exc.source, key=key, value=exc.value,
+                        rule=f"{exc.rule} (in the {name} pool)") from None
 
 
 def _resolve(loader: Any, name: str, source: str, key: str) -> Any:

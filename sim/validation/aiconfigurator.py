@@ -44,7 +44,7 @@ from typing import Any, Final
 from sim.errors import ConfigError
 from sim.measured import open_text
 from sim.perf.profile import EngineProfile
-from sim.validation.engine_args import profile_engine
+from sim.validation.engine_args import memory_utilization_for, profile_engine
 from sim.validation.names import CHECKPOINT_QUANTIZED, GPU_NAMES, MODEL_NAMES, QUANTIZATION
 from sim.validation.rows import Family, Replay, ValidationRow, suite_of
 from sim.validation.specs_cache import SpecCache
@@ -182,6 +182,9 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
     else:
         tp, dp = _int(r["tp_size"], 1), _int(r["attention_dp_size"], 1)
         parallel = f"tp{tp}" + (f"xdp{dp}" if dp > 1 else "")
+    disagg = r["mode"] == "disagg"
+    if disagg:
+        parallel = " ".join(_pool_label(r, pool) for pool in ("prefill", "decode"))
     label = (f"{model.split('/')[-1]} {system} {backend} {r['backend_version'] or '?'} {precision} {parallel} "
              f"{isl}/{osl} c{conc}")
     notes = ["InferenceX protocol: lengths in [0.8 L, L], 10 x C requests" if inferencex else
@@ -194,14 +197,12 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         "backend_version": r["backend_version"] or "unknown", "label": label, "family": family,
         "measured": {"ttft_mean_s": _num(r["silicon_ttft_ms"]) * 1e-3,
                      "tpot_mean_s": _num(r["silicon_tpot_ms"]) * 1e-3},
-        "notes": tuple(notes),
+        "notes": tuple(notes), "disaggregated": disagg,
     }
 
     def skip(reason: str) -> ValidationRow:
         return ValidationRow(**base, skip_reason=reason)
 
-    if r["mode"] != "agg":
-        return skip("disaggregated prefill/decode serving (separate prefill and decode workers) is not modelled")
     if arch is None:
         return skip(f"no model config ships for {model}")
     try:
@@ -219,12 +220,21 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         return skip("no measured TTFT/TPOT")
     if conc < 1 or isl < 1 or osl < 1:
         return skip("no concurrency or lengths recorded")
-    if not isinstance(layout, Layout):
-        return skip(str(layout))
+    if r["mode"] not in ("agg", "disagg"):
+        return skip(f"serving mode {r['mode']!r} is not modelled")
     formats = weight_format(r, arch=arch, checkpoint=spec.weight_quantization, moe=moe)
     if isinstance(formats, str):
         return skip(formats)
     quantization, served = formats
+    if disagg:
+        pools = _disagg_pools(r, moe=moe, conc=conc, profile=profiles[backend], quantization=quantization,
+                              served=served, hw=hw, arch=arch, cache=cache)
+        if isinstance(pools, str):
+            return skip(pools)
+        layout, pool_sections, pool_notes = pools
+        base["notes"] = (*base["notes"], *pool_notes)
+    if not isinstance(layout, Layout):
+        return skip(str(layout))
     engine_extra: dict[str, Any] = {"tensor_parallel_size": layout.tp, "pipeline_parallel_size": layout.pp,
                                     "data_parallel_size": layout.dp}
     if moe:
@@ -254,5 +264,64 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         workload = {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl}
     workload.update(num_prompts=num_requests, request_rate=math.inf, max_concurrency=conc, ignore_eos=True)
     sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine, "workload": workload}
+    if disagg:
+        for pool in pool_sections.values():
+            pool["engine"]["max_model_len"] = engine["max_model_len"]
+            if "async_scheduling" in engine:
+                pool["engine"]["async_scheduling"] = engine["async_scheduling"]
+        sections["disaggregation"] = {"connector": "nixl", **pool_sections}
     replay = Replay(kind="closed_loop", num_requests=num_requests, concurrency=conc)
     return ValidationRow(**base, sections=sections, replay=replay)
+
+
+_POOL_KEYS: Final = ("num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size")
+
+
+def _pool_label(r: Mapping[str, str], pool: str) -> str:
+    n, tp, pp, dp, mtp, mep = (r.get(f"{pool}_{k}") or "?" for k in _POOL_KEYS)
+    dp_pp = (f"dp{dp}" if dp not in ("1", "?") else "") + (f"pp{pp}" if pp not in ("1", "?") else "")
+    return f"{pool[0]}{n}x(tp{tp}{dp_pp} moe{mtp}x{mep})"
+
+
+def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: EngineProfile, quantization: str | None,
+                  served: str | None, hw: str, arch: str,
+                  cache: SpecCache) -> tuple[Layout, dict[str, dict[str, Any]], list[str]] | str:
+    """The decode pool's layout (the scenario's base engine), both pools' sections, and notes; or why not.
+
+    Each pool: the row's `<pool>_*` layout columns as `[engine]` keys, `<pool>_num_workers` workers
+    (1 when the export does not record it: noted), `max_num_seqs` = `<pool>_batch_size` per rank
+    where recorded, else the client concurrency spread over the pool's ranks; the KV memory each
+    pool's engine would have (`memory_utilization_for`). Transfer: NIXL (Dynamo's default).
+    """
+    notes: list[str] = []
+    pools: dict[str, dict[str, Any]] = {}
+    layouts: dict[str, Layout] = {}
+    for pool in ("prefill", "decode"):
+        tp, pp = _int(r.get(f"{pool}_tp_size", ""), 1), _int(r.get(f"{pool}_pp_size", ""), 1)
+        dp = _int(r.get(f"{pool}_attention_dp_size", ""), 1)
+        moe_tp, moe_ep = _int(r.get(f"{pool}_moe_tp_size", ""), 1), _int(r.get(f"{pool}_moe_ep_size", ""), 1)
+        if moe and moe_tp * moe_ep != tp * dp:
+            return (f"{pool} pool experts split as moe_tp={moe_tp} x moe_ep={moe_ep} over tp={tp} x dp={dp} GPUs: "
+                    "the columns do not give one GPU count")
+        workers = _int(r.get(f"{pool}_num_workers", ""), 0)
+        if workers == 0:
+            workers = 1
+            notes.append(f"{pool}_num_workers not recorded by {r['src_file']}: one {pool} worker assumed")
+        batch = _int(r.get(f"{pool}_batch_size", ""), 0)
+        per_rank = batch or math.ceil(conc / (workers * dp))
+        engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank,
+                                   version=r["backend_version"], weight_format=served),
+                  "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp}
+        if moe:
+            engine.update(moe_tensor_parallel_size=moe_tp, moe_expert_parallel_size=moe_ep)
+        if dp > 1 or workers > 1:
+            engine["router"] = DP_ROUTER.get(r["backend"], "round_robin")
+        if "gpu_memory_utilization" not in engine:
+            try:
+                engine["gpu_memory_utilization"] = round(memory_utilization_for(
+                    {"model": {"name": arch}, "hardware": {"name": hw}, "engine": engine}, profile, cache), 6)
+            except (ConfigError, ValueError) as exc:
+                return f"{pool} pool: {exc}"
+        pools[pool] = {"num_workers": workers, "engine": engine}
+        layouts[pool] = Layout(tp=tp, pp=pp, dp=dp, moe_tp=moe_tp, moe_ep=moe_ep)
+    return layouts["decode"], pools, notes

@@ -25,6 +25,8 @@ def finalize(row: ValidationRow, profiles: Mapping[str, EngineProfile], cache: S
     if row.sections is None or row.replay is None:
         return row
     sections: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in row.sections.items()}
+    if "disaggregation" in sections:
+        return replace(row, sections=sections)  # each pool is sized by its reader; checked when simulated
     engine = sections["engine"]
     try:
         if "gpu_memory_utilization" not in engine:

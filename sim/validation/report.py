@@ -84,8 +84,30 @@ def _cells(items: Sequence[tuple[ValidationRow, RowResult | None]], deferred: Ma
 
 def _aggregated(rows: Sequence[ValidationRow]) -> list[ValidationRow]:
     """AIConfigurator rows of aggregated serving (disaggregated rows are counted in the skipped table)."""
-    return [r for r in rows if r.source == "aiconfigurator"
+    return [r for r in rows if r.source == "aiconfigurator" and not r.disaggregated
             and not (r.skip_reason or "").startswith(DISAGG_PREFIX)]
+
+
+def disaggregated_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, tiers: Sequence[str],
+                        deferred: Mapping[str, str]) -> list[str]:
+    """AIConfigurator rows per system x model x suite x tier, aggregated and disaggregated side by side."""
+    res = {(r.row_id, r.tier): r for r in results}
+    groups: dict[tuple[str, str, str, str], dict[bool, list[tuple[ValidationRow, RowResult | None]]]] = {}
+    disagg_keys = {(r.hardware, r.model) for r in rows if r.source == "aiconfigurator" and r.disaggregated}
+    for row in rows:
+        if row.source != "aiconfigurator" or (row.hardware, row.model) not in disagg_keys:
+            continue
+        for tier in tiers:
+            key = (row.hardware, row.model, row.suite, tier)
+            groups.setdefault(key, {False: [], True: []})[row.disaggregated].append((row, res.get((row.row_id, tier))))
+    lines = ["| system | model | suite | tier | agg rows / scored | agg TTFT p50 APE (bias) | agg TPOT p50 APE (bias) "
+             "| disagg rows / scored / skipped | disagg TTFT p50 APE (bias) | disagg TPOT p50 APE (bias) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (system, model, suite, tier), by_mode in sorted(groups.items()):
+        agg, dis = _cells(by_mode[False], deferred), _cells(by_mode[True], deferred)
+        lines.append(f"| {system} | {model} | {suite} | {tier} | {agg[0]} / {agg[1]} | {agg[5]} | {agg[6]} "
+                     f"| {dis[0]} / {dis[1]} / {dis[2]} | {dis[5]} | {dis[6]} |")
+    return lines
 
 
 def family_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, tiers: Sequence[str],
@@ -296,9 +318,14 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
                 *family_table(rows, results, tiers=tiers, deferred=deferred), "",
                 "### Per model (AIConfigurator aggregated rows)", "",
                 "Per GPU and suite, dense models first, then MoE, then MLA models; evaluation rows (b200_sxm, "
-                "Llama-3.1-70B, Kimi-K2.5, GLM-5) are their own lines. Disaggregated rows are counted under skipped "
-                "rows below.", "",
-                *per_model_table(rows, results, tiers=tiers, deferred=deferred), ""]
+                "Llama-3.1-70B, Kimi-K2.5, GLM-5) are their own lines. Disaggregated rows are in the next table.", "",
+                *per_model_table(rows, results, tiers=tiers, deferred=deferred), "",
+                "### Disaggregated rows beside aggregated rows (AIConfigurator)", "",
+                "Each system and model with disaggregated rows: its aggregated and disaggregated rows side by side "
+                "(docs/disaggregation.md; rows whose export does not record worker counts assume one prefill and one "
+                "decode worker). Disaggregated rows that cannot be simulated are in the skipped table with their "
+                "reason.", "",
+                *disaggregated_table(rows, results, tiers=tiers, deferred=deferred), ""]
     trace = trace_table(rows, results)
     if len(trace) > 2:
         out += ["### LLMServingSim traces: predicted vs measured distributions", "", *trace, ""]

@@ -104,6 +104,8 @@ class ValidationRow:
     family: Family = "unknown"
     """Architecture class of the model: `mla` (multi-head latent attention, MoE), `moe`, `dense`;
     `unknown` when no model config ships."""
+    disaggregated: bool = False
+    """Prefill/decode disaggregated deployment (AIConfigurator `mode=disagg`)."""
 
     def __post_init__(self) -> None:
         if (self.sections is None) == (self.skip_reason is None):
@@ -117,7 +119,7 @@ class ValidationRow:
         return ValidationRow(row_id=self.row_id, source=self.source, suite=self.suite, model=self.model,
                              hardware=self.hardware, backend=self.backend, backend_version=self.backend_version,
                              label=self.label, measured=self.measured, skip_reason=reason, notes=self.notes,
-                             family=self.family)
+                             family=self.family, disaggregated=self.disaggregated)
 
 
 def family_of(spec: ModelSpec | None) -> Family:

@@ -164,13 +164,13 @@ def test_per_model_and_family_tables_put_moe_and_mla_beside_dense_rows(tmp_path:
                           measured={"ttft_mean_s": 1.0, "tpot_mean_s": 0.02}, skip_reason="no concurrency or lengths")
     disagg = ValidationRow(row_id="aiconfigurator:x", source="aiconfigurator", suite="dev", model="x",
                            hardware="h200_sxm", backend="vllm", backend_version="0", label="x", family="mla",
-                           measured={}, skip_reason="disaggregated prefill/decode serving ... is not modelled")
+                           measured={}, skip_reason="not simulated", disaggregated=True)
     rows = [mla, moe, dense, disagg]
     # DeepSeek: TTFT 6.42 s measured, 3.21 s predicted (-50%); TPOT 39.75 ms vs 43.73 ms (+10%).
     results = [_result(mla, "cross-generation", 6.421963939832494 / 2, 0.039754702652637185 * 1.1)]
     lines = per_model_table(rows, results, tiers=["cross-generation"], deferred={moe.row_id: "over the time budget"})
     body = lines[2:]
-    assert len(body) == 3  # the disaggregated row is left to the skipped table
+    assert len(body) == 3  # the disaggregated row is in its own table
     assert body[0].startswith("| h100_sxm | dev | moe | Qwen/Qwen3-235B-A22B-FP8 | cross-generation | 1 | 0 | 0 | 1 |")
     assert body[1].startswith("| h200_sxm | dev | dense | Qwen/Qwen3-32B | cross-generation | 1 | 0 | 1 | 0 |")
     assert body[2] == ("| h200_sxm | dev | mla | deepseek-ai/DeepSeek-R1 | cross-generation | 1 | 1 | 0 | 0 | 0 "

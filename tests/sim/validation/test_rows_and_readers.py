@@ -22,7 +22,9 @@ PROFILES = {b: load_engine_profile(b) for b in ("vllm", "sglang", "trtllm")}
 AIC_COLUMNS = ["id", "backend", "backend_version", "model_path", "system", "precision", "mode", "isl", "osl",
                "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
                "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms", "src_file", "src_concurrency",
-               "conc_over_bs_x_dp"]
+               "conc_over_bs_x_dp", *(f"{p}_{k}" for p in ("prefill", "decode") for k in (
+                   "num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size",
+                   "batch_size"))]
 
 
 @pytest.mark.parametrize(("model", "hardware", "suite"), [
@@ -100,8 +102,26 @@ def test_nvidia_collection_row_uses_fixed_lengths(tmp_path: Path) -> None:
     assert (row.sections["workload"]["random_input_len"], row.sections["workload"]["random_output_len"]) == (1024, 128)
 
 
+def test_disaggregated_row_becomes_a_prefill_and_a_decode_pool(tmp_path: Path) -> None:
+    change = {"mode": "disagg", "batch_size": "", "tp_size": "", "src_file": "/Users/x/data.csv",
+              "prefill_num_workers": "3", "prefill_tp_size": "1", "prefill_batch_size": "1",
+              "decode_num_workers": "1", "decode_tp_size": "4", "decode_batch_size": "64"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.disaggregated and row.sections is not None
+    d = row.sections["disaggregation"]
+    assert (d["prefill"]["num_workers"], d["prefill"]["engine"]["tensor_parallel_size"]) == (3, 1)
+    assert d["prefill"]["engine"]["max_num_seqs"] == 1
+    assert (d["decode"]["num_workers"], d["decode"]["engine"]["tensor_parallel_size"]) == (1, 4)
+    assert d["decode"]["engine"]["max_num_seqs"] == 64
+    assert "p3x(tp1 moe?x?) d1x(tp4 moe?x?)" in row.label
+    # The InferenceX exports do not record worker counts: one each, said in the notes.
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "b.csv", [{**AGG, **change, "src_file": "2026-03-25.csv",
+                                                                "prefill_num_workers": ""}]), PROFILES, SpecCache())
+    assert row.sections is not None and row.sections["disaggregation"]["prefill"]["num_workers"] == 1
+    assert any("prefill_num_workers not recorded" in n for n in row.notes)
+
+
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"mode": "disagg"}, "disaggregated"),
     ({"model_path": "Qwen/Qwen3.5-397B-A17B"}, "linear (gated delta-net) attention"),
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),

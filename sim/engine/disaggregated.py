@@ -1,0 +1,153 @@
+"""Disaggregated prefill/decode serving: a prefill pool, a KV transfer, a decode pool.
+
+The loop is `Simulation`'s (one clock, one heap, the same replica machinery and bulk decode
+stepping) with three differences:
+
+- Requests are sent to a prefill rank (the pool's router over all its workers' attention-DP
+  ranks, as replicas are routed). A prefill rank runs the prompt with one output token, as
+  vLLM's disaggregated proxy sends it with `max_tokens=1`; that token is not delivered.
+- When the prefill step that samples it ends, the prompt's KV moves to the decode pool: a
+  transfer event `TransferPath.exposed_s` later (`sim.serving.kv_transfer`). The prefill rank
+  frees its blocks when the prefill ends (departure: NIXL keeps them until the decode side has
+  read them).
+- At the transfer's end the request is routed to a decode rank and queued there
+  (`VllmV1Scheduler.add_transferred`); it is admitted when its KV blocks are free and budget and
+  `max_num_seqs` allow, like any waiting request. Its first decode step computes the last prompt
+  token and samples the first output token, which is the first token the client receives (vLLM's
+  proxy streams the decode instance's output; Dynamo's frontend does the same). So TTFT = prefill
+  queueing + prefill + transfer + decode queueing + the first decode step.
+
+Replica indices: 0 .. P-1 are prefill ranks, P .. P+D-1 decode ranks; heap indices >= P+D are
+transfers in flight. A request's record joins both phases: arrival and first scheduled from the
+prefill, tokens from the decode, preemptions and recomputed tokens of both.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+
+from sim.engine.pricer import StepPricer
+from sim.engine.simulation import SimLimits, Simulation
+from sim.engine.step_log import StepLog
+from sim.serving.kv_transfer import TransferPath
+from sim.serving.request import RequestState
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.engine import RouterName
+
+
+class DisaggregatedSimulation(Simulation):
+    def __init__(self, *, prefill: Sequence[VllmV1Scheduler], decode: Sequence[VllmV1Scheduler],
+                 prefill_pricer: StepPricer, decode_pricer: StepPricer, prefill_router: RouterName,
+                 decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
+                 max_concurrency: int | None, limits: SimLimits,
+                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
+        super().__init__(replicas=[*prefill, *decode], pricer=prefill_pricer, router=prefill_router,
+                         max_concurrency=max_concurrency, limits=limits, progress=progress, step_log=step_log,
+                         pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode))
+        self._num_prefill = len(prefill)
+        self._num_ranks = len(prefill) + len(decode)
+        for replica in self._replicas[:self._num_prefill]:
+            replica.bulk = False  # one output token: prefill ranks never decode
+        self._decode_router = decode_router
+        self._rr_pool = [0, 0]
+        self._path = path
+        self._decode_states = {s.request_id: s for s in decode_states}
+        """Each request's decode-phase state (its full output length), by request id."""
+        self._transfers: dict[int, RequestState] = {}
+        self._next_transfer = self._num_ranks
+        self._prefilled: dict[int, RequestState] = {}
+        """Prefill-phase states of requests past their prefill, by request id."""
+        self._ready_s: dict[int, float] = {}
+        self.transfer_s = array("d")
+        """Per request: prefill end to KV complete on the decode worker (the exposed transfer)."""
+        self.transfer_bytes = array("d")
+        self.prefill_queue_s = array("d")
+        """Per request: send to first scheduled on a prefill rank."""
+        self.decode_queue_s = array("d")
+        """Per request: transfer end to admission on a decode rank."""
+        self.prefill_kv_time_s = array("d")
+        self.prefill_kv_usage_frac = array("d")
+        """After each prefill step: its end and the used KV fraction of its rank (`kv_usage_frac`
+        holds the decode ranks')."""
+
+    def _route(self, req: RequestState) -> int:
+        return self._route_in(req, 0, self._num_prefill, self._router, 0)
+
+    def _route_in(self, req: RequestState, lo: int, hi: int, router: RouterName, pool: int) -> int:
+        n = hi - lo
+        if n == 1:
+            return lo
+        if router == "round_robin":
+            i = self._rr_pool[pool]
+            self._rr_pool[pool] = (i + 1) % n
+            return lo + i
+        replicas = self._replicas[lo:hi]
+        load = [r.scheduler.num_outstanding() for r in replicas]
+        if router == "prefix_aware" and req.keys:
+            hits = [r.scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for r in replicas]
+            return lo + max(range(n), key=lambda i: (hits[i], -load[i], -i))
+        return lo + min(range(n), key=lambda i: (load[i], i))
+
+    def _on_step_done(self, idx: int) -> None:
+        if idx >= self._num_ranks:
+            self._on_transfer_done(idx)
+        elif idx < self._num_prefill:
+            self._finish_step(idx)  # finished prefills start their transfers (`_record`)
+            self.prefill_kv_time_s.append(self.kv_time_s.pop())
+            self.prefill_kv_usage_frac.append(self.kv_usage_frac.pop())
+            end_s = self._start_step(idx)
+            if end_s is not None:
+                self._push(end_s, idx)
+        else:
+            super()._on_step_done(idx)
+
+    def _record(self, req: RequestState) -> None:
+        if req.replica < self._num_prefill:
+            self._start_transfer(req)
+            return
+        rid = req.request_id
+        first = self._prefilled.pop(rid)
+        assert req.first_scheduled_s is not None
+        self.decode_queue_s.append(req.first_scheduled_s - self._ready_s.pop(rid))
+        req.first_scheduled_s = first.first_scheduled_s
+        req.num_preemptions += first.num_preemptions
+        req.recomputed_tokens += first.recomputed_tokens
+        req.prefix_hit_tokens = first.prefix_hit_tokens
+        super()._record(req)
+
+    def _start_transfer(self, req: RequestState) -> None:
+        assert req.first_scheduled_s is not None
+        now = self.now_s
+        rid = req.request_id
+        self._prefilled[rid] = req
+        self.prefill_queue_s.append(req.first_scheduled_s - req.sent_s)
+        exposed_s = self._path.exposed_s(req.prompt_tokens, now - req.first_scheduled_s)
+        self.transfer_s.append(exposed_s)
+        self.transfer_bytes.append(req.prompt_tokens * self._path.bytes_per_token)
+        state = self._decode_states.pop(rid)
+        state.sent_s = req.sent_s
+        idx = self._next_transfer
+        self._next_transfer += 1
+        self._transfers[idx] = state
+        self._push(now + exposed_s, idx)
+
+    def _on_transfer_done(self, idx: int) -> None:
+        state = self._transfers.pop(idx)
+        self._ready_s[state.request_id] = self.now_s
+        j = self._route_in(state, self._num_prefill, self._num_ranks, self._decode_router, 1)
+        state.replica = j
+        replica = self._replicas[j]
+        replica.scheduler.add_transferred(state)
+        if not replica.busy:
+            end_s = self._start_step(j)
+            if end_s is not None:
+                self._push(end_s, j)
+
+    def pool_busy_s(self) -> tuple[list[float], list[float]]:
+        busy = self.replica_busy_s()
+        return busy[:self._num_prefill], busy[self._num_prefill:]
+
+    def pool_preemptions(self) -> tuple[int, int]:
+        counts = [r.scheduler.num_preemptions for r in self._replicas]
+        return sum(counts[:self._num_prefill]), sum(counts[self._num_prefill:])

@@ -1,0 +1,149 @@
+"""Disaggregated prefill/decode serving: scenario rules, transfer pricing, the event loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from conftest import scenario_dict
+
+from sim.api import check_feasible, simulate
+from sim.errors import ConfigError, InfeasibleScenario
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.kv_transfer import TransferPath, transfer_path
+from sim.serving.request import RequestState
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.scenario import Scenario, scenario_from_dict
+
+
+def _disagg(prefill: dict[str, Any] | None = None, decode: dict[str, Any] | None = None,
+            **sections: Any) -> Scenario:
+    data = scenario_dict(**sections)
+    data["disaggregation"] = {**data.get("disaggregation", {}),
+                              "prefill": {"num_workers": 1, **(prefill or {})},
+                              "decode": {"num_workers": 1, **(decode or {})}}
+    return scenario_from_dict(data, source="t.toml")
+
+
+def test_transfer_time_is_bytes_over_link_plus_latency() -> None:
+    sc = _disagg()
+    path = transfer_path(sc.disaggregation)  # type: ignore[arg-type]
+    # Llama-3.1-8B bf16: 32 layers x K and V x 8 KV heads x 128 x 2 bytes per token.
+    assert path.bytes_per_token == 32 * 2 * 8 * 128 * 2
+    # Two single-GPU workers fit one 8-GPU H100 node: NVLink, 450 GB/s per GPU, 10 us.
+    assert path.link_name == "nvlink"
+    assert path.transfer_s(1000) == pytest.approx(1e-5 + 1000 * 131072 / 450e9)
+    assert path.exposed_s(1000, prefill_span_s=1.0) == path.transfer_s(1000)  # nixl: nothing overlaps
+
+
+def test_transfer_goes_inter_node_when_the_fleet_outgrows_a_node() -> None:
+    sc = _disagg({"num_workers": 2, "engine": {"tensor_parallel_size": 4}}, {"engine": {"tensor_parallel_size": 2}})
+    path = transfer_path(sc.disaggregation)  # type: ignore[arg-type]
+    assert path.link_name == "inter_node"
+    assert path.bandwidth_bytes_per_s == sc.hardware.inter_node_link.bandwidth_bytes_per_s
+    # Decode TP2 ranks each receive 4 of the 8 KV heads, two links at once.
+    assert path.bytes_per_token == 2 * (32 * 2 * 4 * 128 * 2)
+    assert path.num_parallel_links == 2
+
+
+def test_layerwise_transfer_exposes_only_the_last_layer_when_the_link_keeps_up() -> None:
+    path = TransferPath(link_name="nvlink", bandwidth_bytes_per_s=1e9, latency_s=0.001, bytes_per_token=1000,
+                        num_parallel_links=1, num_layers=10, layerwise=True)
+    # 1000 tokens: 1 ms on the wire, 0.1 ms per layer; a 10 ms prefill hides all but the last layer.
+    assert path.exposed_s(1000, prefill_span_s=0.010) == pytest.approx(0.001 + 0.0001)
+    # A 1 ms prefill: layers leave every 0.1 ms; the link is the bottleneck: 1 ms - 0.9 ms hidden.
+    assert path.exposed_s(1000, prefill_span_s=0.001) == pytest.approx(0.001 + 0.0001)
+    # A 0.1 ms prefill hides 0.09 ms of the 1 ms.
+    assert path.exposed_s(1000, prefill_span_s=0.0001) == pytest.approx(0.001 + 0.001 - 0.00009)
+
+
+def test_pool_keys_override_the_base_engine() -> None:
+    sc = _disagg({"num_workers": 3, "engine": {"max_num_batched_tokens": 16384}}, {"engine": {"max_num_seqs": 64}})
+    d = sc.disaggregation
+    assert d is not None
+    assert d.prefill.num_workers == 3 and d.prefill.scenario.engine.max_num_batched_tokens == 16384
+    assert d.decode.scenario.engine.max_num_seqs == 64
+    assert d.decode.scenario.engine.max_num_batched_tokens == sc.engine.max_num_batched_tokens
+    assert d.num_gpus() == 4
+
+
+def test_mismatched_kv_layouts_are_rejected() -> None:
+    with pytest.raises(ConfigError) as err:
+        _disagg(decode={"engine": {"kv_cache_dtype": "fp8"}})
+    assert err.value.key == "disaggregation.decode.engine.kv_cache_dtype"
+    with pytest.raises(ConfigError) as err:
+        _disagg(decode={"engine": {"block_size": 32}})
+    assert err.value.key == "disaggregation.decode.engine.block_size"
+
+
+def test_bad_pool_engine_key_is_named_with_its_pool() -> None:
+    with pytest.raises(ConfigError) as err:
+        _disagg(decode={"engine": {"tensor_parallel_size": 3}})
+    assert err.value.key == "disaggregation.decode.engine.tensor_parallel_size"
+    with pytest.raises(ConfigError) as err:
+        _disagg(prefill={"num_workers": 0})
+    assert err.value.key == "disaggregation.prefill.num_workers"
+
+
+def test_decode_pool_that_cannot_hold_one_request_is_infeasible() -> None:
+    sc = _disagg(decode={"engine": {"gpu_memory_utilization": 0.245}}, engine={"max_model_len": 65536},
+                 workload={"random_input_len": 60000, "random_output_len": 16, "num_prompts": 1})
+    with pytest.raises(InfeasibleScenario) as err:
+        check_feasible(sc)
+    assert err.value.key == "disaggregation.decode.engine.max_model_len"
+    assert "decode pool" in err.value.rule
+
+
+def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step() -> None:
+    sc = _disagg(workload={"num_prompts": 1, "random_input_len": 1000, "random_output_len": 4,
+                           "dataset_name": "fixed"})
+    result = simulate(sc, max_step_events=100)
+    (rec,) = result.records
+    steps = sorted(result.steps, key=lambda s: s.start_s)
+    prefill, first_decode = steps[0], steps[1]
+    assert result.replica_pools[prefill.replica] == "prefill"
+    assert result.replica_pools[first_decode.replica] == "decode"
+    assert prefill.start_s == 0.0 and prefill.num_prefill_tokens == 1000
+    transfer_s = transfer_path(sc.disaggregation).transfer_s(1000)  # type: ignore[arg-type]
+    # The decode worker computes the last prompt token (context 999) and samples the first token.
+    assert first_decode.start_s == pytest.approx(prefill.end_s + transfer_s, abs=1e-12)
+    assert first_decode.num_prefill_tokens == 1
+    assert rec.first_token_s == pytest.approx(prefill.end_s + transfer_s + first_decode.step_s, abs=1e-12)
+    assert rec.output_tokens == 4 and rec.first_scheduled_s == 0.0
+    assert result.transfer is not None and result.transfer.bytes_moved == 1000 * 131072
+    decode_pool = result.pools[1]
+    assert decode_pool.pool == "decode" and decode_pool.queue_delay_mean_s == 0.0
+    assert result.summary.num_gpus == 2
+
+
+def test_disaggregated_runs_are_deterministic_and_complete() -> None:
+    sc = _disagg({"num_workers": 2}, {"num_workers": 2, "engine": {"max_num_seqs": 8}},
+                 workload={"num_prompts": 60, "request_rate": 50.0, "random_input_len": 512, "random_output_len": 32})
+    a, b = simulate(sc), simulate(sc)
+    assert a.summary == b.summary and a.records == b.records
+    assert a.summary.num_completed == 60 and not a.summary.truncated
+    assert {p.pool for p in a.pools} == {"prefill", "decode"}
+    assert all(0 < p.utilization_frac <= 1 for p in a.pools)
+    assert not math.isnan(a.summary.tpot_median_s)
+
+
+def test_transferred_request_is_admitted_without_prefill_compute() -> None:
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=True)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0)
+    req = RequestState(request_id=7, prompt_tokens=1000, output_tokens=3, arrival_s=0.0, keys=())
+    sched.add_transferred(req)
+    plan = sched.schedule()
+    assert plan is not None
+    (chunk,) = plan.chunks
+    assert (chunk.num_new_tokens, chunk.num_context_tokens, chunk.samples) == (1, 999, True)
+    assert kv.num_blocks - kv.num_free_blocks() == 63  # ceil(1000 / 16) blocks for the whole prompt
+    assert kv.num_prefix_queries_tokens == 0  # not a prefix-cache lookup
+
+
+def test_aggregated_scenario_has_no_pools() -> None:
+    sc = scenario_from_dict(scenario_dict(), source="t.toml")
+    assert sc.disaggregation is None
+    result = simulate(sc)
+    assert result.pools == () and result.transfer is None
