@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.step_log import StepLog
+from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.scheduler import BulkDecodeScheduler, StepPlan
@@ -97,9 +98,13 @@ def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[Req
     return states
 
 
+Scheduler = VllmV1Scheduler | DataParallelGroup
+"""A replica: one engine's scheduler, or the lockstep ranks of an attention-data-parallel MoE engine."""
+
+
 @dataclass(slots=True)
 class _Replica:
-    scheduler: VllmV1Scheduler
+    scheduler: Scheduler
     bulk: bool
     """The scheduler runs decode-only steps in bulk (`BulkDecodeScheduler`) and the limits allow it."""
     busy: bool = False
@@ -109,7 +114,7 @@ class _Replica:
 
 
 class Simulation:
-    def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
+    def __init__(self, *, replicas: Sequence[Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
         self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler)) for s in replicas]
@@ -272,6 +277,7 @@ class Simulation:
         """
         replica = self._replicas[idx]
         scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)  # a group is not a BulkDecodeScheduler
         num_blocks = scheduler.kv.num_blocks
         decode_run = self._pricer.decode_run
         counts = self._pricer.counts
