@@ -72,10 +72,11 @@ def deepep_bytes_per_selection(hidden: int, *, fp8_dispatch: bool) -> float:
 
 
 def ep_all_to_all_work(*, tokens_per_rank: int, hidden: int, topk: int, num_experts: int, ep: int,
-                       gpus_per_node: int, fp8_dispatch: bool, decode_only: bool) -> KernelWork:
+                       nvlink_domain: int, fp8_dispatch: bool, decode_only: bool) -> KernelWork:
     """One DeepEP dispatch + combine pair; `normal` mode for steps with prefill, `low_latency` for
-    decode-only steps (SGLang's `--deepep-mode auto`)."""
-    node_num = max(1, math.ceil(ep / max(1, gpus_per_node)))
+    decode-only steps (SGLang's `--deepep-mode auto`). `node_num` counts the NVLink domains the
+    EP ranks span (nodes, or NVL72 racks: DeepEP's intranode kernels run over the whole domain)."""
+    node_num = max(1, math.ceil(ep / max(1, nvlink_domain)))
     message = tokens_per_rank * topk * deepep_bytes_per_selection(hidden, fp8_dispatch=fp8_dispatch)
     return KernelWork(
         kind=KernelKind.EP_ALL_TO_ALL, name="moe_all_to_all", dtype=DType.FP8 if fp8_dispatch else DType.BFLOAT16,

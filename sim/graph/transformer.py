@@ -290,7 +290,7 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
     add(gemm_work("moe_router", t, moe.num_experts, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
     if s.ep > 1:
         a2a = ep_all_to_all_work(tokens_per_rank=-(-t // s.tp), hidden=h, topk=moe.num_experts_per_token,
-                                 num_experts=moe.num_experts, ep=s.ep, gpus_per_node=hw.num_gpus_per_node,
+                                 num_experts=moe.num_experts, ep=s.ep, nvlink_domain=hw.nvlink_domain(),
                                  fp8_dispatch=hw.supports(DType.FP8), decode_only=decode_only)
         add(a2a, repeat)
     elif s.dp > 1:
