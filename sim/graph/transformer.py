@@ -28,7 +28,7 @@ from sim.dtypes import DType
 from sim.graph import mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork
-from sim.graph.moe import ep_all_to_all_work, moe_work
+from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -295,9 +295,11 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         add(a2a, repeat)
     elif s.dp > 1:
         add(collective_work(KernelKind.ALL_GATHER, "moe_dp_all_gather", gathered * h * act_b, s.dp), repeat)
+    eplb = engine.enable_eplb and s.ep > 1
     add(moe_work(num_tokens=gathered, hidden=h, inter_size=moe.expert_intermediate_size,
-                 topk=moe.num_experts_per_token, num_experts=moe.num_experts, moe_tp=s.moe_tp, moe_ep=s.ep,
-                 routing=engine.moe_routing, weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
+                 topk=moe.num_experts_per_token, num_experts=engine.physical_experts(moe.num_experts),
+                 moe_tp=s.moe_tp, moe_ep=s.ep, routing=eplb_routing(engine.moe_routing) if eplb else engine.moe_routing,
+                 weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
                  act=act), repeat)
     if s.ep > 1 and s.moe_tp > 1:
         # Partial sums of the expert outputs over the MoE-TP group.
