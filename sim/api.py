@@ -40,6 +40,7 @@ from sim.perf.profile import (
 )
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
+from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
@@ -240,7 +241,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
-    replicas = [
+    ranks = [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
                               enable_prefix_caching=engine.enable_prefix_caching),
@@ -255,7 +256,11 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         )
         for _ in range(engine.data_parallel_size)
     ]
-    states = request_states(specs, replicas[0].kv)
+    # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
+    # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
+    lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
+    replicas: list[VllmV1Scheduler | DataParallelGroup] = [DataParallelGroup(ranks)] if lockstep else list(ranks)
+    states = request_states(specs, ranks[0].kv)
     efficiency = efficiency or scenario_efficiency(scenario, profile)
     host = host or profile.host
     if prices is None:
@@ -273,8 +278,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     summary = summarize(
         records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
         num_preemptions=sim.num_preemptions(),
-        prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in replicas),
-        prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in replicas),
+        prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in ranks),
+        prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in ranks),
         num_gpus=engine.num_gpus(), price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
         truncated=sim.truncated, worst_provenance=pricer.worst_provenance.label(),
     )

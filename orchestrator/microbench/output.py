@@ -2,8 +2,10 @@
 
 File names and columns are exactly AIConfigurator's (see shared/data/README.md), so
 `kernelsight calibrate --microbench DIR` and anything reading those tables reads a run unchanged:
-gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz (gzip), nccl.csv and
-custom_allreduce.csv. Small memory-bound kernels, which AIConfigurator does not table, go to
+gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz (gzip), nccl.csv,
+custom_allreduce.csv, and the table-keyed moe.csv.gz, mla_*.csv(.gz), mla_bmm.csv, deepep_*.csv(.gz)
+(their query columns, `sim.perf.table_kernels.TABLE_COLUMNS`, then `latency_ms`). Small
+memory-bound kernels, which AIConfigurator does not table, go to
 `pointwise.csv` (backend, backend_version, kernel_source, kernel, variant, dtype, m = tokens,
 n = width, latency_ms). Only measured points are written; `latency_ms` is the median per call.
 The two flag columns are computed as the data README defines them, against the catalog spec of the
@@ -22,9 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator.microbench.points import NCCL_OPS, family_of
+from orchestrator.microbench.points import NCCL_OPS, TABLE_FAMILIES, family_of
 from orchestrator.microbench.records import PointRecord
 from sim.dtypes import DType
+from sim.perf.table_kernels import TABLE_COLUMNS as TABLE_KEYED_COLUMNS
 from sim.specs.hardware import HardwareSpec
 
 TABLE_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
@@ -42,6 +45,16 @@ TABLE_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "pointwise.csv": ("backend", "backend_version", "kernel_source", "kernel", "variant", "dtype", "m", "n",
                       "latency_ms"),
 }
+FILE_OF_TABLE: Final[dict[str, str]] = {
+    "moe": "moe.csv.gz", "wideep_moe": "wideep_moe.csv.gz", "wideep_mlp": "wideep_mlp.csv",
+    "mla_context": "mla_context.csv.gz", "mla_generation": "mla_generation.csv.gz",
+    "mla_module_context": "mla_module_context.csv.gz", "mla_module_generation": "mla_module_generation.csv.gz",
+    "mla_bmm": "mla_bmm.csv", "deepep_ll": "deepep_ll.csv", "deepep_normal": "deepep_normal.csv.gz"}
+"""Table-keyed kernel (the plan's `kernel`) -> its AIConfigurator file name (the files
+`sim.calibration.tables.NEW_TABLE_FILES` reads; not imported here, it needs pandas)."""
+TABLE_COLUMNS.update({
+    # The table's query columns and the measured latency (DeepEP: dispatch + combine in one call).
+    file: (*TABLE_KEYED_COLUMNS[kernel], "latency_ms") for kernel, file in FILE_OF_TABLE.items()})
 FILE_OF_FAMILY: Final[dict[str, str]] = {
     "gemm": "gemm.csv.gz", "context_attention": "context_attention.csv.gz",
     "generation_attention": "generation_attention.csv.gz", "nccl": "nccl.csv",
@@ -84,6 +97,10 @@ def table_row(rec: PointRecord, hw: HardwareSpec | None) -> tuple[str, list[str]
     r, ms = rec.row, rec.latency_ms()
     latency = f"{ms:.6g}"
     labels = [r["backend"], r["backend_version"], r["kernel_source"]]
+    if r["kernel"] in TABLE_FAMILIES:
+        name = FILE_OF_TABLE[r["kernel"]]
+        given = {**r, "backend_version_reported": r["backend_version"]}
+        return name, [given.get(c, "") for c in TABLE_COLUMNS[name][:-1]] + [latency]
     family = family_of(r["kernel"])
     name = FILE_OF_FAMILY[family]
     if family == "gemm":

@@ -146,7 +146,7 @@ class PlanPoint:
         """The benchmark shape; `shrink` caps every dimension (dry runs)."""
         r = self.row
         if self.family in ("moe", "mla", "mla_bmm", "deepep"):
-            return TableShape(kernel=r["kernel"], family=self.family)
+            return TableShape(kernel=r["kernel"], family=self.family, row=r)
         if self.family == "gemm":
             m, n, k = self.integer("m"), self.integer("n"), self.integer("k")
             if shrink:

@@ -10,6 +10,7 @@ no vLLM flag and are left out.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from typing import Any, Final
@@ -21,6 +22,7 @@ from sim.specs.scenario import Scenario
 _FLAGS: Final[tuple[tuple[str, str], ...]] = (
     ("pipeline_parallel_size", "--pipeline-parallel-size"),
     ("enable_expert_parallel", "--enable-expert-parallel"),
+    ("enable_eplb", "--enable-eplb"),
     ("max_num_seqs", "--max-num-seqs"),
     ("max_num_batched_tokens", "--max-num-batched-tokens"),
     ("enable_chunked_prefill", "--enable-chunked-prefill"),
@@ -56,6 +58,9 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
             args.append(flag if value else f"--no-{flag[2:]}")
         else:
             args += [flag, str(value)]
+    redundant = asked.get("num_redundant_experts", 0)
+    if redundant:
+        args += ["--eplb-config", json.dumps({"num_redundant_experts": redundant})]
     return shlex.join(args)
 
 

@@ -150,7 +150,7 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
         g = num(cols, "num_gpus", idx, 2.0)
         op = np.array([_NCCL_OPS[str(v)] for v in kernel[idx]], dtype=object)
         frac = np.where(g <= 1, 0.0, np.where(op == "all_reduce", 2.0 * (g - 1) / g, (g - 1) / g))
-        intra = g <= hw.num_gpus_per_node
+        intra = g <= hw.nvlink_domain()
         link_bw = np.where(intra, hw.intra_node_link.bandwidth_bytes_per_s,
                            hw.inter_node_link.bandwidth_bytes_per_s)
         kinds = np.where(intra, hw.intra_node_link.kind, hw.inter_node_link.kind)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,16 @@ from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
 StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
+
+
+class GroupKey(NamedTuple):
+    """A data-parallel group step: the keys of the ranks that run a batch, sorted (their order
+    does not change the price)."""
+
+    ranks: tuple[StepKey, ...]
+
+
+AnyKey = StepKey | GroupKey
 _TOKEN: PartFamily = ("token",)
 _DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
 _SAMPLING: PartFamily = ("sampling",)
@@ -49,10 +60,11 @@ class StepPricer:
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
-        self._memo: dict[StepKey, float] = {}
+        self._memo: dict[AnyKey, float] = {}
         """Step seconds per key (no more entries than `counts`)."""
-        self._key_parts: dict[StepKey, tuple[list[Part], HostCost]] = {}
-        """Parts and host cost of each key priced (for the breakdown)."""
+        self._key_parts: dict[AnyKey, tuple[list[Part], HostCost]] = {}
+        """Parts and host cost of each key priced (for the breakdown; a group step's are its
+        slowest rank's)."""
         self._token_parts: dict[int, Part] = {}
         """Token parts by count; negative counts key decode-only steps' parts (expert-parallel
         models: their all-to-all runs in low-latency mode)."""
@@ -70,7 +82,7 @@ class StepPricer:
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
         self._async = scenario.engine.async_scheduling
-        self.counts: Counter[StepKey] = Counter()
+        self.counts: Counter[AnyKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
         self._blocks: dict[PartFamily, BlockPricer | None] | None = {} if prices.block_pricing else None
@@ -126,9 +138,13 @@ class StepPricer:
             now_s = end_s
         return groups, ends
 
+    def group_key(self, plan: StepPlan) -> GroupKey:
+        """Key of a data-parallel group's step (`plan.ranks`; see `sim.serving.dp_group`)."""
+        return GroupKey(tuple(sorted(self.key(p) for p in plan.ranks if p is not None)))
+
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""
-        key = self.key(plan)
+        key: AnyKey = self.group_key(plan) if plan.ranks else self.key(plan)
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1  # (Counter's += calls __missing__ for a new key)
         step_s = self._memo.get(key)
@@ -136,14 +152,49 @@ class StepPricer:
             step_s = self._memo[key] = self.step_s(key)
         return step_s
 
-    def step_s(self, key: StepKey) -> float:
+    def step_s(self, key: AnyKey) -> float:
         """Seconds of a step: its kernels (sum of the parts) and host overhead."""
+        if isinstance(key, GroupKey):
+            return self._group_step_s(key)
+        step_s, parts, host = self._rank_step(key, None)
+        self._key_parts[key] = (parts, host)
+        return step_s
+
+    def _group_step_s(self, key: GroupKey) -> float:
+        """Seconds of a data-parallel group step: the slowest rank's.
+
+        vLLM pads every rank's batch to the most tokens of any rank (`get_dp_padding`, so the
+        ranks' CUDA graphs and MoE collectives line up): each rank runs the token part (GEMMs,
+        norms, the MoE layers over DP x the padded count, the expert all-to-all of the padded
+        count) at that count, and its own attention, sampling and host work. The all-to-all runs
+        in low-latency mode only when no rank has a prefill. Ranks running dummy batches do the
+        token part alone, never longer than a busy rank.
+        """
+        most = 0
+        decode_only = True
+        for prefills, num_decode, _ in key.ranks:
+            tokens = num_decode + sum(new for new, _, _ in prefills)
+            most = max(most, tokens)
+            decode_only = decode_only and not prefills
+        token_key = -most if self._decode_modes and decode_only else most
+        slowest = -1.0
+        for rank_key in key.ranks:
+            step_s, parts, host = self._rank_step(rank_key, token_key)
+            if step_s > slowest:
+                slowest, chosen = step_s, (parts, host)
+        self._key_parts[key] = chosen
+        return slowest
+
+    def _rank_step(self, key: StepKey, token_key: int | None) -> tuple[float, list[Part], HostCost]:
+        """Seconds, parts and host cost of one rank's step; `token_key` the token part to use
+        (None: the step's own token count)."""
         prefills, num_decode, mean = key
         num_tokens = num_sampled = num_decode
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-        token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
+        if token_key is None:
+            token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
         part = self._token_parts.get(token_key) or self._token_part(token_key)
         parts = [part]
         if num_sampled:
@@ -175,8 +226,7 @@ class StepPricer:
                 is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
                 num_launches=launches, num_layers=self._sc.model.num_layers, short_kernel_gap_s=gap,
             )
-        self._key_parts[key] = (parts, host)
-        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async)
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async), parts, host
 
     # -- parts ---------------------------------------------------------------------------------
     def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.step_log import StepLog
+from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.scheduler import BulkDecodeScheduler, StepPlan
@@ -97,9 +98,13 @@ def request_states(specs: Sequence[RequestSpec], kv: KVCacheManager) -> list[Req
     return states
 
 
+Scheduler = VllmV1Scheduler | DataParallelGroup
+"""A replica: one engine's scheduler, or the lockstep ranks of an attention-data-parallel MoE engine."""
+
+
 @dataclass(slots=True)
 class _Replica:
-    scheduler: VllmV1Scheduler
+    scheduler: Scheduler
     bulk: bool
     """The scheduler runs decode-only steps in bulk (`BulkDecodeScheduler`) and the limits allow it."""
     pricer: StepPricer
@@ -112,7 +117,7 @@ class _Replica:
 
 
 class Simulation:
-    def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
+    def __init__(self, *, replicas: Sequence[Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
                  pricers: Sequence[StepPricer] | None = None) -> None:
@@ -279,6 +284,7 @@ class Simulation:
         """
         replica = self._replicas[idx]
         scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)  # a group is not a BulkDecodeScheduler
         num_blocks = scheduler.kv.num_blocks
         decode_run = replica.pricer.decode_run
         counts = replica.pricer.counts

@@ -104,7 +104,7 @@ def moe_block_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     act = precision.activation_dtype.bytes_per_element()
     lin = precision.linear_weight_dtype.bytes_per_element()
     ew = precision.expert_weight_dtype.bytes_per_element()
-    local = moe.num_experts // engine.expert_parallel_size()
+    local = engine.physical_experts(moe.num_experts) // engine.expert_parallel_size()  # EPLB copies too
     width = moe.expert_intermediate_size // engine.moe_tp_size()
     experts = local * 3 * h * width * ew
     if moe.expert_bias:

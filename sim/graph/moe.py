@@ -3,8 +3,9 @@
 One `KernelKind.MOE` node per MoE layer stands for routing + grouped expert GEMMs + finalize on one
 rank (the key of the measured `moe.csv.gz`): shape (num_tokens, hidden, inter_size, topk,
 num_experts, moe_tp, moe_ep) with `num_tokens` the tokens entering the layer over the MoE group
-(the batch of every attention-data-parallel rank, assumed equal), `inter_size` the full expert
-width, `variant` the routing distribution and `dtype` the expert weight format.
+(DP x the attention-data-parallel ranks' padded batch), `num_experts` the expert slots (the model's
+experts plus EPLB's redundant copies), `inter_size` the full expert width, `variant` the routing
+distribution (`<routing>_eplb` under EPLB) and `dtype` the expert weight format.
 
 Its roofline work is that of the most loaded rank (rank 0, as the measured tables emulate it):
 
@@ -42,8 +43,19 @@ class RankLoad:
     """Local experts that receive at least one token (their weights are read)."""
 
 
+def eplb_routing(routing: str) -> str:
+    """The MoE node's variant under EPLB: `<routing>_eplb` (AIConfigurator's name for its wide-EP rows
+    collected with EPLB), `balanced` staying `balanced`."""
+    return routing if routing == "balanced" else f"{routing}_eplb"
+
+
 def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing: str) -> RankLoad:
-    """Rank-0 load under the routing distribution (`sim.graph.moe_routing`)."""
+    """Rank-0 load under the routing distribution (`sim.graph.moe_routing`). Under EPLB
+    (`<routing>_eplb`) the load is the balanced one over the physical expert slots: EPLB places and
+    replicates experts by measured load so that ranks receive even shares, which is how the fitted
+    `moe` family reads the measured `_eplb` rows too (`sim.perf.table_kernels.moe_batch`)."""
+    if routing.endswith("_eplb"):
+        routing = "balanced"
     assert routing_alpha(routing) is not False, routing
     pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, routing)
     return RankLoad(routed_pairs=pairs, active_experts=active)
@@ -72,10 +84,11 @@ def deepep_bytes_per_selection(hidden: int, *, fp8_dispatch: bool) -> float:
 
 
 def ep_all_to_all_work(*, tokens_per_rank: int, hidden: int, topk: int, num_experts: int, ep: int,
-                       gpus_per_node: int, fp8_dispatch: bool, decode_only: bool) -> KernelWork:
+                       nvlink_domain: int, fp8_dispatch: bool, decode_only: bool) -> KernelWork:
     """One DeepEP dispatch + combine pair; `normal` mode for steps with prefill, `low_latency` for
-    decode-only steps (SGLang's `--deepep-mode auto`)."""
-    node_num = max(1, math.ceil(ep / max(1, gpus_per_node)))
+    decode-only steps (SGLang's `--deepep-mode auto`). `node_num` counts the NVLink domains the
+    EP ranks span (nodes, or NVL72 racks: DeepEP's intranode kernels run over the whole domain)."""
+    node_num = max(1, math.ceil(ep / max(1, nvlink_domain)))
     message = tokens_per_rank * topk * deepep_bytes_per_selection(hidden, fp8_dispatch=fp8_dispatch)
     return KernelWork(
         kind=KernelKind.EP_ALL_TO_ALL, name="moe_all_to_all", dtype=DType.FP8 if fp8_dispatch else DType.BFLOAT16,

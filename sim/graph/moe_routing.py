@@ -89,3 +89,19 @@ def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: 
                 float(np.mean([d.max() for d in draws])))
     c = _balanced_counts(tokens, experts, topk)[:local]
     return float(c.sum()), float((c > 0).sum()), float(c.max())
+
+
+def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> np.ndarray:
+    """Tokens per local expert of EP rank 0 in one routing (integers): the balanced counts, or the
+    first draw of the power-law generator `moe_rank0_load` averages over (same seed). What a
+    microbenchmark of the rank's fused MoE kernel feeds it (`orchestrator.microbench.table_kernels`)."""
+    local = max(experts // max(ep, 1), 1)
+    tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
+    if distribution.startswith("power_law_"):
+        alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
+        seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
+        counts = _power_law_counts(tokens, experts, topk, ep, alpha, np.random.default_rng(seed))[:local]
+    else:
+        counts = _balanced_counts(tokens, experts, topk)[:local]
+    out: np.ndarray = np.minimum(counts, tokens).astype(np.int64)
+    return out

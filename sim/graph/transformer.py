@@ -28,7 +28,7 @@ from sim.dtypes import DType
 from sim.graph import mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork
-from sim.graph.moe import ep_all_to_all_work, moe_work
+from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -290,14 +290,16 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
     add(gemm_work("moe_router", t, moe.num_experts, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
     if s.ep > 1:
         a2a = ep_all_to_all_work(tokens_per_rank=-(-t // s.tp), hidden=h, topk=moe.num_experts_per_token,
-                                 num_experts=moe.num_experts, ep=s.ep, gpus_per_node=hw.num_gpus_per_node,
+                                 num_experts=moe.num_experts, ep=s.ep, nvlink_domain=hw.nvlink_domain(),
                                  fp8_dispatch=hw.supports(DType.FP8), decode_only=decode_only)
         add(a2a, repeat)
     elif s.dp > 1:
         add(collective_work(KernelKind.ALL_GATHER, "moe_dp_all_gather", gathered * h * act_b, s.dp), repeat)
+    eplb = engine.enable_eplb and s.ep > 1
     add(moe_work(num_tokens=gathered, hidden=h, inter_size=moe.expert_intermediate_size,
-                 topk=moe.num_experts_per_token, num_experts=moe.num_experts, moe_tp=s.moe_tp, moe_ep=s.ep,
-                 routing=engine.moe_routing, weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
+                 topk=moe.num_experts_per_token, num_experts=engine.physical_experts(moe.num_experts),
+                 moe_tp=s.moe_tp, moe_ep=s.ep, routing=eplb_routing(engine.moe_routing) if eplb else engine.moe_routing,
+                 weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
                  act=act), repeat)
     if s.ep > 1 and s.moe_tp > 1:
         # Partial sums of the expert outputs over the MoE-TP group.

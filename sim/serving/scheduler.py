@@ -40,6 +40,9 @@ class StepPlan(NamedTuple):
     resynced: tuple[RequestState, ...] = ()
     """Former bulk decodes whose counters this step brought up to date; each sampled in the
     previous step."""
+    ranks: tuple[StepPlan | None, ...] = ()
+    """A data-parallel group's step (`sim.serving.dp_group`): each rank's own plan (None for a rank
+    that runs a dummy batch); the fields above are then the ranks' plans merged. Empty otherwise."""
 
     def num_batched_tokens(self) -> int:
         return sum(c.num_new_tokens for c in self.chunks) + self.num_bulk_decodes

@@ -129,6 +129,14 @@ class VllmV1Scheduler:
     def kv_usage_frac(self) -> float:
         return self._kv.usage_frac()
 
+    def skip_to_step(self, step_id: int) -> None:
+        """Number the next step `step_id + 1` (a data-parallel rank that sat out group steps in a
+        dummy batch keeps the group's step numbers). Only while no bulk decode is kept, whose
+        aggregate counters are indexed by step."""
+        if step_id != self._step_id:
+            assert not self._num_bulk and not self._in_flight and step_id > self._step_id
+            self._step_id = step_id
+
     def _cap(self, pending: int, budget: int) -> int:
         if 0 < self._threshold < pending:
             pending = self._threshold

@@ -62,6 +62,14 @@ class EngineParams:
     """kernelsight: token-to-expert routing the MoE kernels see: `balanced` (round-robin, optimistic) or
     `power_law_<alpha>` (skewed; expert-parallel rank 0 gets the heaviest load). The default is
     AIConfigurator's default workload distribution."""
+    enable_eplb: bool = False
+    """vLLM's expert-parallel load balancer: experts are placed (and, with redundant slots,
+    replicated) by their measured load, so every EP rank gets an even share of the routed tokens
+    (needs expert parallelism)."""
+    num_redundant_experts: int = 0
+    """vLLM's `eplb_config.num_redundant_experts` (`--eplb-config '{"num_redundant_experts": N}'`):
+    extra physical expert slots holding copies of the hottest experts; num_experts + N must divide
+    over the EP ranks, and each rank holds (num_experts + N) / EP experts' weights. Needs `enable_eplb`."""
     max_num_seqs: int | None = None
     """Running-request cap; None = vLLM's device default (1024 on >= 70 GiB non-A100, else 256)."""
     max_num_batched_tokens: int | None = None
@@ -117,6 +125,9 @@ class EngineParams:
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,
                 "must be one of 1, 8, 16, 32, 64, 128, 256 (vLLM's choices)")
+        require(self.num_redundant_experts >= 0, "num_redundant_experts", self.num_redundant_experts, "must be >= 0")
+        require(self.enable_eplb or not self.num_redundant_experts, "num_redundant_experts",
+                self.num_redundant_experts, "redundant experts need enable_eplb = true (as in vLLM)")
         for key in ("moe_tensor_parallel_size", "moe_expert_parallel_size"):
             value = getattr(self, key)
             require(value is None or value >= 1, key, value, "must be >= 1")
@@ -149,6 +160,10 @@ class EngineParams:
         if self.moe_tensor_parallel_size is not None:
             return max(1, self.tensor_parallel_size * self.data_parallel_size // self.moe_tensor_parallel_size)
         return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
+
+    def physical_experts(self, num_experts: int) -> int:
+        """Expert slots over the EP ranks: the model's experts plus EPLB's redundant copies."""
+        return num_experts + (self.num_redundant_experts if self.enable_eplb else 0)
 
     def moe_tp_size(self) -> int:
         """MoE tensor-parallel degree: `moe_tensor_parallel_size`, else vLLM's rule (every expert

@@ -55,6 +55,10 @@ class HardwareSpec:
     inter_node_link: LinkSpec
     sm_version: int | None = None
     """Compute capability x10 (90 for Hopper); None for non-NVIDIA parts."""
+    nvlink_domain_size: int | None = None
+    """GPUs that reach each other over `intra_node_link` (one NVLink/NVSwitch domain): 72 for
+    GB200/GB300 NVL72 racks, whose trays hold 4 GPUs each; None = `num_gpus_per_node` (resolved
+    when the spec is built, so it is always an int afterwards)."""
     source: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Where each group of numbers comes from."""
 
@@ -62,6 +66,11 @@ class HardwareSpec:
         for key in ("num_sms", "l2_cache_bytes", "hbm_capacity_bytes", "num_gpus_per_node"):
             value = getattr(self, key)
             require(value > 0, key, value, "must be > 0")
+        domain = self.num_gpus_per_node if self.nvlink_domain_size is None else self.nvlink_domain_size
+        object.__setattr__(self, "nvlink_domain_size", domain)
+        require(domain >= self.num_gpus_per_node
+                and domain % self.num_gpus_per_node == 0, "nvlink_domain_size", domain,
+                f"must be a multiple of num_gpus_per_node ({self.num_gpus_per_node}): a domain of whole nodes")
         rates = ("boost_clock_hz", "hbm_bandwidth_bytes_per_s", "power_w", "pcie_bandwidth_bytes_per_s")
         for key in rates:
             value = getattr(self, key)
@@ -87,6 +96,12 @@ class HardwareSpec:
     def ridge_point_flops_per_byte(self, dtype: DType) -> float:
         return self.peak_flops_for(dtype) / self.hbm_bandwidth_bytes_per_s
 
+    def nvlink_domain(self) -> int:
+        """GPUs reached over `intra_node_link` (`nvlink_domain_size`, resolved)."""
+        assert self.nvlink_domain_size is not None
+        return self.nvlink_domain_size
+
     def link_for_group(self, group_size: int) -> LinkSpec:
-        """The slowest hop a collective over `group_size` consecutive GPUs crosses."""
-        return self.intra_node_link if group_size <= self.num_gpus_per_node else self.inter_node_link
+        """The slowest hop a collective over `group_size` consecutive GPUs crosses: the intra-node
+        link within one NVLink domain (a node, or an NVL72 rack), the inter-node link beyond."""
+        return self.intra_node_link if group_size <= self.nvlink_domain() else self.inter_node_link

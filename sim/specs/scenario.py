@@ -306,7 +306,15 @@ def _check_combination(
     if model.moe is not None:
         ep, moe_tp = engine.expert_parallel_size(), engine.moe_tp_size()
         key = "engine.moe_expert_parallel_size" if engine.moe_expert_parallel_size else "engine.enable_expert_parallel"
-        if model.moe.num_experts % ep:
+        slots = engine.physical_experts(model.moe.num_experts)
+        if engine.enable_eplb and ep == 1:
+            fail("engine.enable_eplb", True, "EPLB balances experts over expert-parallel ranks: set "
+                 "enable_expert_parallel (or moe_expert_parallel_size > 1)")
+        if engine.enable_eplb and slots % ep:
+            fail("engine.num_redundant_experts", engine.num_redundant_experts,
+                 f"num_experts={model.moe.num_experts} + num_redundant_experts={engine.num_redundant_experts} "
+                 f"= {slots} expert slots must divide over the {ep} expert-parallel ranks")
+        if model.moe.num_experts % ep and not engine.enable_eplb:
             fail(key, engine.moe_expert_parallel_size or True,
                  f"expert-parallel size {ep} (TP x DP = {tp} x {engine.data_parallel_size} with expert "
                  f"parallelism, or moe_expert_parallel_size) must divide num_experts={model.moe.num_experts}")
@@ -318,7 +326,8 @@ def _check_combination(
         if model.moe.shared_expert_intermediate_size % tp:
             fail("engine.tensor_parallel_size", tp,
                  f"must divide the shared-expert intermediate size {model.moe.shared_expert_intermediate_size}")
-    elif engine.enable_expert_parallel or engine.moe_expert_parallel_size or engine.moe_tensor_parallel_size:
+    elif (engine.enable_expert_parallel or engine.moe_expert_parallel_size or engine.moe_tensor_parallel_size
+          or engine.enable_eplb):
         fail("engine.enable_expert_parallel", True, f"{model.name} has no experts")
     assert engine.max_model_len is not None and engine.max_num_batched_tokens is not None
     assert engine.max_num_seqs is not None

@@ -65,3 +65,13 @@ def test_directory_without_config_json_is_an_unknown_model(tmp_path: Path) -> No
 def test_unknown_model_id_suggests_the_closest(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("did you mean 'meta-llama/Llama-3.1-8B-Instruct'")):
         load_model("meta-llama/Llama-3.1-8B-Instruc")
+
+
+def test_eplb_settings_reach_the_serve_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[hardware]\nname = "h200_sxm"\n[model]\nname = "deepseek-ai/DeepSeek-R1"\n'
+                    '[engine]\nmax_model_len = 4096\ndata_parallel_size = 8\nenable_expert_parallel = true\n'
+                    'kv_cache_dtype = "fp8"\nenable_eplb = true\nnum_redundant_experts = 32\n')
+    line = vllm_serve_command(load_scenario_file(path))
+    assert "--enable-expert-parallel --enable-eplb" in line
+    assert line.endswith("""--eplb-config '{"num_redundant_experts": 32}'""")

@@ -200,6 +200,11 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
     "dp-prefix-aware": {"engine": {"data_parallel_size": 3, "router": "prefix_aware"},
                         "workload": {"num_prompts": 120, "request_rate": 60.0, "random_prefix_len": 64,
                                      "num_prefix_groups": 4, "random_range_ratio": 0.5}},
+    "moe-dp-group": {"model": {"name": "Qwen/Qwen3-30B-A3B"},
+                     "engine": {"data_parallel_size": 2, "enable_expert_parallel": True, "max_num_seqs": 16,
+                                "gpu_memory_utilization": 0.5},
+                     "workload": {"num_prompts": 80, "request_rate": 30.0, "random_input_len": 400,
+                                  "random_output_len": 60, "random_range_ratio": 0.5}},
     "closed-loop": {"workload": {"num_prompts": 100, "max_concurrency": 7, "random_input_len": 256,
                                  "random_output_len": 50, "random_range_ratio": 0.5}},
 }

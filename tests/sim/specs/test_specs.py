@@ -183,3 +183,30 @@ def test_mla_model_without_query_bottleneck_uses_q_proj() -> None:
     spec = model_from_hf_config(cfg, name="tiny", source="tiny.json")
     assert spec.mla is not None and spec.mla.q_lora_rank is None
     assert spec.attention_params() == 64 * 4 * 12 + 64 * 20 + 16 + 16 * 4 * 16 + 4 * 8 * 64
+
+
+def test_nvl72_racks_are_one_nvlink_domain() -> None:
+    from conftest import toy_hardware
+
+    from sim.dtypes import DType
+    from sim.graph.moe import ep_all_to_all_work
+    from sim.serde import FieldError
+
+    gb200 = load_hardware("gb200")
+    assert (gb200.num_gpus_per_node, gb200.nvlink_domain_size) == (4, 72)
+    assert gb200.link_for_group(72) is gb200.intra_node_link
+    assert gb200.link_for_group(73) is gb200.inter_node_link
+    h100 = load_hardware("h100_sxm")
+    assert h100.nvlink_domain_size == h100.num_gpus_per_node == 8  # default: one node
+    assert h100.link_for_group(16) is h100.inter_node_link
+    rack = toy_hardware(nvlink_domain_size=32)
+    assert rack.link_for_group(32) is rack.intra_node_link and rack.link_for_group(33) is rack.inter_node_link
+    # EP 32 inside one domain is one "node" for DeepEP; EP 64 spans two.
+    for ep, nodes in ((32, 1), (64, 2)):
+        work = ep_all_to_all_work(tokens_per_rank=8, hidden=7168, topk=8, num_experts=256, ep=ep,
+                                  nvlink_domain=rack.nvlink_domain(), fp8_dispatch=rack.supports(DType.FP8),
+                                  decode_only=True)
+        assert work.shape[-1] == nodes
+    with pytest.raises(FieldError) as err:
+        toy_hardware(nvlink_domain_size=12)
+    assert err.value.key == "nvlink_domain_size"
