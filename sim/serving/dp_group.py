@@ -64,6 +64,13 @@ class DataParallelGroup:
         request.replica = i
         self.ranks[i].add(request)
 
+    def add_transferred(self, request: RequestState) -> None:
+        """A request whose prompt KV arrived from a prefill worker (disaggregated decode pool): it
+        goes to the rank the load balancer picks, as a new request would."""
+        i = self.rank_for(request)
+        request.replica = i
+        self.ranks[i].add_transferred(request)
+
     def num_outstanding(self) -> int:
         return sum(r.num_outstanding() for r in self.ranks)
 
