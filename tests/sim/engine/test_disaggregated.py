@@ -147,3 +147,13 @@ def test_aggregated_scenario_has_no_pools() -> None:
     assert sc.disaggregation is None
     result = simulate(sc)
     assert result.pools == () and result.transfer is None
+
+
+def test_moe_decode_pool_of_attention_dp_ranks_takes_transferred_requests() -> None:
+    # Mixtral decode workers with DP2 are lockstep DP groups: arriving KV goes to a rank of the group.
+    sc = _disagg({"engine": {"tensor_parallel_size": 2}},
+                 {"engine": {"tensor_parallel_size": 1, "data_parallel_size": 2, "enable_expert_parallel": True}},
+                 model={"name": "mistralai/Mixtral-8x7B-v0.1"},
+                 workload={"num_prompts": 12, "random_input_len": 256, "random_output_len": 16, "request_rate": 50.0})
+    result = simulate(sc)
+    assert result.summary.num_completed == 12 and not result.summary.truncated
