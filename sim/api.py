@@ -39,9 +39,11 @@ from sim.perf.profile import (
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.kv_cache import KVCacheManager
+from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
+from sim.specs.speculative import acceptance_rates
 from sim.specs.scenario import Scenario, load_scenario_file
 from sim.workload.generate import generate
 
@@ -203,6 +205,19 @@ def simulate(
                          progress=progress, max_step_events=max_step_events, prices=prices)
 
 
+def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
+    """The acceptance model of `[engine] speculative_config` (None without it): the workload's rates
+    or mean acceptance length, else the method's published default; seeded from the scenario seed
+    (child 1 of its SeedSequence; the workload generator uses child 0)."""
+    config = scenario.engine.speculative_config
+    if config is None:
+        return None
+    w = scenario.workload
+    rates = acceptance_rates(config.method, config.num_speculative_tokens, w.spec_acceptance_rates,
+                             w.spec_mean_acceptance_length)
+    return AcceptanceSampler(rates, scenario.seed)
+
+
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
@@ -214,6 +229,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
+    speculation = speculation_sampler(scenario)
     replicas = [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
@@ -224,6 +240,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,
+            num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
         )
         for _ in range(engine.data_parallel_size)
     ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sim.serde import require
+from sim.specs.speculative import SpeculativeConfig
 
 KvCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
@@ -92,6 +93,8 @@ class EngineParams:
     """kernelsight: how requests are spread over data-parallel replicas."""
     backend: BackendName = "vllm"
     """kernelsight: engine profile (host overheads, scheduling quirks) to simulate."""
+    speculative_config: SpeculativeConfig | None = None
+    """Speculative decoding (vLLM's `speculative_config`; `sim.specs.speculative`); None = off."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -123,6 +126,10 @@ class EngineParams:
         if self.launch_mode == "auto":
             return "eager" if self.enforce_eager else "cuda_graph"
         return self.launch_mode
+
+    def num_speculative_tokens(self) -> int:
+        """k: draft tokens per running request per step (0 without speculative decoding)."""
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
     def world_size(self) -> int:
         """GPUs per replica."""
