@@ -60,7 +60,8 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) 
 
 
 def scenario_memory(scenario: Scenario) -> MemoryBreakdown:
-    return memory_breakdown(scenario.model, scenario.engine, scenario.precision, scenario.hardware)
+    return memory_breakdown(scenario.model, scenario.engine, scenario.precision, scenario.hardware,
+                            draft=scenario.draft_model)
 
 
 def check_feasible(scenario: Scenario) -> MemoryBreakdown:

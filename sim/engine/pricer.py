@@ -226,7 +226,7 @@ class StepPricer:
             if k > 1:
                 context = mean if num_decode else max(self._bucket, round(max(
                     new + ctx for new, ctx, samples in prefills if samples) / self._bucket) * self._bucket)
-                token = self._spec_part(("draft", "token"), s, draft.token)
+                token = self._spec_part(("draft", "pass_token"), s, draft.pass_token)
                 attention = self._spec_part(("draft", "decode", context), s, lambda n: draft.decode(n, context))
                 parts += [token, attention, sampling] * (k - 1)  # the same parts k - 1 times
         return parts

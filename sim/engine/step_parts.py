@@ -50,12 +50,16 @@ class PartNodes:
     """The kernel nodes of each kind of part, from the scenario alone (no reference back to the
     pricer, so the pricer's memos are freed by reference counting)."""
 
-    def __init__(self, scenario: Scenario, *, name_prefix: str = "", fc_input_width: int = 0) -> None:
-        """`name_prefix` and `fc_input_width` are for the drafter's nodes (`draft`): a prefix on every
-        kernel name, and the width of the EAGLE `fc` / MTP `eh_proj` input projection (0: none)."""
+    def __init__(self, scenario: Scenario, *, name_prefix: str = "", fc_input_width: int = 0,
+                 fc_every_pass: bool = True) -> None:
+        """`name_prefix`, `fc_input_width` and `fc_every_pass` are for the drafter's nodes (`draft`): a
+        prefix on every kernel name, the width of the EAGLE `fc` / MTP `eh_proj` input projection (0:
+        none), and whether later draft passes run it too (EAGLE and MTP fuse the token embedding with
+        the previous hidden state every pass; EAGLE-3 fuses the target's three layers once)."""
         self._sc = scenario
         self._prefix = name_prefix
         self._fc = fc_input_width
+        self._fc_every_pass = fc_every_pass
         self.draft: PartNodes | None = None
         """The drafter's parts (speculative decoding with a draft model or head), else None."""
         config = scenario.engine.speculative_config
@@ -66,7 +70,8 @@ class PartNodes:
             precision = resolve_precision(draft, engine) if config.method == "draft_model" else scenario.precision
             fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * scenario.model.hidden_size
             self.draft = PartNodes(dataclasses.replace(scenario, model=draft, engine=engine, precision=precision,
-                                                       draft_model=None), name_prefix="draft:", fc_input_width=fc)
+                                                       draft_model=None), name_prefix="draft:", fc_input_width=fc,
+                                   fc_every_pass=config.method != "eagle3")
 
     def _named(self, nodes: NodeList) -> NodeList:
         if not self._prefix:
@@ -98,6 +103,13 @@ class PartNodes:
 
     def decode_only_token(self, num_tokens: int) -> NodeList:
         return self.token(num_tokens, decode_only=True)
+
+    def pass_token(self, num_tokens: int) -> NodeList:
+        """The drafter's token kernels in draft passes after the first (no `fc` for EAGLE-3)."""
+        nodes = self.token(num_tokens)
+        if self._fc_every_pass:
+            return nodes
+        return [(w, r) for w, r in nodes if w.name != self._prefix + "fc"]
 
     def sampling(self, num_sampled: int) -> NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
@@ -140,6 +152,8 @@ class PartNodes:
             return BlockPricer(polynomial(lambda n: self.verify(n, mean, q), fallback=True), cost, eager, top)
         if kind == "token":
             return BlockPricer(polynomial(self.decode_only_token if len(family) > 1 else self.token), cost, eager, top)
+        if kind == "pass_token":
+            return BlockPricer(polynomial(self.pass_token), cost, eager, top)
         if kind == "sampling":
             return BlockPricer(polynomial(self.sampling), cost, eager, top)
         if kind == "decode":
