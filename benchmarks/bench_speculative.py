@@ -7,7 +7,8 @@ Closed-loop `vllm bench serve` runs (`request_rate = inf`, `max_concurrency = C`
 `--prompts-per-slot` prompts, at least 32) of two shipped setups, each with the method's default
 acceptance rates (docs/speculative.md):
 
-- Llama-3.1-8B on one H100 SXM, EAGLE-3 with k = 3, random 512 -> 256 tokens;
+- Llama-3.1-8B on one H100 SXM, EAGLE-3 with k = 3, random 512 -> 256 tokens, and 128 -> 256 tokens
+  (short contexts: the verification's GEMMs turn compute-bound at smaller batches);
 - DeepSeek-R1 on eight H200 SXM (TP8, FP8 KV cache), MTP with k = 1, random 1024 -> 256 tokens.
 
 Prints, per concurrency, mean TPOT and output throughput with and without speculation, their ratios,
@@ -35,6 +36,10 @@ SETUPS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         "engine.speculative_config": {"method": "eagle3", "num_speculative_tokens": 3,
                                       "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
         "workload.random_input_len": 512, "workload.random_output_len": 256}),
+    ("Llama-3.1-8B H100 EAGLE-3 k=3, 128 -> 256 tokens", "scenarios/llama3_8b-h100.toml", {
+        "engine.speculative_config": {"method": "eagle3", "num_speculative_tokens": 3,
+                                      "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+        "workload.random_input_len": 128, "workload.random_output_len": 256}),
     ("DeepSeek-R1 8xH200 TP8 MTP k=1", "scenarios/deepseek_r1-h200-tp8.toml", {
         "engine.speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
         "workload.random_input_len": 1024, "workload.random_output_len": 256}),
@@ -68,7 +73,8 @@ def main() -> None:
             so, sn = off.summary, on.summary
             # A streamed chunk per step: mean ITL / mean TPOT is about the tokens each verification emits.
             tokens = sn.itl_mean_s / sn.tpot_mean_s
-            row = (f"| {c} | {so.tpot_mean_s * 1e3:.2f} | {sn.tpot_mean_s * 1e3:.2f} | {sn.tpot_mean_s / so.tpot_mean_s:.2f} "
+            row = (f"| {c} | {so.tpot_mean_s * 1e3:.2f} | {sn.tpot_mean_s * 1e3:.2f} "
+                   f"| {sn.tpot_mean_s / so.tpot_mean_s:.2f} "
                    f"| {so.output_throughput_tokens_per_s:,.0f} | {sn.output_throughput_tokens_per_s:,.0f} "
                    f"| {sn.output_throughput_tokens_per_s / so.output_throughput_tokens_per_s:.2f} | {tokens:.2f} "
                    f"| {cpu_off:.2f} | {cpu_on:.2f} |")

@@ -43,8 +43,8 @@ from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
-from sim.specs.speculative import acceptance_rates
 from sim.specs.scenario import Scenario, load_scenario_file
+from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate
 
 __version__ = "0.2.0"

@@ -212,10 +212,13 @@ class StepPricer:
         k, draft = self._k, self._draft
         assert draft is not None
         parts = [self._spec_part(("draft", "token"), num_tokens, draft.token)]
-        for new, context, _ in sorted(set(prefills)):
-            count = prefills.count((new, context, _))
-            parts.append(self._spec_part(("draft", "prefill", context, count), new,
-                                         lambda n, c=context, m=count: draft.prefill(n, c, m)))
+        for chunk in sorted(set(prefills)):
+            new, context, count = chunk[0], chunk[1], prefills.count(chunk)
+
+            def prefill(n: int, c: int = context, m: int = count) -> NodeList:
+                assert draft is not None
+                return draft.prefill(n, c, m)
+            parts.append(self._spec_part(("draft", "prefill", context, count), new, prefill))
         if num_decode:
             parts.append(self._spec_part(("draft", "verify", mean, 1 + k), num_decode,
                                          lambda n: draft.verify(n, mean, 1 + k)))

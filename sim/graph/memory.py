@@ -225,7 +225,7 @@ def draft_memory_bytes(model: ModelSpec, draft: ModelSpec, engine: EngineParams,
     weights = weight_bytes_per_gpu(draft, flat, precision) - ends
     fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * h
     weights += fc * h * act + (vocab if config.method == "eagle3" else 0)
-    return weights, kv_bytes_per_token(draft, flat, precision)
+    return int(weights), kv_bytes_per_token(draft, flat, precision)
 
 
 def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,

@@ -24,7 +24,8 @@ class ScheduledChunk(NamedTuple):
     1 + drafts); the step samples 1 + the accepted drafts."""
 
     def is_decode(self) -> bool:
-        return self.num_new_tokens - self.num_draft_tokens == 1 and self.num_context_tokens >= self.request.prompt_tokens
+        return (self.num_new_tokens - self.num_draft_tokens == 1
+                and self.num_context_tokens >= self.request.prompt_tokens)
 
 
 class StepPlan(NamedTuple):

@@ -128,12 +128,12 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
     if config.method == "draft_model":
         assert config.model is not None
         return load_model(config.model)
-    one_layer = {"num_layers": 1, "layer_window_tokens": (0,), "num_nextn_predict_layers": 0}
     if config.method == "mtp":
         moe = target.moe
         if moe is not None:
             moe = dataclasses.replace(moe, moe_layer_indices=(0,))  # DeepSeek's MTP layer is an MoE layer
-        return dataclasses.replace(target, name=f"{target.name} (MTP layer)", moe=moe, **one_layer)
+        return dataclasses.replace(target, name=f"{target.name} (MTP layer)", moe=moe, num_layers=1,
+                                   layer_window_tokens=(0,), num_nextn_predict_layers=0)
     vocab = target.vocab_size
     if config.method == "eagle3":
         vocab = min(vocab, EAGLE3_DRAFT_VOCAB)
@@ -141,4 +141,5 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
     # or not).
     return dataclasses.replace(
         target, name=f"{target.name} ({config.method} head)", model_type="llama", vocab_size=vocab,
-        moe=None, mla=None, dsa=None, qk_norm=False, attention_bias=False, **one_layer)
+        moe=None, mla=None, dsa=None, qk_norm=False, attention_bias=False, num_layers=1, layer_window_tokens=(0,),
+        num_nextn_predict_layers=0)

@@ -79,7 +79,7 @@ def _one_request(spec: dict[str, Any] | None, rates: list[float] | None, output:
 
 
 def test_k2_rates_one_zero_emit_two_tokens_per_step() -> None:
-    sc, result = _one_request(EAGLE3_K2, [1.0, 0.0], output=9)
+    _, result = _one_request(EAGLE3_K2, [1.0, 0.0], output=9)
     # Prefill samples token 1; each verification emits 2 (one accepted draft + the bonus token).
     assert result.summary.num_steps == 1 + 4
     assert result.records[0].output_tokens == 9
