@@ -44,10 +44,12 @@ from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
+from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Pool, Scenario, load_scenario_file
+from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate
 
 __version__ = "0.2.0"
@@ -63,7 +65,8 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) 
 
 
 def scenario_memory(scenario: Scenario) -> MemoryBreakdown:
-    return memory_breakdown(scenario.model, scenario.engine, scenario.precision, scenario.hardware)
+    return memory_breakdown(scenario.model, scenario.engine, scenario.precision, scenario.hardware,
+                            draft=scenario.draft_model)
 
 
 def check_feasible(scenario: Scenario) -> MemoryBreakdown:
@@ -227,6 +230,19 @@ def simulate(
                          progress=progress, max_step_events=max_step_events, prices=prices)
 
 
+def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
+    """The acceptance model of `[engine] speculative_config` (None without it): the workload's rates
+    or mean acceptance length, else the method's published default; seeded from the scenario seed
+    (child 1 of its SeedSequence; the workload generator uses child 0)."""
+    config = scenario.engine.speculative_config
+    if config is None:
+        return None
+    w = scenario.workload
+    rates = acceptance_rates(config.method, config.num_speculative_tokens, w.spec_acceptance_rates,
+                             w.spec_mean_acceptance_length)
+    return AcceptanceSampler(rates, scenario.seed)
+
+
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
@@ -241,21 +257,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
-    ranks = [
-        VllmV1Scheduler(
-            kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
-                              enable_prefix_caching=engine.enable_prefix_caching),
-            max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-            enable_chunked_prefill=engine.enable_chunked_prefill,
-            long_prefill_token_threshold=engine.long_prefill_token_threshold,
-            bulk_decodes=limits.bulk_decode,
-            prefill_priority=profile.policy.prefill_priority,
-            reserve_full_output=profile.policy.reserve_full_output,
-            batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
-            batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
-        )
-        for _ in range(engine.data_parallel_size)
-    ]
+    ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits)
     # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
     # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
     lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
@@ -294,10 +296,13 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     )
 
 
-def _pool_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
+def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
                      limits: SimLimits) -> list[VllmV1Scheduler]:
+    """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
+    with its own KV cache of `mem.num_kv_blocks` blocks."""
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
+    speculation = speculation_sampler(scenario)
     return [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
@@ -308,6 +313,9 @@ def _pool_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,
+            batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
+            batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
+            num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
         )
         for _ in range(num_ranks)
     ]
@@ -353,8 +361,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
     p_profile, d_profile = load_engine_profile(p_sc.engine.backend), load_engine_profile(d_sc.engine.backend)
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=p_sc.engine.max_model_len)
-    prefill = _pool_schedulers(p_sc, prefill_mem, p_profile, disagg.prefill.num_ranks(), limits)
-    decode = _pool_schedulers(d_sc, decode_mem, d_profile, disagg.decode.num_ranks(), limits)
+    prefill = _rank_schedulers(p_sc, prefill_mem, p_profile, disagg.prefill.num_ranks(), limits)
+    decode = _rank_schedulers(d_sc, decode_mem, d_profile, disagg.decode.num_ranks(), limits)
     full = request_states(specs, prefill[0].kv)
     # Prefill ranks run each prompt with one output token (the proxy's max_tokens=1).
     first = [RequestState(request_id=s.request_id, prompt_tokens=s.prompt_tokens, output_tokens=1,

@@ -89,6 +89,9 @@ def _convert(tp: Any, value: Any, source: str, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            # One alternative: its own error, with the dotted key of a nested table's bad entry.
+            return _convert(non_none[0], value, source, key)
         errors: list[str] = []
         for arg in non_none:
             try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -48,6 +49,9 @@ AnyKey = StepKey | GroupKey
 _TOKEN: PartFamily = ("token",)
 _DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
 _SAMPLING: PartFamily = ("sampling",)
+NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
+"""Host time of vLLM's ngram proposer per request per step (an assumption: a numba n-gram match over
+the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
 
 class StepPricer:
@@ -90,13 +94,23 @@ class StepPricer:
         before), later ones by the family's block pricer (None where it has none)."""
         self._tops = (scenario.engine.max_num_batched_tokens,
                       min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
+        self._k = scenario.engine.num_speculative_tokens()
+        """Draft tokens per decoding request (0: no speculative decoding, steps priced as before)."""
+        self._draft = self._nodes.draft
+        self._spec_parts: dict[tuple[PartFamily, int], Part] = {}
+        config = scenario.engine.speculative_config
+        self._ngram_s = NGRAM_LOOKUP_S_PER_REQUEST if config is not None and config.method == "ngram" else 0.0
 
     def key(self, plan: StepPlan) -> StepKey:
+        """With speculative decoding a decode is a verification of 1 + k tokens (k drafts); one whose
+        drafts the token budget cut is keyed as a (1 + drafts)-token chunk that samples."""
         prefills: list[tuple[int, int, bool]] = []
         num_decode = plan.num_bulk_decodes
         total_context = plan.bulk_decode_context_tokens
+        k = self._k
         for c in plan.chunks:
-            if c.num_new_tokens == 1 and c.num_context_tokens >= c.request.prompt_tokens:  # c.is_decode()
+            if c.num_new_tokens == 1 + k and c.num_draft_tokens == k and \
+                    c.num_context_tokens >= c.request.prompt_tokens:  # c.is_decode() with all k drafts
                 num_decode += 1
                 total_context += c.num_context_tokens
             else:
@@ -173,7 +187,7 @@ class StepPricer:
         most = 0
         decode_only = True
         for prefills, num_decode, _ in key.ranks:
-            tokens = num_decode + sum(new for new, _, _ in prefills)
+            tokens = num_decode * (1 + self._k) + sum(new for new, _, _ in prefills)  # verification: k + 1 each
             most = max(most, tokens)
             decode_only = decode_only and not prefills
         token_key = -most if self._decode_modes and decode_only else most
@@ -189,10 +203,13 @@ class StepPricer:
         """Seconds, parts and host cost of one rank's step; `token_key` the token part to use
         (None: the step's own token count)."""
         prefills, num_decode, mean = key
-        num_tokens = num_sampled = num_decode
+        k = self._k
+        num_tokens = num_sampled = num_decode * (1 + k)  # verification computes and samples k + 1 per decode
+        num_seqs_sampling = num_decode
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
+            num_seqs_sampling += samples
         if token_key is None:
             token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
         part = self._token_parts.get(token_key) or self._token_part(token_key)
@@ -207,8 +224,12 @@ class StepPricer:
                 j += 1
             parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
             i = j
-        if num_decode:
+        if num_decode and k:
+            parts.append(self._spec_part(("verify", mean, 1 + k), num_decode))
+        elif num_decode:
             parts.append(self._decode_parts.get((num_decode, mean)) or self._decode_part(num_decode, mean))
+        if self._draft is not None:
+            parts += self._draft_parts(prefills, num_decode, mean, num_tokens, num_seqs_sampling)
         gpu = comm = gap = 0.0
         launches = 0
         for p in parts:
@@ -218,17 +239,62 @@ class StepPricer:
             launches += p.num_launches
         if self._mode != "eager":
             launches, gap = 0, 0.0  # only eager launches cost per kernel
-        host_key = (n + num_decode, num_sampled, not prefills, launches, gap)
+        # The host samples and processes outputs per request (a verification's k + 1 rows are one).
+        host_key = (n + num_decode, num_seqs_sampling, not prefills, launches, gap)
         host = self._host_costs.get(host_key)
         if host is None:
             host = self._host_costs[host_key] = host_cost(
-                params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_sampled,
+                params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_seqs_sampling,
                 is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
                 num_launches=launches, num_layers=self._sc.model.num_layers, short_kernel_gap_s=gap,
             )
+            if self._ngram_s:
+                host = self._host_costs[host_key] = replace(host, cpu_s=host.cpu_s + self._ngram_s * num_seqs_sampling)
         return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async), parts, host
 
     # -- parts ---------------------------------------------------------------------------------
+    def _draft_parts(self, prefills: tuple[tuple[int, int, bool], ...], num_decode: int, mean: int,
+                     num_tokens: int, num_seqs_sampling: int) -> list[Part]:
+        """The drafter's kernels in a step (vLLM's EAGLE / MTP / draft-model proposers): a first pass
+        over every token the target computed (it fills the draft's KV cache; prompt chunks attend as
+        prefills, verifications with their k + 1 queries) that samples one draft token per request
+        that sampled, then k - 1 passes of one token per such request at the decodes' mean context."""
+        k, draft = self._k, self._draft
+        assert draft is not None
+        parts = [self._spec_part(("draft", "token"), num_tokens, draft.token)]
+        for chunk in sorted(set(prefills)):
+            new, context, count = chunk[0], chunk[1], prefills.count(chunk)
+
+            def prefill(n: int, c: int = context, m: int = count) -> NodeList:
+                assert draft is not None
+                return draft.prefill(n, c, m)
+            parts.append(self._spec_part(("draft", "prefill", context, count), new, prefill))
+        if num_decode:
+            parts.append(self._spec_part(("draft", "verify", mean, 1 + k), num_decode,
+                                         lambda n: draft.verify(n, mean, 1 + k)))
+        s = num_seqs_sampling
+        if s:
+            sampling = self._spec_part(("draft", "sampling"), s, draft.sampling)
+            parts.append(sampling)
+            if k > 1:
+                context = mean if num_decode else max(self._bucket, round(max(
+                    new + ctx for new, ctx, samples in prefills if samples) / self._bucket) * self._bucket)
+                token = self._spec_part(("draft", "pass_token"), s, draft.pass_token)
+                attention = self._spec_part(("draft", "decode", context), s, lambda n: draft.decode(n, context))
+                parts += [token, attention, sampling] * (k - 1)  # the same parts k - 1 times
+        return parts
+
+    def _spec_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList] | None = None) -> Part:
+        """A part of the speculative families (target verification, drafter), memoized per run."""
+        part = self._spec_parts.get((family, n))
+        if part is None:
+            if build is None:
+                nodes = self._nodes
+                mean, q = int(family[1]), int(family[2])  # type: ignore[call-overload]
+                build = lambda m: nodes.verify(m, mean, q)  # noqa: E731
+            part = self._spec_parts[(family, n)] = self._new_part(family, n, build)
+        return part
+
     def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
         """The part of count `n` of `family`, first asked for in this run: by block pricing from
         the family's second part on, else (and where block pricing does not apply) count by count."""
@@ -240,7 +306,8 @@ class StepPricer:
                 if pricer is not None:
                     part = pricer.part(n)
             else:
-                top = self._tops[0] if family[0] in ("token", "prefill") else self._tops[1]
+                kind = family[1] if family[0] == "draft" else family[0]
+                top = self._tops[0] if kind in ("token", "prefill") else self._tops[1]
                 assert top is not None
                 blocks[family] = self._prices.block_pricer(family, top)
         if part is None:

@@ -6,7 +6,11 @@ A step's kernel graph splits into parts that recur across steps far more often t
   norms, projections, MLP or MoE, collectives);
 - the sampling part: the kernels of sampled tokens only (LM head, logits gather, sampler);
 - one attention part per distinct prefill chunk (new tokens, context, how many alike);
-- the decode attention part (count, mean context).
+- the decode attention part (count, mean context);
+- with speculative decoding (`[engine] speculative_config`), the verification attention part
+  (decoding requests each running k + 1 queries: count, mean context, k + 1) in place of the decode
+  attention part, and the drafter's parts: the same families built on the draft model
+  (`PartNodes.draft`), named `draft:<kernel>`.
 
 The parts are exactly the nodes `build_step_graph` gives for a batch (tests compare the two).
 Each part family is indexed by one count, which is what block pricing (`sim.engine.block_pricing`)
@@ -14,11 +18,13 @@ needs: the token part by the token count, the sampling part by the sampled count
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
 mean context). A family is named by a `PartFamily` key: ("token",), ("token", "decode_only") (a
 decode-only step of an expert-parallel model: its all-to-all runs in low-latency mode), ("sampling",),
-("prefill", context_tokens, count), ("decode", mean_context_tokens).
+("prefill", context_tokens, count), ("decode", mean_context_tokens), ("verify", mean_context_tokens,
+query_tokens), and ("draft", <one of these>) for the drafter's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 
@@ -28,10 +34,13 @@ from sim.graph.moe import as_decode_only
 from sim.graph.transformer import (
     build_step_graph,
     decode_attention_nodes,
+    gemm_work,
     is_attention_work,
     prefill_attention_nodes,
+    verify_attention_nodes,
 )
 from sim.perf.step import StepCostModel
+from sim.specs.precision import resolve_precision
 from sim.specs.scenario import Scenario
 
 PartFamily = tuple[object, ...]
@@ -41,8 +50,33 @@ class PartNodes:
     """The kernel nodes of each kind of part, from the scenario alone (no reference back to the
     pricer, so the pricer's memos are freed by reference counting)."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, *, name_prefix: str = "", fc_input_width: int = 0,
+                 fc_every_pass: bool = True) -> None:
+        """`name_prefix`, `fc_input_width` and `fc_every_pass` are for the drafter's nodes (`draft`): a
+        prefix on every kernel name, the width of the EAGLE `fc` / MTP `eh_proj` input projection (0:
+        none), and whether later draft passes run it too (EAGLE and MTP fuse the token embedding with
+        the previous hidden state every pass; EAGLE-3 fuses the target's three layers once)."""
         self._sc = scenario
+        self._prefix = name_prefix
+        self._fc = fc_input_width
+        self._fc_every_pass = fc_every_pass
+        self.draft: PartNodes | None = None
+        """The drafter's parts (speculative decoding with a draft model or head), else None."""
+        config = scenario.engine.speculative_config
+        if config is not None and scenario.draft_model is not None:
+            draft = scenario.draft_model
+            engine = dataclasses.replace(scenario.engine, pipeline_parallel_size=1, speculative_config=None)
+            # A draft model runs in its own checkpoint's formats; heads and MTP in the target's.
+            precision = resolve_precision(draft, engine) if config.method == "draft_model" else scenario.precision
+            fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * scenario.model.hidden_size
+            self.draft = PartNodes(dataclasses.replace(scenario, model=draft, engine=engine, precision=precision,
+                                                       draft_model=None), name_prefix="draft:", fc_input_width=fc,
+                                   fc_every_pass=config.method != "eagle3")
+
+    def _named(self, nodes: NodeList) -> NodeList:
+        if not self._prefix:
+            return nodes
+        return [(dataclasses.replace(w, name=self._prefix + w.name), r) for w, r in nodes]
 
     def non_attention(self, num_tokens: int, num_sampled: int) -> NodeList:
         """Kernels other than attention of any batch with these token and sampled counts."""
@@ -52,7 +86,14 @@ class PartNodes:
         batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
         sc = self._sc
         graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
-        return [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
+        nodes = [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
+        if self._fc:
+            # EAGLE's fc (2h or, EAGLE-3, 3 fused target layers -> h) or DeepSeek MTP's eh_proj (2h -> h).
+            w = sc.precision.linear_weight_dtype
+            nodes.insert(1, (gemm_work("fc", num_tokens, sc.model.hidden_size, self._fc, weight_dtype=w,
+                                       act_dtype=sc.precision.activation_dtype,
+                                       compute_dtype=sc.precision.gemm_compute_dtype(w, sc.hardware)), 1))
+        return self._named(nodes)
 
     def token(self, num_tokens: int, decode_only: bool = False) -> NodeList:
         """Kernels of any batch of `num_tokens` tokens; a decode-only step launches the expert
@@ -63,6 +104,13 @@ class PartNodes:
     def decode_only_token(self, num_tokens: int) -> NodeList:
         return self.token(num_tokens, decode_only=True)
 
+    def pass_token(self, num_tokens: int) -> NodeList:
+        """The drafter's token kernels in draft passes after the first (no `fc` for EAGLE-3)."""
+        nodes = self.token(num_tokens)
+        if self._fc_every_pass:
+            return nodes
+        return [(w, r) for w, r in nodes if w.name != self._prefix + "fc"]
+
     def sampling(self, num_sampled: int) -> NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
         unsampled = Counter(self.token(num_sampled, decode_only=True))
@@ -70,12 +118,20 @@ class PartNodes:
 
     def prefill(self, new_tokens: int, context_tokens: int, count: int) -> NodeList:
         sc = self._sc
-        return prefill_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware, new_tokens=new_tokens,
-                                       context_tokens=context_tokens, count=count)
+        return self._named(prefill_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware,
+                                                   new_tokens=new_tokens, context_tokens=context_tokens, count=count))
 
     def decode(self, num_decode: int, mean_context_tokens: int) -> NodeList:
         sc = self._sc
-        return decode_attention_nodes(sc.model, sc.engine, sc.precision, (mean_context_tokens,) * num_decode)
+        return self._named(decode_attention_nodes(sc.model, sc.engine, sc.precision,
+                                                  (mean_context_tokens,) * num_decode))
+
+    def verify(self, num_decode: int, mean_context_tokens: int, query_tokens: int) -> NodeList:
+        """Verification attention of `num_decode` requests of `query_tokens` = k + 1 queries each."""
+        sc = self._sc
+        return self._named(verify_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware,
+                                                  num_requests=num_decode, context_tokens=mean_context_tokens,
+                                                  num_query_tokens=query_tokens))
 
     def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float, top: int) -> BlockPricer:
         """The block pricer of one part family over counts 1..top (the run's token budget for token and
@@ -88,8 +144,16 @@ class PartNodes:
             return make
 
         kind, eager = family[0], eager_launch_s
+        if kind == "draft":
+            assert self.draft is not None
+            return self.draft.block_pricer(family[1:], cost, eager, top)
+        if kind == "verify":
+            mean, q = int(family[1]), int(family[2])  # type: ignore[call-overload]
+            return BlockPricer(polynomial(lambda n: self.verify(n, mean, q), fallback=True), cost, eager, top)
         if kind == "token":
             return BlockPricer(polynomial(self.decode_only_token if len(family) > 1 else self.token), cost, eager, top)
+        if kind == "pass_token":
+            return BlockPricer(polynomial(self.pass_token), cost, eager, top)
         if kind == "sampling":
             return BlockPricer(polynomial(self.sampling), cost, eager, top)
         if kind == "decode":

@@ -25,7 +25,7 @@ from sim.graph.mla import indexer_cache_bytes_per_token
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
-from sim.specs.precision import PrecisionSpec
+from sim.specs.precision import PrecisionSpec, resolve_precision
 
 _MIB = 1 << 20
 
@@ -197,17 +197,54 @@ def cuda_graph_bytes(model: ModelSpec, engine: EngineParams, precision: Precisio
     return int(layers_per_stage(model, engine) * per_layer * precision.activation_dtype.bytes_per_element())
 
 
+def draft_memory_bytes(model: ModelSpec, draft: ModelSpec, engine: EngineParams,
+                       precision: PrecisionSpec) -> tuple[int, int]:
+    """(weights, KV bytes per token) the speculative drafter adds on one rank.
+
+    A draft model (`draft_model`) brings all its weights (its own formats) and the KV of all its
+    layers. An EAGLE head or MTP layer shares the target's embedding and, except EAGLE-3 (its own
+    head over the reduced draft vocabulary), the LM head, as vLLM's proposers load them; it adds its
+    decoder layer, its input projection (EAGLE `fc` 2h or 3h -> h, MTP `eh_proj` 2h -> h, replicated)
+    and one layer of KV. vLLM keeps the draft's KV layers in the same blocks as the target's.
+    """
+    config = engine.speculative_config
+    assert config is not None
+    flat = EngineParams(tensor_parallel_size=engine.tensor_parallel_size, data_parallel_size=engine.data_parallel_size,
+                        enable_expert_parallel=engine.enable_expert_parallel,
+                        moe_tensor_parallel_size=engine.moe_tensor_parallel_size,
+                        moe_expert_parallel_size=engine.moe_expert_parallel_size,
+                        dtype=engine.dtype, kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
+    if config.method == "draft_model":
+        draft_precision = resolve_precision(draft, flat)
+        return weight_bytes_per_gpu(draft, flat, draft_precision), kv_bytes_per_token(draft, flat, draft_precision)
+    tp = engine.tensor_parallel_size
+    act = precision.activation_dtype.bytes_per_element()
+    h = draft.hidden_size
+    vocab = -(-draft.vocab_size // tp) * h * act
+    ends = vocab * (1 if draft.tie_word_embeddings else 2) + h * act
+    weights = weight_bytes_per_gpu(draft, flat, precision) - ends
+    fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * h
+    weights += fc * h * act + (vocab if config.method == "eagle3" else 0)
+    return int(weights), kv_bytes_per_token(draft, flat, precision)
+
+
 def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
-                     hw: HardwareSpec, params: MemoryParams | None = None) -> MemoryBreakdown:
-    """KV-cache sizing for one rank; `num_kv_blocks` may be <= 0 when nothing fits."""
+                     hw: HardwareSpec, params: MemoryParams | None = None,
+                     draft: ModelSpec | None = None) -> MemoryBreakdown:
+    """KV-cache sizing for one rank; `num_kv_blocks` may be <= 0 when nothing fits. `draft`: the
+    speculative drafter (`Scenario.draft_model`), whose weights and KV share the GPU."""
     params = params or MemoryParams()
     total = hw.hbm_capacity_bytes
     requested = int(total * engine.gpu_memory_utilization)
     weights = weight_bytes_per_gpu(model, engine, precision)
+    per_token = kv_bytes_per_token(model, engine, precision)
+    if draft is not None:
+        draft_weights, draft_per_token = draft_memory_bytes(model, draft, engine, precision)
+        weights += draft_weights
+        per_token += draft_per_token
     peak = activation_peak_bytes(model, engine, precision, params)
     graphs = cuda_graph_bytes(model, engine, precision)
     kv_cache = requested - weights - peak - graphs - params.runtime_overhead_bytes
-    per_token = kv_bytes_per_token(model, engine, precision)
     blocks = kv_cache // (per_token * engine.block_size) if kv_cache > 0 else 0
     return MemoryBreakdown(
         total_bytes=total, requested_bytes=requested, weight_bytes=weights,

@@ -32,6 +32,7 @@ FLOPs per (query, key) pair per head: prefill 2 x (qk_head_dim + v_head_dim); ab
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -238,3 +239,21 @@ def decode_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, contexts: 
     out.append((work, n_layers))
     out.append((_bmm("mla_gen_post", b, s.heads, s.v, s.kv_lora, act), n_layers))
     return out
+
+
+def verify_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, num_requests: int, context_tokens: int,
+                 num_query_tokens: int) -> NodeList:
+    """Absorbed attention of speculative verification, every layer: each request's
+    `num_query_tokens` = k + 1 queries attend to its context and causally to each other (query j sees
+    context + j + 1 latent rows). FlashMLA runs a request's queries together (as more query heads), so
+    dense MLA reads each request's latent rows once; DSA's sparse attention picks rows per query, so
+    its reads stay per query."""
+    q, c = num_query_tokens, context_tokens
+    nodes = decode_nodes(model, precision, tp, tuple(c + j for j in range(q)) * num_requests)
+    if model.dsa is not None:
+        return nodes
+    s = MLAShapes.of(model, tp)
+    rows = num_requests * (c + q)
+    return [(dataclasses.replace(w, name="mla_verify", kv_read_bytes=float(rows * s.latent())
+                                 * precision.kv_cache_dtype.bytes_per_element())
+             if w.kind is KernelKind.MLA_DECODE else w, r) for w, r in nodes]

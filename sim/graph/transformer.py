@@ -21,6 +21,7 @@ over the DP group before the experts and reduce-scattered after (vLLM's naive DP
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -190,6 +191,23 @@ def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: Pr
         contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
         act=precision.activation_dtype, kv=precision.kv_cache_dtype), layers)
         for window, layers in sorted(Counter(model.layer_window_tokens).items())]
+
+
+def verify_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec, hw: HardwareSpec,
+                           *, num_requests: int, context_tokens: int, num_query_tokens: int
+                           ) -> list[tuple[KernelWork, int]]:
+    """Attention of speculative verification, every layer: each of `num_requests` requests runs
+    `num_query_tokens` = k + 1 queries (its last sampled token and k drafts) against its cached
+    context and causally among themselves. GQA/MHA: vLLM's FlashAttention / FlashInfer backends run
+    queries longer than one token through their prefill (varlen) kernel, so the work is an
+    `ATTN_PREFILL` of `num_requests` alike (k + 1)-token chunks, named `attn_verify`. MLA:
+    `sim.graph.mla.verify_nodes` (FlashMLA takes several queries per request)."""
+    if model.mla is not None:
+        return mla.verify_nodes(model, precision, engine.tensor_parallel_size, num_requests=num_requests,
+                                context_tokens=context_tokens, num_query_tokens=num_query_tokens)
+    nodes = prefill_attention_nodes(model, engine, precision, hw, new_tokens=num_query_tokens,
+                                    context_tokens=context_tokens, count=num_requests)
+    return [(dataclasses.replace(w, name=w.name.replace("attn_prefill", "attn_verify")), r) for w, r in nodes]
 
 
 def build_step_graph(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,

@@ -19,9 +19,13 @@ class ScheduledChunk(NamedTuple):
     """Tokens already in the KV cache before this step, prefix hits included."""
     samples: bool
     """The step completes the request's known tokens and samples its next output token."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens this decode verifies (counted in `num_new_tokens`, which is
+    1 + drafts); the step samples 1 + the accepted drafts."""
 
     def is_decode(self) -> bool:
-        return self.num_new_tokens == 1 and self.num_context_tokens >= self.request.prompt_tokens
+        return (self.num_new_tokens - self.num_draft_tokens == 1
+                and self.num_context_tokens >= self.request.prompt_tokens)
 
 
 class StepPlan(NamedTuple):

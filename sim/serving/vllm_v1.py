@@ -24,10 +24,18 @@ the scheduler brings every bulk decode up to date and plans the step request by 
 ways give the same plans, block tables and finish steps; `bulk_decodes=False` is the reference
 path that tests compare against.
 
+Speculative decoding (`speculation`, an `AcceptanceSampler`, with k drafts per request): as vLLM's
+scheduler, a decode schedules 1 + k tokens (its last sampled token and k drafts, cut to the token
+budget left), allocates KV slots for all of them (vLLM's lookahead slots), and at the step's end
+keeps the accepted drafts' KV and samples 1 + accepted tokens; the rejected drafts' slots stay
+allocated to the request and are overwritten by the next step, as in vLLM. Bulk decodes are off
+(they assume one token per step): every step is planned request by request.
+
 Departures from vLLM (and why): `max_num_partial_prefills` is accepted but not enforced (vLLM v1
-does not enforce it either in its default scheduler); no priority scheduling; no speculative
-decoding; no encoder budget; requests never exceed `max_model_len` because scenarios reject
-workloads that would. Prefix-cache keys of tokens that only one request has are derived when it
+does not enforce it either in its default scheduler); no priority scheduling; no encoder budget;
+requests never exceed `max_model_len` because scenarios reject workloads that would (lookahead
+slots of speculative decoding may go up to k past it: vLLM caps the drafts there).
+Prefix-cache keys of tokens that only one request has are derived when it
 is preempted (see `RequestState.keys`): before that no lookup can hit them, so only the
 shared prefix is indexed, which changes nothing but the eviction counter. A preempted request's
 computed blocks, generated tokens included, are indexed as it is preempted and hit when it
@@ -55,6 +63,7 @@ from typing import cast
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
 from sim.serving.request import RequestState
 from sim.serving.scheduler import ScheduledChunk, StepPlan
+from sim.serving.speculative import AcceptanceSampler
 
 
 def _run_seq(request: RequestState) -> int:
@@ -66,12 +75,15 @@ class VllmV1Scheduler:
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
                  bulk_decodes: bool = True, prefill_priority: bool = False,
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
-                 batch_wait_max_tokens_ratio: float = 0.0) -> None:
+                 batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
+                 speculation: AcceptanceSampler | None = None) -> None:
         self._kv = kv
         self._batch_wait_iters = batch_wait_timeout_iters
         self._batch_wait_tokens = batch_wait_max_tokens_ratio * max_num_batched_tokens
         self._batch_wait = batch_wait_timeout_iters > 0 and batch_wait_max_tokens_ratio > 0.0
         self._waited_iters = 0
+        self._k = num_speculative_tokens if speculation is not None else 0
+        self._spec = speculation
         self._prefill_priority = prefill_priority
         self._reserve_full_output = reserve_full_output
         self._reserved_blocks = 0
@@ -80,7 +92,7 @@ class VllmV1Scheduler:
         self._chunked = enable_chunked_prefill
         self._threshold = long_prefill_token_threshold
         self._block_size = kv.block_size
-        self._bulk = bulk_decodes and not prefill_priority
+        self._bulk = bulk_decodes and not prefill_priority and not self._k
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         """All running requests in running order (ascending `run_seq`)."""
@@ -289,9 +301,15 @@ class VllmV1Scheduler:
         preempted: list[RequestState] = []
         running = self._running
         i = 0
+        k = self._k
         while i < len(running) and budget > 0:
             req = running[i]
-            num_new = self._cap(req.num_pending(), budget)
+            drafts = 0
+            if k and req.num_pending() == 1 and req.num_computed >= req.prompt_tokens:
+                drafts = min(k, budget - 1)  # a decode verifies its drafts (vLLM cuts them to the budget)
+                num_new = 1 + drafts
+            else:
+                num_new = self._cap(req.num_pending(), budget)
             fits = True
             while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
@@ -305,7 +323,7 @@ class VllmV1Scheduler:
             if not fits:
                 break
             chunks.append(ScheduledChunk(req, num_new, req.num_computed,
-                                         req.num_computed + num_new == req.num_known()))
+                                         drafts > 0 or req.num_computed + num_new == req.num_known(), drafts))
             budget -= num_new
             i += 1
         hits = 0
@@ -475,7 +493,15 @@ class VllmV1Scheduler:
             if req.keys and not chunk.is_decode():
                 kv.commit(req.request_id, req.num_computed, req.keys)
             if chunk.samples:
-                req.num_output += 1
+                if chunk.num_draft_tokens:
+                    # 1 + accepted tokens; the KV of the rejected drafts is not kept.
+                    assert self._spec is not None
+                    emitted = min(1 + self._spec.accepted(req.request_id, chunk.num_draft_tokens),
+                                  req.output_tokens - req.num_output)
+                    req.num_computed -= chunk.num_new_tokens - emitted
+                    req.num_output += emitted
+                else:
+                    req.num_output += 1
                 req.last_sample_step = step
                 if req.is_finished():
                     finished.append(req)
@@ -511,6 +537,8 @@ class VllmV1Scheduler:
         for req in finished:
             running.remove(req)
             self._kv.free(req.request_id)
+            if self._spec is not None:
+                self._spec.forget(req.request_id)
             req.run_seq = -1
             if self._reserve_full_output:
                 self._reserved_blocks -= self._full_blocks(req)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sim.serde import require
+from sim.specs.speculative import SpeculativeConfig
 
 KvCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
@@ -106,6 +107,8 @@ class EngineParams:
     batch_wait_max_tokens_ratio: float = 0.0
     """TensorRT-LLM: stop holding prefills early once the step's tokens (waiting prompts + decodes)
     reach this fraction of `max_num_batched_tokens` (TRT-LLM `max_num_tokens`); 0 disables the test."""
+    speculative_config: SpeculativeConfig | None = None
+    """Speculative decoding (vLLM's `speculative_config`; `sim.specs.speculative`); None = off."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -144,6 +147,10 @@ class EngineParams:
         if self.launch_mode == "auto":
             return "eager" if self.enforce_eager else "cuda_graph"
         return self.launch_mode
+
+    def num_speculative_tokens(self) -> int:
+        """k: draft tokens per running request per step (0 without speculative decoding)."""
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
     def world_size(self) -> int:
         """GPUs per replica."""

@@ -12,7 +12,7 @@ the vision tower (Kimi-K2.5's MoonViT, ~0.4B parameters) is neither computed nor
 The multi-token-prediction layers (`num_nextn_predict_layers`) are counted by `mtp_params` but not
 by `num_params`: vLLM's DeepSeek-V2/V3 loader skips them for the main model ("skip spec decode
 layers for main model") and loads them only into the separate MTP drafter when speculative decoding
-is configured, which kernelsight does not model.
+is configured (`[engine] speculative_config`, method `mtp`; `sim.graph.memory.draft_memory_bytes`).
 """
 
 from __future__ import annotations

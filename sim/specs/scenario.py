@@ -38,6 +38,7 @@ from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, resolve_precision
 from sim.specs.slo import SloSpec
+from sim.specs.speculative import draft_model_spec
 from sim.specs.workload import WorkloadSpec
 
 
@@ -110,6 +111,9 @@ class Scenario:
     precision: PrecisionSpec
     price_per_gpu_hour_usd: float | None
     perf: PerfSection = field(default_factory=PerfSection)
+    draft_model: ModelSpec | None = None
+    """What the speculative drafter runs (`sim.specs.speculative.draft_model_spec`); None without
+    speculative decoding or for ngram."""
     sections_json: str
     """Canonical JSON of the user's sections, for re-deriving with overrides."""
     disaggregation: Disaggregation | None = None
@@ -207,6 +211,16 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     disaggregation = None
     if sections.disaggregation is not None:
         disaggregation = _resolve_disaggregation(data, sections.disaggregation, source)
+    draft = None
+    if engine.speculative_config is not None:
+        draft = _resolve(lambda name: draft_model_spec(model, engine.speculative_config, load_model),
+                         engine.speculative_config.model or "", source, "engine.speculative_config.model")
+        _check_speculation(source, model, draft, engine, sections.workload)
+    elif sections.workload.spec_acceptance_rates is not None or sections.workload.spec_mean_acceptance_length:
+        key = "spec_acceptance_rates" if sections.workload.spec_acceptance_rates is not None \
+            else "spec_mean_acceptance_length"
+        raise ConfigError(source=source, key=f"workload.{key}", value=getattr(sections.workload, key),
+                          rule="applies only with [engine] speculative_config")
     return Scenario(
         source=source,
         seed=sections.seed,
@@ -218,6 +232,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         precision=resolve_precision(model, engine),
         price_per_gpu_hour_usd=sections.hardware.price_per_gpu_hour_usd,
         perf=sections.perf,
+        draft_model=draft,
         sections_json=json.dumps(to_jsonable(sections), sort_keys=True),
         disaggregation=disaggregation,
     )
@@ -346,3 +361,33 @@ def _check_combination(
         if longest > engine.max_model_len:
             fail("workload.random_input_len", workload.random_input_len,
                  f"prompt plus output can reach {longest} tokens, over max_model_len={engine.max_model_len}")
+
+
+def _check_speculation(source: str, model: ModelSpec, draft: ModelSpec | None, engine: EngineParams,
+                       workload: WorkloadSpec) -> None:
+    """Rules of `[engine] speculative_config` against the model and the other engine keys."""
+    config = engine.speculative_config
+    assert config is not None
+
+    def fail(key: str, value: object, rule: str) -> None:
+        raise ConfigError(source=source, key=f"engine.speculative_config.{key}", value=value, rule=rule)
+
+    if config.method == "mtp" and not model.num_nextn_predict_layers:
+        fail("method", config.method, f"{model.name} has no multi-token-prediction layers "
+             "(config.json num_nextn_predict_layers = 0); use eagle, eagle3, ngram or draft_model")
+    if engine.pipeline_parallel_size > 1:
+        fail("method", config.method, "vLLM does not run speculative decoding with pipeline_parallel_size > 1")
+    k = config.num_speculative_tokens
+    mean = workload.spec_mean_acceptance_length
+    if mean is not None and mean > k + 1:
+        raise ConfigError(source=source, key="workload.spec_mean_acceptance_length", value=mean,
+                          rule=f"must be <= num_speculative_tokens + 1 = {k + 1} (a step emits at most k + 1 tokens)")
+    if draft is not None:
+        tp = engine.tensor_parallel_size
+        if draft.num_attention_heads % tp or draft.intermediate_size % tp:
+            fail("model", config.model or config.method,
+                 f"the draft runs at tensor_parallel_size={tp}, which must divide its "
+                 f"num_attention_heads={draft.num_attention_heads} and intermediate_size={draft.intermediate_size}")
+        if config.method == "draft_model" and draft.vocab_size != model.vocab_size:
+            fail("model", config.model, f"the draft's vocab_size={draft.vocab_size} must equal the target's "
+                 f"{model.vocab_size} (vLLM verifies draft tokens by id)")

@@ -60,6 +60,13 @@ class WorkloadSpec:
     """kernelsight: distinct shared prefixes (system prompts) requests are spread over."""
     ignore_eos: bool = True
     """Outputs run to their sampled length, as `vllm bench serve --ignore-eos`."""
+    spec_acceptance_rates: tuple[float, ...] | None = None
+    """kernelsight, with `[engine] speculative_config`: per draft position, the probability that the
+    draft token is accepted given the ones before it were; a list shorter than k repeats its last
+    entry. None = the method's published default (docs/speculative.md)."""
+    spec_mean_acceptance_length: float | None = None
+    """kernelsight: instead of the rates, the mean tokens a verification step emits per request
+    (1 + accepted drafts), turned into one constant rate."""
 
     def __post_init__(self) -> None:
         require(1 <= self.num_prompts <= MAX_NUM_PROMPTS, "num_prompts", self.num_prompts,
@@ -75,6 +82,15 @@ class WorkloadSpec:
                 "must be in [0, 1)")
         require(self.random_prefix_len >= 0, "random_prefix_len", self.random_prefix_len, "must be >= 0")
         require(self.num_prefix_groups >= 1, "num_prefix_groups", self.num_prefix_groups, "must be >= 1")
+        rates = self.spec_acceptance_rates
+        for i, r in enumerate(rates or ()):
+            require(0.0 <= r <= 1.0, f"spec_acceptance_rates[{i}]", r, "must be in [0, 1]")
+        require(rates is None or len(rates) >= 1, "spec_acceptance_rates", rates, "must not be empty")
+        mean = self.spec_mean_acceptance_length
+        require(mean is None or rates is None, "spec_mean_acceptance_length", mean,
+                "give spec_acceptance_rates or spec_mean_acceptance_length, not both")
+        require(mean is None or (mean >= 1.0 and math.isfinite(mean)), "spec_mean_acceptance_length", mean,
+                "must be a finite number >= 1 (tokens per verification step, the bonus token included)")
         needs_file = self.dataset_name in ("sharegpt", "custom", "trace")
         require(not needs_file or self.dataset_path is not None, "dataset_path", self.dataset_path,
                 f"is required when dataset_name={self.dataset_name!r}")

@@ -150,7 +150,7 @@ def test_aggregated_scenario_has_no_pools() -> None:
 
 
 def test_moe_decode_pool_of_attention_dp_ranks_takes_transferred_requests() -> None:
-    # Mixtral decode workers with DP2 are lockstep DP groups: arriving KV goes to a rank of the group.
+    # Mixtral decode workers with attention DP2: arriving KV goes to one of the workers' ranks.
     sc = _disagg({"engine": {"tensor_parallel_size": 2}},
                  {"engine": {"tensor_parallel_size": 1, "data_parallel_size": 2, "enable_expert_parallel": True}},
                  model={"name": "mistralai/Mixtral-8x7B-v0.1"},

@@ -1,0 +1,244 @@
+"""Speculative decoding: acceptance, token accounting, step pricing, configuration rules."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from conftest import scenario_dict
+
+from sim.api import load_host_params, scenario_efficiency, scenario_memory, simulate
+from sim.engine.pricer import NGRAM_LOOKUP_S_PER_REQUEST, StepPricer
+from sim.errors import ConfigError
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.kernels import KernelKind
+from sim.graph.mla import verify_nodes
+from sim.graph.transformer import build_step_graph, gemm_work, is_attention_work, prefill_attention_nodes
+from sim.perf.host import host_cost, step_time_s
+from sim.perf.step import StepCostModel
+from sim.serving.speculative import AcceptanceSampler
+from sim.specs.scenario import Scenario, scenario_from_dict
+from sim.specs.speculative import acceptance_rates, constant_rate_for_length, mean_acceptance_length
+
+
+def _scenario(spec: dict[str, Any] | None, **sections: dict[str, Any]) -> Scenario:
+    engine = dict(sections.pop("engine", {}))
+    if spec is not None:
+        engine["speculative_config"] = spec
+    perf = {"tier": "roofline"}
+    return scenario_from_dict(scenario_dict(engine=engine, perf=perf, **sections), source="test")
+
+
+EAGLE3_K2 = {"method": "eagle3", "num_speculative_tokens": 2, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+
+# -- acceptance ---------------------------------------------------------------------------------
+
+
+def test_mean_acceptance_length_by_hand() -> None:
+    assert mean_acceptance_length((1.0, 0.0)) == 2.0
+    assert mean_acceptance_length((0.5, 0.5)) == 1.0 + 0.5 + 0.25
+    r = constant_rate_for_length(2.5, 3)
+    assert mean_acceptance_length((r,) * 3) == pytest.approx(2.5, abs=1e-12)
+    assert acceptance_rates("eagle3", 4, (0.9, 0.5), None) == (0.9, 0.5, 0.5, 0.5)  # last entry repeats
+    assert acceptance_rates("mtp", 2, None, None) == (0.875, 0.875)
+
+
+def test_sampler_rates_one_zero_accept_exactly_one() -> None:
+    sampler = AcceptanceSampler((1.0, 0.0), seed=3)
+    assert [sampler.accepted(7, 2) for _ in range(600)] == [1] * 600
+    always = AcceptanceSampler((1.0, 1.0, 1.0), seed=3)
+    assert always.accepted(1, 3) == 3
+    assert always.accepted(1, 2) == 2  # drafts cut by the token budget cap the accepted count
+
+
+def test_sampler_is_seeded_per_request_and_matches_the_rates() -> None:
+    rates = (0.8, 0.5)
+    a, b = AcceptanceSampler(rates, seed=11), AcceptanceSampler(rates, seed=11)
+    # Order of requests does not matter: each request has its own stream.
+    first = [a.accepted(1, 2) for _ in range(300)] + [a.accepted(2, 2) for _ in range(300)]
+    second_2 = [b.accepted(2, 2) for _ in range(300)]
+    second_1 = [b.accepted(1, 2) for _ in range(300)]
+    assert first == second_1 + second_2
+    assert [AcceptanceSampler(rates, seed=12).accepted(1, 2) for _ in range(300)] != first[:300]
+    draws = [a.accepted(5, 2) for _ in range(20_000)]
+    assert sum(d >= 1 for d in draws) / len(draws) == pytest.approx(0.8, abs=0.02)
+    assert sum(d == 2 for d in draws) / len(draws) == pytest.approx(0.4, abs=0.02)
+
+
+# -- token accounting and TPOT ------------------------------------------------------------------
+
+
+def _one_request(spec: dict[str, Any] | None, rates: list[float] | None, output: int) -> tuple[Scenario, Any]:
+    workload: dict[str, Any] = {"num_prompts": 1, "random_input_len": 128, "random_output_len": output,
+                                "dataset_name": "fixed"}
+    if rates is not None:
+        workload["spec_acceptance_rates"] = rates
+    sc = _scenario(spec, workload=workload)
+    return sc, simulate(sc, max_step_events=100)
+
+
+def test_k2_rates_one_zero_emit_two_tokens_per_step() -> None:
+    _, result = _one_request(EAGLE3_K2, [1.0, 0.0], output=9)
+    # Prefill samples token 1; each verification emits 2 (one accepted draft + the bonus token).
+    assert result.summary.num_steps == 1 + 4
+    assert result.records[0].output_tokens == 9
+    verify_steps = [s for s in result.steps if s.num_prefill_tokens == 0]
+    assert sum(s.num_steps for s in verify_steps) == 4
+    step_s = verify_steps[0].step_s
+    assert all(s.step_s == step_s for s in verify_steps)
+    # TPOT = (finish - first token) / (outputs - 1) = 4 steps / 8 tokens.
+    assert result.summary.tpot_mean_s == pytest.approx(4 * step_s / 8, rel=1e-12)
+    # One streamed chunk per step: ITL is the step time (vllm bench serve records chunk gaps).
+    assert result.summary.itl_mean_s == pytest.approx(step_s, rel=1e-12)
+
+
+def test_rates_one_emit_k_plus_one_and_output_is_capped() -> None:
+    spec = {**EAGLE3_K2, "num_speculative_tokens": 3}
+    _, result = _one_request(spec, [1.0], output=10)
+    # 1 from the prefill, then 4 + 4 + 1 (the last step's accepted tokens are cut at max_tokens).
+    assert result.summary.num_steps == 1 + 3
+    assert result.records[0].output_tokens == 10
+
+
+def test_verification_step_prices_k_plus_one_tokens_and_the_drafter() -> None:
+    sc = _scenario(EAGLE3_K2)
+    host = load_host_params("vllm")
+    cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
+    pricer = StepPricer(sc, cost, host, block_pricing=False)
+    n, ctx, k = 4, 512, 2
+    got = pricer.step_s(((), n, ctx))
+    # Expected, assembled from the graph builders: the target over n(k+1) tokens all sampled, attention
+    # of n alike (k+1)-token chunks; the EAGLE-3 head (one Llama layer, 32k vocabulary) over the same
+    # tokens plus its fc (3h -> h) and one draft token sampled per request, then k - 1 single-token passes.
+    t = n * (k + 1)
+    target = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware,
+                              BatchShape(decode_context_tokens=(1,) * t))
+    nodes = [(nd.work, nd.repeat) for nd in target.nodes if not is_attention_work(nd.work)]
+    nodes += prefill_attention_nodes(sc.model, sc.engine, sc.precision, sc.hardware, new_tokens=k + 1,
+                                     context_tokens=ctx, count=n)
+    draft = sc.draft_model
+    assert draft is not None and draft.num_layers == 1 and draft.vocab_size == 32_000
+    engine = dataclasses.replace(sc.engine, speculative_config=None)
+    first = build_step_graph(draft, engine, sc.precision, sc.hardware,
+                             BatchShape(prefills=(PrefillChunk(new_tokens=k + 1, context_tokens=ctx),) * n))
+    nodes += [(nd.work, nd.repeat) for nd in first.nodes]
+    h = sc.model.hidden_size
+    w = sc.precision.linear_weight_dtype
+    nodes.append((gemm_work("fc", t, h, 3 * h, weight_dtype=w, act_dtype=sc.precision.activation_dtype,
+                            compute_dtype=sc.precision.gemm_compute_dtype(w, sc.hardware)), 1))
+    rest = build_step_graph(draft, engine, sc.precision, sc.hardware, BatchShape(decode_context_tokens=(ctx,) * n))
+    nodes += [(nd.work, nd.repeat * (k - 1)) for nd in rest.nodes]
+    gpu = sum(cost.estimate(work).time_s * r for work, r in nodes)
+    hc = host_cost(params=host, mode="cuda_graph", num_seqs=n, num_sampled=n, is_decode_only=True,
+                   max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size or 0, num_launches=0,
+                   num_layers=sc.model.num_layers, short_kernel_gap_s=0.0)
+    assert got == pytest.approx(step_time_s(device_s=gpu, host=hc, async_scheduling=False), rel=1e-9)
+    labels = {name for part in pricer._key_parts[((), n, ctx)][0] for _, name in part.labels}
+    assert {"attn_verify", "draft:fc", "draft:lm_head", "draft:attn_verify", "draft:attn_decode"} <= labels
+    assert "attn_decode" not in labels
+
+
+def test_speculation_helps_at_batch_one_and_costs_more_per_step_at_large_batches() -> None:
+    sc = _scenario(EAGLE3_K2)
+    off = _scenario(None)
+    host = load_host_params("vllm")
+    on_p = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), host)
+    off_p = StepPricer(off, StepCostModel(off.hardware, scenario_efficiency(off)), host)
+    tokens = mean_acceptance_length(acceptance_rates("eagle3", 2, None, None))
+    # Per emitted token: a verification step over its expected tokens against one plain decode step.
+    # Short contexts: the GEMMs of 512 x 3 tokens are compute-bound, so verifying costs more than it saves.
+    assert on_p.step_s(((), 1, 256)) / tokens < off_p.step_s(((), 1, 256))
+    assert on_p.step_s(((), 512, 256)) / tokens > off_p.step_s(((), 512, 256))
+
+
+def test_ngram_adds_host_time_and_no_draft_kernels() -> None:
+    sc = _scenario({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
+    assert sc.draft_model is None
+    host = load_host_params("vllm")
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), host)
+    pricer.step_s(((), 8, 256))
+    parts, hc = pricer._key_parts[((), 8, 256)]
+    assert not any(name.startswith("draft:") for part in parts for _, name in part.labels)
+    plain = host_cost(params=host, mode="cuda_graph", num_seqs=8, num_sampled=8, is_decode_only=True,
+                      max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size or 0, num_launches=0,
+                      num_layers=sc.model.num_layers, short_kernel_gap_s=0.0)
+    assert hc.cpu_s == pytest.approx(plain.cpu_s + 8 * NGRAM_LOOKUP_S_PER_REQUEST)
+
+
+def test_runs_are_deterministic_per_seed() -> None:
+    workload = {"num_prompts": 12, "random_output_len": 40, "random_range_ratio": 0.5, "max_concurrency": 4}
+    a = simulate(_scenario(EAGLE3_K2, workload=workload))
+    b = simulate(_scenario(EAGLE3_K2, workload=workload))
+    c = simulate(scenario_from_dict({**scenario_dict(engine={"speculative_config": EAGLE3_K2}, perf={"tier": "roofline"},
+                                                     workload=workload), "seed": 5}, source="test"))
+    assert a.records == b.records and a.summary == b.summary
+    assert a.summary.num_steps != c.summary.num_steps or a.records != c.records
+
+
+def test_drafter_memory_takes_kv_blocks() -> None:
+    on, off = scenario_memory(_scenario(EAGLE3_K2)), scenario_memory(_scenario(None))
+    sc = _scenario(EAGLE3_K2)
+    h, v = sc.model.hidden_size, 32_000
+    assert on.kv_bytes_per_token == off.kv_bytes_per_token * 33 // 32  # one more layer of KV
+    # One Llama layer (attention + MLP), the 3h -> h fc and the 32k-vocabulary head, in BF16.
+    m = sc.model
+    params = m.attention_params() + m.dense_mlp_params() + 2 * h + 3 * h * h + v * h
+    assert on.weight_bytes - off.weight_bytes == pytest.approx(2 * params, rel=1e-6)
+    assert on.num_kv_blocks < off.num_kv_blocks
+
+
+def test_mla_verification_reads_each_request_latent_once() -> None:
+    from sim.specs.catalog import load_model
+    from sim.specs.engine import EngineParams
+    from sim.specs.precision import resolve_precision
+    model = load_model("deepseek-ai/DeepSeek-R1")
+    precision = resolve_precision(model, EngineParams(tensor_parallel_size=8))
+    nodes = verify_nodes(model, precision, 8, num_requests=3, context_tokens=100, num_query_tokens=2)
+    attn = [w for w, _ in nodes if w.kind is KernelKind.MLA_DECODE]
+    assert len(attn) == 1 and attn[0].name == "mla_verify"
+    assert model.mla is not None
+    row = model.mla.latent_width() * precision.kv_cache_dtype.bytes_per_element()
+    assert attn[0].kv_read_bytes == 3 * 102 * row
+    assert attn[0].shape[0] == 6  # queries
+
+
+# -- configuration rules ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "workload", "key", "words"), [
+    ({"method": "medusa", "num_speculative_tokens": 2}, {}, "engine.speculative_config.method", "must be one of"),
+    ({"method": "eagle3", "num_speculative_tokens": 0}, {}, "engine.speculative_config.num_speculative_tokens",
+     "1..16"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, {}, "engine.speculative_config.model",
+     "needs a draft model"),
+    ({"method": "mtp", "num_speculative_tokens": 1}, {}, "engine.speculative_config.method",
+     "num_nextn_predict_layers"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, {}, "engine.speculative_config.model",
+     "no separate draft model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "model": "mistralai/Mistral-7B-v0.1"}, {},
+     "engine.speculative_config.model", "vocab_size"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "typo": 1}, {}, "engine.speculative_config.typo",
+     "unknown key"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, {"spec_acceptance_rates": [1.5]},
+     "workload.spec_acceptance_rates[0]", "[0, 1]"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, {"spec_mean_acceptance_length": 3.5},
+     "workload.spec_mean_acceptance_length", "<= num_speculative_tokens + 1"),
+    (None, {"spec_acceptance_rates": [0.5]}, "workload.spec_acceptance_rates", "speculative_config"),
+])
+def test_config_errors_name_key_value_rule(spec: dict[str, Any] | None, workload: dict[str, Any], key: str,
+                                           words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _scenario(spec, workload=workload)
+    assert err.value.key == key
+    assert words in err.value.rule
+
+
+def test_mtp_on_deepseek_uses_its_moe_mtp_layer() -> None:
+    sc = scenario_from_dict(scenario_dict(
+        hardware={"name": "h200_sxm"}, model={"name": "deepseek-ai/DeepSeek-R1"},
+        engine={"tensor_parallel_size": 8, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
+        perf={"tier": "roofline"}), source="test")
+    draft = sc.draft_model
+    assert draft is not None and draft.num_layers == 1 and draft.mla is not None
+    assert draft.moe is not None and draft.moe.moe_layer_indices == (0,)
