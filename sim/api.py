@@ -188,8 +188,12 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     max_step_events: int = 0,
     prices: PriceCache | None = None,
+    max_requests: int | None = None,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
+
+    `max_requests` simulates only the first that many requests (in arrival order) of the same
+    seeded workload, a genuine prefix of the full run's requests (a sweep's low-fidelity rungs).
 
     `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
     `max_step_events` > 0 logs the steps run (`SimResult.steps`, at most that many records; see
@@ -200,13 +204,14 @@ def simulate(
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
-                         progress=progress, max_step_events=max_step_events, prices=prices)
+                         progress=progress, max_step_events=max_step_events, prices=prices,
+                         max_requests=max_requests)
 
 
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
-              prices: PriceCache | None) -> SimResult:
+              prices: PriceCache | None, max_requests: int | None = None) -> SimResult:
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -214,6 +219,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
+    if max_requests is not None and max_requests < len(specs):
+        specs = specs[:max(max_requests, 1)]  # the whole workload is drawn first, so this is its prefix
     replicas = [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
