@@ -58,8 +58,10 @@ ON = '[search]\npruner = "successive_halving"\nmin_fidelity_requests = 3\nreduct
 def test_rungs_grow_by_the_reduction_factor_up_to_the_full_workload() -> None:
     search = SearchSpec(pruner="successive_halving", min_fidelity_requests=3, reduction_factor=3)
     assert rung_requests(search, 27) == (3, 9, 27)
-    assert rung_requests(search, 20) == (3, 9, 20)
+    assert rung_requests(search, 20) == (3, 20)  # 9 is over 20 / 3: nearly a full run
+    assert rung_requests(search, 26) == (3, 26)
     assert rung_requests(search, 2) == (2,)
+    assert rung_requests(search, 8) == (8,)
 
 
 def test_search_section_is_off_by_default_and_checked(tmp_path: Path) -> None:
