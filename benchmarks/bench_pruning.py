@@ -99,7 +99,8 @@ def main() -> None:
         return sorted({tuple(report.record(n).values) for n in numbers})
 
     out = {
-        "sweep": str(args.sweep), "num_prompts": base.workload.num_prompts, "trials": args.trials, "actors": args.actors, "sampler": "random",
+        "sweep": str(args.sweep), "num_prompts": base.workload.num_prompts,
+        "trials": args.trials, "actors": args.actors, "sampler": "random",
         "search": dataclasses.asdict(pruned_spec.search),
         "wall_s": {"full": round(full_s, 2), "pruned": round(pruned_s, 2)},
         "speedup": round(full_s / pruned_s, 3),

@@ -25,6 +25,7 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
+from sim.metrics.classes import ClassSummary, class_summaries
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
@@ -43,7 +44,7 @@ from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Scenario, load_scenario_file
-from sim.workload.generate import generate
+from sim.workload.generate import generate, generate_fleet
 
 __version__ = "0.2.0"
 
@@ -151,6 +152,8 @@ class SimResult:
     steps are one record); empty otherwise."""
     num_steps_not_logged: int = 0
     """Steps left out of `steps` because the log reached `max_step_events`."""
+    classes: tuple[ClassSummary, ...] = ()
+    """Per traffic class (`[[workload.classes]]`): latencies and goodput under the class's SLOs."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -218,9 +221,14 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     profile = profile or load_engine_profile(engine.backend)
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
-    specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
+    class_ids: np.ndarray | None = None
+    if scenario.workload.classes:
+        specs, class_ids = generate_fleet(scenario.workload, np.random.default_rng(workload_seq))
+    else:
+        specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
     if max_requests is not None and max_requests < len(specs):
         specs = specs[:max(max_requests, 1)]  # the whole workload is drawn first, so this is its prefix
+        class_ids = None if class_ids is None else class_ids[:len(specs)]
     replicas = [
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
@@ -257,8 +265,10 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         num_gpus=engine.num_gpus(), price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
         truncated=sim.truncated, worst_provenance=pricer.worst_provenance.label(),
     )
+    classes = () if class_ids is None else class_summaries(
+        records, class_ids, scenario.workload.classes, slo=scenario.slo, duration_s=summary.duration_s)
     return SimResult(
-        summary=summary,
+        summary=summary, classes=classes,
         breakdown=KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s,
                                   launch_floor_s=floor_s),
         records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,

@@ -1,8 +1,9 @@
 """Multi-fidelity search (`[search]`): fidelity rungs and Optuna's pruner deciding at each. (*)
 
 Fidelity is the number of requests simulated: rung k runs the first `min_fidelity_requests x
-reduction_factor^k` requests of the trial's workload (rungs up to 1 / reduction_factor of it) (a genuine prefix of the full run's requests,
-`sim.api.simulate(max_requests=...)`), the last rung the full workload. After each rung below the
+reduction_factor^k` requests of the trial's workload (rungs up to 1 / reduction_factor of it; a
+genuine prefix of the full run's requests, `sim.api.simulate(max_requests=...)`), the last rung the
+full workload. After each rung below the
 full one the driver reports the trial's score at `step = requests` and asks the pruner whether to
 stop; a stopped trial is told PRUNED with its last rung's metrics. Each rung simulates its prefix
 from the start (no checkpoint), so a trial that survives every rung costs up to 1 / (1 - 1 /

@@ -37,7 +37,7 @@ from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, resolve_precision
 from sim.specs.slo import SloSpec
-from sim.specs.workload import WorkloadSpec
+from sim.specs.workload import DIURNAL, FLEET_DAY_KEYS, WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,10 +121,18 @@ class Scenario:
     def scenario_hash(self, *extra: str) -> str:
         return config_hash(
             {"seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
-             "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd,
+             "workload": workload_identity(self.workload), "slo": self.slo, "price": self.price_per_gpu_hour_usd,
              "perf": self.perf},
             *extra,
         )
+
+
+def workload_identity(workload: WorkloadSpec) -> dict[str, Any]:
+    """The workload as hashed: fleet-day keys left out at their defaults, so every scenario written
+    before they existed keeps its hash (sweep caches, study identities)."""
+    data = to_jsonable(workload)
+    defaults = to_jsonable(WorkloadSpec())
+    return {k: v for k, v in data.items() if k not in FLEET_DAY_KEYS or v != defaults[k]}
 
 
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
@@ -133,7 +141,7 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
     base = path.parent
     # Relative file paths inside a scenario are relative to the scenario file.
     for section, key in (("model", "name"), ("hardware", "name"), ("workload", "dataset_path"),
-                         ("perf", "calibration")):
+                         ("workload", "request_rate_profile"), ("perf", "calibration")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         is_file = isinstance(value, str) and value.endswith((".json", ".toml", ".csv", ".jsonl"))
         # A model directory holding a config.json is a path too (as Hugging Face tools read it).
@@ -147,7 +155,9 @@ def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = N
 
 def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     sections = build(ScenarioSections, data, source=source)
+    profile = sections.workload.request_rate_profile
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
+                       ("workload.request_rate_profile", profile if profile != DIURNAL else None),
                        ("perf.calibration", sections.perf.calibration)):
         if value is not None and not Path(value).exists():
             raise ConfigError(source=source, key=key, value=value,
