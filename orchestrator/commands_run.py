@@ -35,6 +35,7 @@ def result_payload(result: SimResult) -> dict[str, Any]:
         "scenario_hash": result.scenario_hash,
         "sim_version": result.sim_version,
         "summary": to_jsonable(result.summary),
+        **({"classes": to_jsonable(result.classes)} if result.classes else {}),
         "breakdown": {
             "seconds_by_kind": dict(bd.seconds_by_kind),
             "seconds_by_name": dict(bd.seconds_by_name),
@@ -133,4 +134,9 @@ def cmd_run(args: Namespace) -> int:
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))
+    if result.classes:
+        sys.stdout.write("\n" + table(
+            ("class", "requests", "ttft p90 s", "tpot p90 s", "e2el p90 s", "goodput frac", "goodput req/s"),
+            [(c.name, str(c.num_requests), _cell(c.ttft_p90_s), _cell(c.tpot_p90_s), _cell(c.e2el_p90_s),
+              _cell(c.goodput_frac), _cell(c.goodput_requests_per_s)) for c in result.classes]))
     return 0

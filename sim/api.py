@@ -26,6 +26,7 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
+from sim.metrics.classes import ClassSummary, class_summaries
 from sim.metrics.pools import PoolSummary, TransferSummary, pool_summary, transfer_summary
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
@@ -50,7 +51,8 @@ from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Pool, Scenario, load_scenario_file
 from sim.specs.speculative import acceptance_rates
-from sim.workload.generate import generate
+from sim.workload.generate import generate, generate_fleet
+from sim.workload.requests import RequestSpec
 
 __version__ = "0.2.0"
 
@@ -178,6 +180,8 @@ class SimResult:
     transfer: TransferSummary | None = None
     replica_pools: tuple[str, ...] = ()
     """Disaggregated runs: the pool of each replica index (step records' `replica`)."""
+    classes: tuple[ClassSummary, ...] = ()
+    """Per traffic class (`[[workload.classes]]`): latencies and goodput under the class's SLOs."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -215,8 +219,12 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     max_step_events: int = 0,
     prices: PriceCache | None = None,
+    max_requests: int | None = None,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
+
+    `max_requests` simulates only the first that many requests (in arrival order) of the same
+    seeded workload, a genuine prefix of the full run's requests (a sweep's low-fidelity rungs).
 
     `profile` defaults to the shipped profile of `engine.backend`; `host` overrides its host overheads.
     `max_step_events` > 0 logs the steps run (`SimResult.steps`, at most that many records; see
@@ -227,7 +235,8 @@ def simulate(
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
-                         progress=progress, max_step_events=max_step_events, prices=prices)
+                         progress=progress, max_step_events=max_step_events, prices=prices,
+                         max_requests=max_requests)
 
 
 def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
@@ -246,17 +255,18 @@ def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
-              prices: PriceCache | None) -> SimResult:
+              prices: PriceCache | None, max_requests: int | None = None) -> SimResult:
     if scenario.disaggregation is not None:
         return _simulate_disaggregated(scenario, efficiency=efficiency, host=host, limits=limits or SimLimits(),
-                                       progress=progress, max_step_events=max_step_events, prices=prices)
+                                       progress=progress, max_step_events=max_step_events, prices=prices,
+                                       max_requests=max_requests)
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
     profile = profile or load_engine_profile(engine.backend)
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
-    specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=engine.max_model_len)
+    specs, class_ids = _draw_workload(scenario, workload_seq, engine.max_model_len, max_requests)
     ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits)
     # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
     # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
@@ -285,8 +295,10 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         num_gpus=engine.num_gpus(), price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
         truncated=sim.truncated, worst_provenance=pricer.worst_provenance.label(),
     )
+    classes = () if class_ids is None else class_summaries(
+        records, class_ids, scenario.workload.classes, slo=scenario.slo, duration_s=summary.duration_s)
     return SimResult(
-        summary=summary,
+        summary=summary, classes=classes,
         breakdown=KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s,
                                   launch_floor_s=floor_s),
         records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,
@@ -294,6 +306,21 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
     )
+
+
+def _draw_workload(scenario: Scenario, workload_seq: np.random.SeedSequence, max_model_len: int | None,
+                   max_requests: int | None) -> tuple[tuple[RequestSpec, ...], np.ndarray | None]:
+    """The scenario's requests (and each one's traffic class, with `[[workload.classes]]`); with
+    `max_requests`, the first that many of the whole drawn workload, so a shorter run is its prefix."""
+    class_ids: np.ndarray | None = None
+    if scenario.workload.classes:
+        specs, class_ids = generate_fleet(scenario.workload, np.random.default_rng(workload_seq))
+    else:
+        specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=max_model_len)
+    if max_requests is not None and max_requests < len(specs):
+        specs = specs[:max(max_requests, 1)]
+        class_ids = None if class_ids is None else class_ids[:len(specs)]
+    return specs, class_ids
 
 
 def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
@@ -351,7 +378,7 @@ def _sum_breakdowns(parts: list[KernelBreakdown]) -> KernelBreakdown:
 def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel | None,
                             host: HostOverheadParams | None, limits: SimLimits,
                             progress: Callable[[int], None] | None, max_step_events: int,
-                            prices: PriceCache | None) -> SimResult:
+                            prices: PriceCache | None, max_requests: int | None) -> SimResult:
     """Prefill pool -> KV transfer -> decode pool (`sim.engine.disaggregated`). `efficiency` and
     `host`, when given, apply to both pools (a caller's single kernel model)."""
     disagg = scenario.disaggregation
@@ -360,7 +387,7 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
     p_sc, d_sc = disagg.prefill.scenario, disagg.decode.scenario
     p_profile, d_profile = load_engine_profile(p_sc.engine.backend), load_engine_profile(d_sc.engine.backend)
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
-    specs = generate(scenario.workload, np.random.default_rng(workload_seq), max_model_len=p_sc.engine.max_model_len)
+    specs, _ = _draw_workload(scenario, workload_seq, p_sc.engine.max_model_len, max_requests)
     prefill = _rank_schedulers(p_sc, prefill_mem, p_profile, disagg.prefill.num_ranks(), limits)
     decode = _rank_schedulers(d_sc, decode_mem, d_profile, disagg.decode.num_ranks(), limits)
     full = request_states(specs, prefill[0].kv)

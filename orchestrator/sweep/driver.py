@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.sweep.cache import ResultCache
 from orchestrator.sweep.evaluate import build_scenario, invalid_result
+from orchestrator.sweep.fidelity import FidelityPruner, rung_score
 from orchestrator.sweep.objective import constraint_values
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.recorder import Recorder
@@ -63,6 +64,10 @@ class _Live:
     existing: LoggedRun | None = None
     result: TrialResult | None = None
     """Set when the trial is handed to the recorder."""
+    full_requests: int = 0
+    """Requests of the trial's whole workload (fidelity rungs cut it shorter)."""
+    rung_scores: dict[int, float] | None = None
+    """Requests -> pruning score of each rung run so far (`[search]` on)."""
 
 
 class SweepDriver:
@@ -89,6 +94,8 @@ class SweepDriver:
         """Trials in the study that have started, every state but WAITING; grows with each ask (which
         starts an enqueued WAITING trial before it creates a new one)."""
         self._recorder: Recorder | None = None
+        self._pruner = (FidelityPruner(spec, max_requests=base.workload.num_prompts)
+                        if spec.search.enabled else None)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -199,7 +206,9 @@ class SweepDriver:
         t1 = time.perf_counter()
         self._t["ask"] += t1 - t0
         try:
-            scenario_hash = build_scenario(self.base, params).scenario_hash()
+            scenario = build_scenario(self.base, params)
+            scenario_hash = scenario.scenario_hash()
+            live.full_requests = scenario.workload.num_prompts
         except ConfigError as exc:
             self._t["build"] += time.perf_counter() - t1
             self._finish(invalid_result(trial.number, params, exc))
@@ -214,6 +223,10 @@ class SweepDriver:
             self._finish(cached)
         elif self.cache.claim(scenario_hash, ticket):
             assert self.pool is not None
+            live = self._live[ticket.number]
+            if self._pruner is not None:
+                first = self._pruner.first_requests(live.full_requests)
+                ticket = replace(ticket, max_requests=first if first < live.full_requests else 0)
             self.pool.submit(ticket)
 
     # -- finishing trials ---------------------------------------------------------------------
@@ -223,10 +236,37 @@ class SweepDriver:
         if live is None:
             logger.warning("result for trial %d that is not running; ignored", result.number)
             return
+        if self._pruner is not None:
+            judged = self._judge_rung(live, result)
+            if judged is None:
+                return  # promoted: the next rung is running
+            result = judged
         waiters = self.cache.settle(live.scenario_hash, result)
         self._finish(result)
         for ticket in waiters:
             self._dispatch(ticket, live.scenario_hash)
+
+    def _judge_rung(self, live: _Live, result: TrialResult) -> TrialResult | None:
+        """A rung's result: None when the trial goes on to the next rung (submitted here), else the
+        trial's final result (PRUNED at this rung, or its full run / failure with its rung scores)."""
+        assert self._pruner is not None and self.pool is not None
+        scores = live.rung_scores = live.rung_scores or {}
+        if result.status is TrialStatus.OK and result.fidelity_requests:
+            decision = self._pruner.judge(result.number, result.metrics, result.fidelity_requests,
+                                          live.full_requests)
+            scores[result.fidelity_requests] = decision.score
+            if not decision.pruned:
+                nxt = decision.next_requests
+                self.pool.submit(replace(live.ticket, max_requests=nxt if nxt < live.full_requests else 0))
+                return None
+            return replace(result, status=TrialStatus.PRUNED, rung_scores=dict(scores),
+                           reason=f"pruned after {result.fidelity_requests} of {live.full_requests} requests "
+                                  f"({self.spec.search.pruner}, score {decision.score:.4g})")
+        self._pruner.finish(result.number, result.metrics if result.status is TrialStatus.OK else None,
+                            live.full_requests)
+        if result.status is TrialStatus.OK and result.metrics:
+            scores[live.full_requests] = rung_score(result.metrics, self.spec)
+        return replace(result, rung_scores=dict(scores)) if len(scores) > 1 else result
 
     def _finish(self, result: TrialResult) -> None:
         """Hand a finished trial to the recorder: MLflow run first, then tell."""
@@ -249,7 +289,8 @@ class SweepDriver:
     def _state_tags(self, state: TrialState, result: TrialResult) -> dict[str, str]:
         feasible = result.status is TrialStatus.OK and all(
             v <= 0 for v in constraint_values(result.metrics, self.spec.slo).values())
-        return {"optuna_state": state.name, "feasible": str(feasible).lower(),
+        pruned = {"pruned_at_requests": str(result.fidelity_requests)} if result.status is TrialStatus.PRUNED else {}
+        return {"optuna_state": state.name, "feasible": str(feasible).lower(), **pruned,
                 **run_identity_tags(self.base, result.params)}
 
     # -- report -------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ class TrialEvaluator:
         failed = TrialResult(number=trial.number, status=TrialStatus.FAILED, params=params,
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
+            cut = 0 < trial.max_requests < scenario.workload.num_prompts
             result = simulate(scenario, efficiency=scenario_efficiency(scenario, models=self._models),
-                              prices=self._prices)
+                              prices=self._prices, max_requests=trial.max_requests if cut else None)
         except InfeasibleScenario as exc:
             return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
                            duration_s=time.perf_counter() - start_s)
@@ -76,7 +77,8 @@ class TrialEvaluator:
             artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}")
         return replace(failed, status=TrialStatus.OK, worst_provenance=result.summary.worst_provenance,
                        metrics=trial_metrics(result.summary), breakdown=breakdown, artifacts=artifacts,
-                       duration_s=time.perf_counter() - start_s)
+                       duration_s=time.perf_counter() - start_s,
+                       fidelity_requests=result.summary.num_requests if cut else 0)
 
 
 def _describe(params: Mapping[str, ParamValue], limit: int = 110) -> str:

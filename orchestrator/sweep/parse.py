@@ -38,13 +38,14 @@ from typing import Any, Final, get_args
 
 from orchestrator.sweep.keys import is_kind
 from orchestrator.sweep.metrics import METRIC_NAMES, unknown_metric_rule
+from orchestrator.sweep.parse_search import parse_search
 from orchestrator.sweep.parse_space import check_capacity_space, check_grid, is_entry, parse_param
 from orchestrator.sweep.spec import BoundSpec, CapacitySpec, Direction, ObjectiveSpec, ParamSpec, SamplerName, SweepSpec
 from orchestrator.sweep.toml_fields import flatten, get, known_keys, table
 from sim.errors import ConfigError
 from sim.specs.catalog import read_toml_text
 
-_SECTIONS: Final = ("study", "slo", "base", "space", "sampler", "capacity")
+_SECTIONS: Final = ("study", "slo", "base", "space", "sampler", "capacity", "search")
 _STUDY_KEYS: Final = ("name", "sampler", "n_trials", "seed", "objectives", "objective", "direction")
 _SAMPLER_OPTIONS: Final[dict[str, dict[str, str]]] = {
     "tpe": {"n_startup_trials": "int>=0", "n_ei_candidates": "int>=1", "multivariate": "bool"},
@@ -103,11 +104,12 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if capacity is not None:
         check_capacity_space(space, src)
     options = _sampler_options(table(data, "sampler", src), sampler, src)
+    search = parse_search(table(data, "search", src), src, slo=slo, capacity=capacity)
     if sampler == "grid":
         check_grid(space, src)
     return SweepSpec(source=src, name=name, sampler=sampler, n_trials=n_trials, seed=seed, objectives=objectives,
                      slo=slo, base_scenario=spec_base.base_scenario, base_set=base_set, space=tuple(space),
-                     sampler_options=options, capacity=capacity, text=text)
+                     sampler_options=options, capacity=capacity, search=search, text=text)
 
 
 def _objectives(study: Mapping[str, Any], src: str, *, required: bool) -> tuple[ObjectiveSpec, ...]:

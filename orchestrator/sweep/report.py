@@ -114,7 +114,13 @@ class SweepReport:
             "driver_ms_per_trial": self.timings.per_trial_ms(), "wall_s": self.timings.wall_s,
             "trials_finished_this_run": self.timings.num_trials, "storage": self.storage,
             "tracking": dict(self.tracking),
+            **({"pruned": self.pruned()} if self.spec.search.enabled else {}),
         }
+
+    def pruned(self) -> list[dict[str, int]]:
+        """Trials the `[search]` pruner stopped, with the requests of the rung they stopped at."""
+        return [{"number": r.number, "requests": r.result.fidelity_requests} for r in self.records
+                if r.result is not None and r.result.status is TrialStatus.PRUNED]
 
     def render(self) -> str:
         spec = self.spec
@@ -246,6 +252,8 @@ def _row(r: TrialRecord, spec: SweepSpec) -> dict[str, Any]:
         row.update({k: v for k, v in res.metrics.items() if k not in row})
         row["scenario_hash"] = res.scenario_hash
         row["reason"] = res.reason.splitlines()[0] if res.reason else ""
+        if res.status is TrialStatus.PRUNED:
+            row["pruned_at_requests"] = res.fidelity_requests
     return row
 
 

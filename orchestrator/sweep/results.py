@@ -30,6 +30,9 @@ class TrialStatus(StrEnum):
     """The parameter combination breaks a scenario rule (e.g. TP does not divide the head count)."""
     FAILED = "failed"
     """The simulator raised, or the actor running it died too often."""
+    PRUNED = "pruned"
+    """Simulated on a prefix of the workload (`fidelity_requests`) and stopped there by the pruner
+    (`[search]`); its metrics are the prefix's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +42,8 @@ class TrialInput:
     params: Mapping[str, ParamValue]
     attempt: int = 1
     """1 on first submission; incremented each time the actor running it dies."""
+    max_requests: int = 0
+    """Simulate only the first this many requests of the workload (a fidelity rung); 0 for all."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +68,11 @@ class TrialResult:
     """Rendered files for the trial's MLflow run, by file name."""
     ray_node_id: str = ""
     """Ray node whose actor evaluated the trial (the answering trial's node when `cached_from` is set)."""
+    fidelity_requests: int = 0
+    """Requests simulated when the run covered only a prefix of the workload (a rung of a pruned
+    search); 0 for the full workload."""
+    rung_scores: Mapping[int, float] = field(default_factory=dict)
+    """Requests of each rung this trial ran -> the score the pruner ranked it by (lower is better)."""
 
     def for_trial(self, number: int, params: Mapping[str, ParamValue]) -> TrialResult:
         """This result answering another trial with the same scenario."""
@@ -80,6 +90,9 @@ class TrialResult:
                 "host_s": bd.host_s, "launch_floor_s": bd.launch_floor_s},
             "reason": self.reason, "duration_s": self.duration_s, "cached_from": self.cached_from,
             "ray_node_id": self.ray_node_id,
+            **({"fidelity_requests": self.fidelity_requests} if self.fidelity_requests else {}),
+            **({"rung_scores": {str(k): _json_float(v) for k, v in self.rung_scores.items()}}
+               if self.rung_scores else {}),
         }
 
     @classmethod
@@ -95,6 +108,8 @@ class TrialResult:
                 host_s=bd["host_s"], launch_floor_s=bd["launch_floor_s"]),
             reason=attrs.get("reason", ""), duration_s=attrs.get("duration_s", 0.0),
             cached_from=attrs.get("cached_from"), ray_node_id=attrs.get("ray_node_id", ""),
+            fidelity_requests=attrs.get("fidelity_requests", 0),
+            rung_scores={int(k): _from_json_float(v) for k, v in attrs.get("rung_scores", {}).items()},
         )
 
 

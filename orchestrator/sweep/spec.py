@@ -100,6 +100,31 @@ class CapacitySpec:
     """Simulate the chosen fleet at the target rate to confirm the per-replica answer."""
 
 
+PrunerName = Literal["none", "successive_halving", "hyperband"]
+SLO_PRUNING_METRIC = "slo"
+"""`search.pruning_metric` value that ranks trials by their relative `[slo]` violation at a rung."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpec:
+    """`[search]`: multi-fidelity search. A trial runs first on a prefix of the workload (the first
+    `min_fidelity_requests` requests), then on `reduction_factor` times more, up to the full workload,
+    and Optuna's pruner stops the ones that rank poorly at a rung. Off (`pruner = "none"`) by default."""
+
+    pruner: PrunerName = "none"
+    min_fidelity_requests: int = 0
+    """Requests of the first rung; 0 with the pruner off."""
+    reduction_factor: int = 3
+    pruning_metric: str = SLO_PRUNING_METRIC
+    """What a rung ranks: `slo` (relative `[slo]` violation; trials meeting every bound tie for best) or a
+    trial metric, read in its objective's direction (minimised if it is no objective); a trial that misses
+    an `[slo]` bound at the rung ranks last."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.pruner != "none"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepSpec:
     source: str
@@ -116,6 +141,7 @@ class SweepSpec:
     space: tuple[ParamSpec, ...]
     sampler_options: Mapping[str, Any] = field(default_factory=dict)
     capacity: CapacitySpec | None = None
+    search: SearchSpec = field(default_factory=SearchSpec)
     text: str = ""
     """The sweep file's text, logged with the study."""
 
@@ -139,6 +165,8 @@ class SweepSpec:
             "name": self.name, "sampler": self.sampler, "seed": self.seed, "objectives": self.objectives,
             "slo": self.slo, "space": self.space, "sampler_options": dict(self.sampler_options),
             "capacity": self.capacity, "base": base.scenario_hash(),
+            # only when on, so the identity of every study made before [search] existed is unchanged
+            **({"search": self.search} if self.search.enabled else {}),
         })
 
     def param(self, key: str) -> ParamSpec:

@@ -7,6 +7,7 @@ Storage outlives the driver: a journal file under the study directory by default
 results depend on, checked on resume) and `kernelsight.spec` (the sweep file's text).
 
 Trial states: `OK` -> COMPLETE with objective values and one constraint per `[slo]` bound;
+`PRUNED` (stopped at a fidelity rung by `[search]`) -> PRUNED with its last rung's constraints;
 `INFEASIBLE`/`INVALID` -> PRUNED with the `config_runs` constraint violated (samplers rank them
 below every runnable configuration); `FAILED` -> FAIL. The full `TrialResult` (metrics, kernel
 breakdown, reason) is the trial's `kernelsight` user attribute.
@@ -231,7 +232,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, spec: Sw
         return state
     values = objective_values(result.metrics, spec.objectives) if state is TrialState.COMPLETE else None
     constraints: dict[str, float] = {}
-    if result.status is TrialStatus.OK:
+    if result.status in (TrialStatus.OK, TrialStatus.PRUNED):  # a pruned trial: its last rung's metrics
         constraints = {**constraint_values(result.metrics, spec.slo), CONFIG_CONSTRAINT: 0.0}
     elif result.status in (TrialStatus.INFEASIBLE, TrialStatus.INVALID):
         constraints = {CONFIG_CONSTRAINT: 1.0}

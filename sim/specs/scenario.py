@@ -39,7 +39,7 @@ from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, resolve_precision
 from sim.specs.slo import SloSpec
 from sim.specs.speculative import draft_model_spec
-from sim.specs.workload import WorkloadSpec
+from sim.specs.workload import DIURNAL, FLEET_DAY_KEYS, WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +130,8 @@ class Scenario:
     def scenario_hash(self, *extra: str) -> str:
         parts: dict[str, Any] = {
             "seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
-            "workload": self.workload, "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self.perf}
+            "workload": workload_identity(self.workload), "slo": self.slo, "price": self.price_per_gpu_hour_usd,
+            "perf": self.perf}
         if self.disaggregation is not None:  # aggregated scenarios keep their hashes
             parts["disaggregation"] = {pool.name: {"num_workers": pool.num_workers,
                                                    "hash": pool.scenario.scenario_hash()}
@@ -169,13 +170,21 @@ class Disaggregation:
         return self.prefill.num_gpus() + self.decode.num_gpus()
 
 
+def workload_identity(workload: WorkloadSpec) -> dict[str, Any]:
+    """The workload as hashed: fleet-day keys left out at their defaults, so every scenario written
+    before they existed keeps its hash (sweep caches, study identities)."""
+    data = to_jsonable(workload)
+    defaults = to_jsonable(WorkloadSpec())
+    return {k: v for k, v in data.items() if k not in FLEET_DAY_KEYS or v != defaults[k]}
+
+
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
     path = Path(path)
     data = apply_overrides(read_toml(path), overrides or {})
     base = path.parent
     # Relative file paths inside a scenario are relative to the scenario file.
     for section, key in (("model", "name"), ("hardware", "name"), ("workload", "dataset_path"),
-                         ("perf", "calibration")):
+                         ("workload", "request_rate_profile"), ("perf", "calibration")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         is_file = isinstance(value, str) and value.endswith((".json", ".toml", ".csv", ".jsonl"))
         # A model directory holding a config.json is a path too (as Hugging Face tools read it).
@@ -195,7 +204,9 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     if disaggregation_data is not None:
         sections = replace(sections, disaggregation=build(DisaggregationSection, disaggregation_data, source=source,
                                                           prefix="disaggregation"))
+    profile = sections.workload.request_rate_profile
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
+                       ("workload.request_rate_profile", profile if profile != DIURNAL else None),
                        ("perf.calibration", sections.perf.calibration)):
         if value is not None and not Path(value).exists():
             raise ConfigError(source=source, key=key, value=value,

@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from sim.serde import require
+from sim.specs.traffic import Burst, TrafficClass
 
 DatasetName = Literal["random", "fixed", "sharegpt", "custom", "trace"]
+
+DIURNAL: Final = "diurnal"
+FLEET_DAY_KEYS: Final = ("request_rate_profile", "diurnal_peak_rate", "diurnal_trough_rate", "diurnal_peak_hour",
+                         "profile_duration_s", "bursts", "classes")
+"""Keys added for fleet-day workloads; a scenario's hash leaves them out while they hold their defaults."""
 
 MAX_NUM_PROMPTS: Final = 10_000_000
 """Largest `num_prompts`: every request is generated up front and simulated one by one (about a
@@ -67,6 +73,20 @@ class WorkloadSpec:
     spec_mean_acceptance_length: float | None = None
     """kernelsight: instead of the rates, the mean tokens a verification step emits per request
     (1 + accepted drafts), turned into one constant rate."""
+    request_rate_profile: str | None = None
+    """kernelsight: `diurnal`, or a CSV file with a `requests_per_min` column (one row a minute): the
+    rate over time, in place of `request_rate`. Arrivals are a time-rescaled Gamma process
+    (`burstiness`), up to `num_prompts` requests or the profile's end."""
+    diurnal_peak_rate: float | None = None
+    """Requests/s at `diurnal_peak_hour` (`diurnal` profile)."""
+    diurnal_trough_rate: float | None = None
+    """Requests/s twelve hours from the peak; the rate follows a cosine between the two."""
+    diurnal_peak_hour: float = 14.0
+    profile_duration_s: float | None = None
+    """Length of the profile: default one day for `diurnal`, the CSV's rows x 60 s for a file."""
+    bursts: tuple[Burst, ...] = ()
+    classes: tuple[TrafficClass, ...] = ()
+    """Traffic classes; when given they replace the `random_*` lengths (`dataset_name = "random"`)."""
 
     def __post_init__(self) -> None:
         require(1 <= self.num_prompts <= MAX_NUM_PROMPTS, "num_prompts", self.num_prompts,
@@ -100,14 +120,53 @@ class WorkloadSpec:
         require(needs_file or self.dataset_run_id is None, "dataset_run_id", self.dataset_run_id,
                 f"applies to file datasets only, not dataset_name={self.dataset_name!r}")
 
+        self._check_fleet_day()
+
+    def _check_fleet_day(self) -> None:
+        profile = self.request_rate_profile
+        diurnal = profile == DIURNAL
+        require(profile is None or diurnal or profile.endswith(".csv"), "request_rate_profile", profile,
+                "must be 'diurnal' or a .csv file with a requests_per_min column")
+        require(profile is None or math.isinf(self.request_rate), "request_rate", self.request_rate,
+                "give either request_rate or request_rate_profile, not both")
+        for key in ("diurnal_peak_rate", "diurnal_trough_rate"):
+            value = getattr(self, key)
+            require(diurnal or value is None, key, value, "applies only with request_rate_profile = 'diurnal'")
+            require(not diurnal or value is not None, key, value, "is required with request_rate_profile = 'diurnal'")
+            require(value is None or (math.isfinite(value) and value >= 0), key, value,
+                    "must be a finite number >= 0 (requests/s)")
+        if diurnal:
+            assert self.diurnal_peak_rate is not None and self.diurnal_trough_rate is not None
+            require(self.diurnal_peak_rate >= self.diurnal_trough_rate and self.diurnal_peak_rate > 0,
+                    "diurnal_peak_rate", self.diurnal_peak_rate, "must be > 0 and >= diurnal_trough_rate")
+        require(0.0 <= self.diurnal_peak_hour < 24.0, "diurnal_peak_hour", self.diurnal_peak_hour, "must be in [0, 24)")
+        require(self.profile_duration_s is None or profile is not None, "profile_duration_s", self.profile_duration_s,
+                "applies only with request_rate_profile")
+        require(self.profile_duration_s is None or (math.isfinite(self.profile_duration_s)
+                                                    and self.profile_duration_s >= 1),
+                "profile_duration_s", self.profile_duration_s, "must be a finite number >= 1 (seconds)")
+        require(not self.bursts or profile is not None, "bursts", len(self.bursts),
+                "apply only with request_rate_profile")
+        fleet = bool(self.classes) or profile is not None
+        require(not fleet or self.dataset_name == "random", "dataset_name", self.dataset_name,
+                "request_rate_profile and classes apply to dataset_name = 'random' only")
+        names = [c.name for c in self.classes]
+        require(len(set(names)) == len(names), "classes", names, "class names must be distinct")
+        require(not self.classes or (self.random_prefix_len == 0 and self.num_prefix_groups == 1),
+                "random_prefix_len", self.random_prefix_len, "does not apply with classes")
+
     def max_input_tokens(self) -> int:
         """Longest synthetic prompt (prefix included); file datasets are checked on load."""
+        if self.classes:
+            return max(length_bounds(c.input_len, c.range_ratio, min_tokens=1)[1] for c in self.classes)
         if self.dataset_name == "fixed":
             return self.random_prefix_len + self.random_input_len
         return self.random_prefix_len + length_bounds(self.random_input_len, self.random_range_ratio,
                                                       min_tokens=0)[1]
 
     def max_output_tokens(self) -> int:
+        if self.classes:
+            return max(length_bounds(c.output_len, c.range_ratio, min_tokens=1)[1] for c in self.classes)
         if self.dataset_name == "fixed":
             return self.random_output_len
         return length_bounds(self.random_output_len, self.random_range_ratio, min_tokens=1)[1]

@@ -22,6 +22,7 @@ import numpy as np
 from sim.errors import ConfigError
 from sim.specs.workload import WorkloadSpec, length_bounds
 from sim.workload.arrivals import sample_arrivals_s
+from sim.workload.profile import profile_arrivals_s, rate_per_s
 from sim.workload.requests import RequestSpec, build_requests
 from sim.workload.traces import read_trace, requests_from_trace
 
@@ -35,6 +36,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *,
     `max_model_len` checks the rows of a dataset file (a longer request raises `ConfigError`);
     synthetic lengths are checked when the scenario is built.
     """
+    if spec.request_rate_profile is not None or spec.classes:
+        return generate_fleet(spec, rng)[0]
     if spec.dataset_name in ("random", "fixed"):
         return _synthetic(spec, rng)
     assert spec.dataset_path is not None  # WorkloadSpec requires it for file datasets
@@ -68,3 +71,46 @@ def _synthetic(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[RequestSpe
         prefix_groups=np.arange(n, dtype=np.int64) % spec.num_prefix_groups,
         prefix_tokens=np.full(n, prefix_len, dtype=np.int64),
     )
+
+
+def generate_fleet(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[tuple[RequestSpec, ...], np.ndarray]:
+    """(requests, class index of each) of a fleet-day workload: a rate profile and/or traffic classes.
+
+    Draw order: arrivals (the profile's, or `request_rate`'s), then each request's class
+    (categorical over the normalised shares), then per class in file order its input and output
+    lengths. Without classes the `random_*` lengths apply and every request is class 0.
+    """
+    if spec.request_rate_profile is not None:
+        arrivals_s = profile_arrivals_s(rate_per_s(spec), spec.num_prompts, spec.burstiness, rng)
+    else:
+        arrivals_s = sample_arrivals_s(spec.num_prompts, spec.request_rate, spec.burstiness, rng)
+    n = arrivals_s.size
+    if not spec.classes:
+        ratio = spec.random_range_ratio
+        in_low, in_high = length_bounds(spec.random_input_len, ratio, min_tokens=1)
+        out_low, out_high = length_bounds(spec.random_output_len, ratio, min_tokens=1)
+        input_tokens = rng.integers(in_low, in_high + 1, size=n, dtype=np.int64)
+        output_tokens = rng.integers(out_low, out_high + 1, size=n, dtype=np.int64)
+        class_ids = np.zeros(n, dtype=np.int64)
+        prefix_len = spec.random_prefix_len
+    else:
+        shares = np.array([c.share for c in spec.classes], dtype=np.float64)
+        class_ids = rng.choice(len(spec.classes), size=n, p=shares / shares.sum()).astype(np.int64)
+        input_tokens = np.empty(n, dtype=np.int64)
+        output_tokens = np.empty(n, dtype=np.int64)
+        for index, cls in enumerate(spec.classes):
+            mask = class_ids == index
+            m = int(mask.sum())
+            in_low, in_high = length_bounds(cls.input_len, cls.range_ratio, min_tokens=1)
+            out_low, out_high = length_bounds(cls.output_len, cls.range_ratio, min_tokens=1)
+            input_tokens[mask] = rng.integers(in_low, in_high + 1, size=m, dtype=np.int64)
+            output_tokens[mask] = rng.integers(out_low, out_high + 1, size=m, dtype=np.int64)
+        prefix_len = 0
+    requests = build_requests(
+        arrivals_s=arrivals_s,
+        prompt_tokens=input_tokens + prefix_len,
+        output_tokens=output_tokens,
+        prefix_groups=np.arange(n, dtype=np.int64) % spec.num_prefix_groups,
+        prefix_tokens=np.full(n, prefix_len, dtype=np.int64),
+    )
+    return requests, class_ids

@@ -1,0 +1,127 @@
+"""Fleet-day workloads: rate profiles (diurnal, CSV), bursts, traffic classes, their checks and metrics."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+from sim.api import load_scenario, simulate
+from sim.errors import ConfigError
+from sim.specs.traffic import Burst, TrafficClass
+from sim.specs.workload import WorkloadSpec
+from sim.workload.generate import generate, generate_fleet
+from sim.workload.profile import profile_arrivals_s, rate_per_s
+
+SCENARIO = str(REPO / "scenarios" / "llama3_8b-h100.toml")
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed))
+
+
+def _diurnal(**kw: object) -> WorkloadSpec:
+    args: dict[str, object] = {"num_prompts": 10_000_000, "request_rate_profile": "diurnal",
+                               "diurnal_peak_rate": 1.5, "diurnal_trough_rate": 0.5, **kw}
+    return WorkloadSpec(**args)  # type: ignore[arg-type]
+
+
+def test_diurnal_profile_integrates_to_the_expected_day_and_peaks_at_its_hour() -> None:
+    rates = rate_per_s(_diurnal())
+    assert rates.size == 86_400
+    assert rates.sum() == pytest.approx((1.5 + 0.5) / 2 * 86_400, rel=1e-12)
+    assert rates[14 * 3600] == pytest.approx(1.5, abs=1e-6) and rates[2 * 3600] == pytest.approx(0.5, abs=1e-6)
+    arrivals = profile_arrivals_s(rates, 10_000_000, 1.0, _rng())
+    assert abs(arrivals.size - 86_400) < 4 * math.sqrt(86_400)  # Poisson count, mean = integral
+    assert np.all(np.diff(arrivals) >= 0) and arrivals[-1] <= 86_400
+    # the hour around the peak holds ~3x the requests of the hour around the trough
+    peak = np.sum((arrivals >= 13.5 * 3600) & (arrivals < 14.5 * 3600))
+    trough = np.sum((arrivals >= 1.5 * 3600) & (arrivals < 2.5 * 3600))
+    assert 2.6 < peak / trough < 3.4
+
+
+def test_csv_profile_and_a_burst_shape_the_rate(tmp_path: Path) -> None:
+    path = tmp_path / "rates.csv"
+    path.write_text("minute,requests_per_min\n0,600\n1,0\n2,1200\n")
+    spec = WorkloadSpec(num_prompts=100_000, request_rate_profile=str(path),
+                        bursts=(Burst(start_s=150.0, duration_s=10.0, rate_factor=4.0),))
+    rates = rate_per_s(spec)
+    assert rates.size == 180
+    assert np.all(rates[:60] == 10.0) and np.all(rates[60:120] == 0.0) and np.all(rates[120:150] == 20.0)
+    assert np.all(rates[150:160] == 80.0) and np.all(rates[160:] == 20.0)
+    arrivals = profile_arrivals_s(rates, 100_000, 1.0, _rng(3))
+    assert not np.any((arrivals >= 60) & (arrivals < 120))  # a minute without requests gets none
+    expected = 600 + 1200 + 10 * 60
+    assert abs(arrivals.size - expected) < 4 * math.sqrt(expected)
+    assert profile_arrivals_s(rates, 50, 1.0, _rng(3)).tolist() == arrivals[:50].tolist()  # the cap cuts the end
+
+
+def test_class_mix_follows_the_shares_and_each_class_its_lengths() -> None:
+    classes = (TrafficClass(name="chat", share=7, input_len=100, output_len=50, range_ratio=0.5),
+               TrafficClass(name="rag", share=2, input_len=4000, output_len=20),
+               TrafficClass(name="batch", share=1, input_len=300, output_len=900))
+    spec = WorkloadSpec(num_prompts=20_000, request_rate=50.0, classes=classes)
+    requests, ids = generate_fleet(spec, _rng())
+    assert len(requests) == 20_000
+    assert np.bincount(ids) / ids.size == pytest.approx([0.7, 0.2, 0.1], abs=0.01)
+    prompt = np.array([r.prompt_tokens for r in requests])
+    output = np.array([r.output_tokens for r in requests])
+    assert prompt[ids == 0].min() >= 50 and prompt[ids == 0].max() <= 150
+    assert np.all(prompt[ids == 1] == 4000) and np.all(output[ids == 2] == 900)
+    assert generate(spec, _rng()) == requests
+
+
+def test_per_class_metrics_use_each_class_slo() -> None:
+    classes = [{"name": "strict", "share": 1.0, "input_len": 128, "output_len": 8, "ttft_s": 1e-9},
+               {"name": "loose", "share": 1.0, "input_len": 128, "output_len": 8, "ttft_s": 100.0, "tpot_s": 100.0}]
+    scenario = load_scenario(SCENARIO, {"workload.num_prompts": 40, "workload.request_rate": 5.0,
+                                        "workload.classes": classes})
+    result = simulate(scenario)
+    by_name = {c.name: c for c in result.classes}
+    assert sum(c.num_requests for c in result.classes) == 40
+    assert by_name["strict"].goodput_frac == 0.0 and by_name["loose"].goodput_frac == 1.0
+    assert by_name["strict"].slo.tpot_s == 0.05  # unset: the scenario's [slo]
+    assert simulate(scenario, max_requests=10).classes[0].num_requests + \
+        simulate(scenario, max_requests=10).classes[1].num_requests == 10
+
+
+def test_existing_scenarios_keep_their_hash() -> None:
+    # the hash before fleet-day keys existed (commit e8e4259)
+    assert load_scenario(SCENARIO).scenario_hash() == \
+        "e702b40f8b8f5dd76f9dd997e451e34088d742d9118622f1178869410aafd0a9"
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ({"workload.request_rate_profile": "diurnal", "workload.diurnal_peak_rate": 2.0,
+      "workload.diurnal_trough_rate": 1.0}, "workload.request_rate"),  # request_rate is set as well
+    ({"workload.request_rate": math.inf, "workload.request_rate_profile": "diurnal",
+      "workload.diurnal_peak_rate": 2.0}, "workload.diurnal_trough_rate"),
+    ({"workload.request_rate": math.inf, "workload.request_rate_profile": "weekly"}, "workload.request_rate_profile"),
+    ({"workload.request_rate": math.inf, "workload.request_rate_profile": "diurnal",
+      "workload.diurnal_peak_rate": 1.0, "workload.diurnal_trough_rate": 2.0}, "workload.diurnal_peak_rate"),
+    ({"workload.diurnal_peak_rate": 1.0}, "workload.diurnal_peak_rate"),
+    ({"workload.bursts": [{"start_s": 0.0, "duration_s": 5.0, "rate_factor": 2.0}]}, "workload.bursts"),
+    ({"workload.classes": [{"name": "a", "share": 0.0, "input_len": 1, "output_len": 1}]},
+     "workload.classes[0].share"),
+    ({"workload.classes": [{"name": "a", "share": 1.0, "input_len": 1, "output_len": 1, "slo": 1}]},
+     "workload.classes[0].slo"),
+    ({"workload.classes": [{"name": "a", "share": 1.0, "input_len": 1, "output_len": 1},
+                           {"name": "a", "share": 1.0, "input_len": 1, "output_len": 1}]}, "workload.classes"),
+])
+def test_bad_fleet_day_keys_name_file_key_and_rule(overrides: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_scenario(SCENARIO, overrides)
+    assert info.value.key == key
+    assert "llama3_8b-h100.toml" in info.value.source
+
+
+def test_a_bad_csv_row_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "rates.csv"
+    path.write_text("requests_per_min\n10\n-3\n")
+    scenario = load_scenario(SCENARIO, {"workload.request_rate": math.inf, "workload.request_rate_profile": str(path)})
+    with pytest.raises(ConfigError) as info:
+        simulate(scenario)
+    assert info.value.source == f"{path} row 3" and info.value.key == "requests_per_min"
