@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
@@ -129,8 +129,8 @@ class Scenario:
 
     def scenario_hash(self, *extra: str) -> str:
         parts: dict[str, Any] = {
-            "seed": self.seed, "hardware": self.hardware, "model": self.model, "engine": self.engine,
-            "workload": workload_identity(self.workload), "slo": self.slo, "price": self.price_per_gpu_hour_usd,
+            "seed": self.seed, "hardware": stable_identity("hardware", self.hardware), "model": self.model,
+            "engine": stable_identity("engine", self.engine), "workload": workload_identity(self.workload), "slo": self.slo, "price": self.price_per_gpu_hour_usd,
             "perf": self.perf}
         if self.disaggregation is not None:  # aggregated scenarios keep their hashes
             parts["disaggregation"] = {pool.name: {"num_workers": pool.num_workers,
@@ -170,12 +170,31 @@ class Disaggregation:
         return self.prefill.num_gpus() + self.decode.num_gpus()
 
 
-def workload_identity(workload: WorkloadSpec) -> dict[str, Any]:
-    """The workload as hashed: fleet-day keys left out at their defaults, so every scenario written
-    before they existed keeps its hash (sweep caches, study identities)."""
-    data = to_jsonable(workload)
-    defaults = to_jsonable(WorkloadSpec())
-    return {k: v for k, v in data.items() if k not in FLEET_DAY_KEYS or v != defaults[k]}
+LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "engine": ("enable_eplb", "num_redundant_experts", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
+               "speculative_config"),
+    "hardware": ("nvlink_domain_size",),
+    "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
+}
+"""Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):
+a scenario's hash leaves each out while it holds its default, so scenarios written before it existed
+keep their hashes. A new key with a default joins this list."""
+
+
+def stable_identity(section: str, value: Any) -> Any:
+    """`value` (a section's spec) as hashed: its `LATER_KEYS` left out at their defaults."""
+    data = to_jsonable(value)
+    later = LATER_KEYS.get(section, ())
+    if not later or not isinstance(data, dict):
+        return data
+    defaults = {f.name: f.default for f in fields(value) if f.name in later}
+    if "nvlink_domain_size" in defaults:  # resolved on load: the default domain is one node
+        defaults["nvlink_domain_size"] = value.num_gpus_per_node
+    return {k: v for k, v in data.items() if k not in defaults or v != to_jsonable(defaults[k])}
+
+
+def workload_identity(workload: WorkloadSpec) -> Any:
+    return stable_identity("workload", workload)
 
 
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
