@@ -34,17 +34,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.sweep.cache import ResultCache
 from orchestrator.sweep.evaluate import build_scenario, invalid_result
+from orchestrator.sweep.launch import launch_commands
 from orchestrator.sweep.objective import constraint_values
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.recorder import Recorder
 from orchestrator.sweep.report import DriverTimings, SweepReport, TrialRecord, select_best
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
-from orchestrator.sweep.launch import launch_commands
+from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.space import suggest_params
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import grid_size, stored_result, tell, trial_state
 from orchestrator.sweep.tracking import LoggedRun, Tracker
-from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.vllm_command import kernelsight_run_command
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario
