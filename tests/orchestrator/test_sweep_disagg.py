@@ -4,6 +4,7 @@ and a real sweep on local Ray comparing aggregated and disaggregated candidates.
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import textwrap
 from collections.abc import Iterator
@@ -124,7 +125,7 @@ def test_disaggregated_launch_lines_one_per_pool(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
         yield
     finally:
@@ -148,7 +149,7 @@ def test_sweep_compares_aggregated_and_disaggregated(local_ray: None, tmp_path: 
     assert "vllm_serve_prefill" in dis and "vllm_serve_decode" in dis and "vllm_serve_prefill" not in agg
     assert "--set serving" not in dis["kernelsight_run"]
     # the kernelsight run line reproduces the disaggregated trial
-    assert main(shlex.split(dis["kernelsight_run"])[1:] + ["--json"]) == 0
+    assert main([*shlex.split(dis["kernelsight_run"])[1:], "--json"]) == 0
     run = json.loads(capsys.readouterr().out)
     assert run["summary"]["num_gpus"] == 3
     assert run["summary"]["ttft_p90_s"] == pytest.approx(dis["metrics"]["ttft_p90_s"])
