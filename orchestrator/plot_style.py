@@ -77,7 +77,18 @@ def config_label(params: Mapping[str, object]) -> str:
     """A short label of a trial's parameters, e.g. `h100 tp2 seqs64 nochunk`."""
     parts: list[str] = []
     for key, value in params.items():
-        if key == "hardware.name":
+        pool = key.split(".")
+        if key == "serving":
+            parts.append("agg" if value == "aggregated" else "disagg")
+        elif pool[0] == "disaggregation" and len(pool) > 2:
+            tag = pool[1][0].upper()  # P (prefill) or D (decode)
+            if pool[2] == "num_workers":
+                parts.append(f"{value}{tag}")
+            elif pool[2] == "hardware":
+                parts.append(f"{tag}:{short_gpu(str(value))}")
+            else:
+                parts.append(f"{tag}:{config_label({'.'.join(pool[2:]): value})}")
+        elif key == "hardware.name":
             parts.insert(0, short_gpu(str(value)))
         elif key in _FLAGS:
             parts.append(_FLAGS[key] if value else f"no{_FLAGS[key]}")

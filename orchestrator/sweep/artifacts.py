@@ -24,6 +24,7 @@ BREAKDOWN_PARQUET: Final = "kernel_breakdown.parquet"
 BREAKDOWN_PNG: Final = "kernel_breakdown.png"
 _TOP_KERNELS: Final = 9
 _MAX_FRONT_LABELS: Final = 16
+_MODE_MARKERS: Final = {"aggregated": "o", "disaggregated": "^"}
 
 
 def breakdown_parquet(breakdown: Breakdown) -> bytes:
@@ -80,11 +81,13 @@ def table_csv(rows: Sequence[Mapping[str, Any]]) -> bytes:
 
 def pareto_figure(points: Sequence[Sequence[float]], feasible: Sequence[bool], front: Sequence[int],
                   labels: Sequence[str], title: str, *, gpus: Sequence[str | None] | None = None,
-                  point_labels: Sequence[str] | None = None) -> Figure:
+                  point_labels: Sequence[str] | None = None, modes: Sequence[str] | None = None) -> Figure:
     """Scatter of trials on the first two objectives (or value by trial for one), front highlighted.
 
     Points are coloured by GPU (`orchestrator.plot_style.gpu_color`, the same in every plot); trials
     that miss an SLO are hollow; front points carry their configuration label (`point_labels`).
+    With `modes` (`aggregated` / `disaggregated` per trial) the two kinds get different markers
+    (circle / triangle) on the same axes, so aggregated and disaggregated fleets compare side by side.
     """
     fig = Figure(figsize=(9.0, 5.6), dpi=90, layout="constrained")
     ax = fig.add_subplot()
@@ -98,13 +101,20 @@ def pareto_figure(points: Sequence[Sequence[float]], feasible: Sequence[bool], f
         ax.set_xlabel("trial (finished order)")
         ax.set_ylabel(labels[0])
     gpu_of = list(gpus) if gpus is not None else [None] * len(points)
+    mode_of = list(modes) if modes is not None else [""] * len(points)
     for gpu in dict.fromkeys(gpu_of[i] for i in finite):
         color = gpu_color(gpu)
-        ok = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and feasible[i]]
-        bad = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and not feasible[i]]
-        ax.scatter([xs[j] for j in ok], [ys[j] for j in ok], s=16, color=color,
-                   label=short_gpu(gpu) if gpu is not None else "trials")
-        ax.scatter([xs[j] for j in bad], [ys[j] for j in bad], s=16, facecolors="none", edgecolors=color, alpha=0.6)
+        for mode in dict.fromkeys(mode_of[i] for i in finite):
+            marker = _MODE_MARKERS.get(mode, "o")
+            ok = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and mode_of[i] == mode and feasible[i]]
+            bad = [j for j, i in enumerate(finite) if gpu_of[i] == gpu and mode_of[i] == mode and not feasible[i]]
+            if not ok and not bad:
+                continue
+            name = short_gpu(gpu) if gpu is not None else "trials"
+            ax.scatter([xs[j] for j in ok], [ys[j] for j in ok], s=16 if marker == "o" else 26, color=color,
+                       marker=marker, label=f"{name} {mode}" if mode else name)
+            ax.scatter([xs[j] for j in bad], [ys[j] for j in bad], s=16 if marker == "o" else 26, marker=marker,
+                       facecolors="none", edgecolors=color, alpha=0.6)
     pos = {i: j for j, i in enumerate(finite)}
     on_front = sorted((i for i in front if i in pos), key=lambda i: (xs[pos[i]], ys[pos[i]]))
     if on_front:
@@ -129,8 +139,9 @@ def pareto_figure(points: Sequence[Sequence[float]], feasible: Sequence[bool], f
 
 def pareto_png(points: Sequence[Sequence[float]], feasible: Sequence[bool], front: Sequence[int],
                labels: Sequence[str], title: str, *, gpus: Sequence[str | None] | None = None,
-               point_labels: Sequence[str] | None = None) -> bytes:
-    return _png(pareto_figure(points, feasible, front, labels, title, gpus=gpus, point_labels=point_labels))
+               point_labels: Sequence[str] | None = None, modes: Sequence[str] | None = None) -> bytes:
+    return _png(pareto_figure(points, feasible, front, labels, title, gpus=gpus, point_labels=point_labels,
+                              modes=modes))
 
 
 def _colors(n: int) -> list[Any]:

@@ -34,9 +34,10 @@ from orchestrator.sweep.evaluate import build_scenario
 from orchestrator.sweep.objective import meets_slo
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.serving import is_disaggregated, scale_workers
 from orchestrator.sweep.space import candidate_grid
 from orchestrator.sweep.spec import ParamValue, SweepSpec
-from orchestrator.sweep.vllm_command import vllm_serve_command
+from orchestrator.sweep.vllm_command import pool_comment, vllm_pool_commands, vllm_serve_command
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario
 
@@ -110,6 +111,7 @@ class CapacityReport:
                         "num_gpus": c.num_gpus(), "cost_per_hour_usd": c.cost_per_hour_usd,
                         **{b.metric: m.get(b.metric, math.nan) for b in self.spec.slo},
                         "cost_per_million_output_tokens_usd": m.get("cost_per_million_output_tokens_usd", math.nan),
+                        "output_tokens_per_s_per_user": m.get("output_tokens_per_s_per_user", math.nan),
                         "probes": c.probes, "reason": c.reason.splitlines()[0] if c.reason else ""})
         return out
 
@@ -117,7 +119,7 @@ class CapacityReport:
         spec = self.spec
         assert spec.capacity is not None
         keys = list(dict.fromkeys(k for c in self.candidates for k in c.params))
-        headers = ["", *(k.rsplit(".", 1)[-1] for k in keys), "req/s/replica", "replicas", "fleet GPUs",
+        headers = ["", *(_short_key(k) for k in keys), "req/s/replica", "replicas", "fleet GPUs",
                    "fleet $/hour",
                    *(b.metric for b in spec.slo), "status"]
         rows = []
@@ -195,7 +197,11 @@ class CapacityPlanner:
 
     def _probe(self, chain: _Chain, rate: float, replicas: int = 1) -> None:
         number = next(self._ids)
-        params = {**chain.params, "engine.data_parallel_size": replicas, "workload.request_rate": rate}
+        sections = self.base.sections()
+        if is_disaggregated(chain.params, sections):  # a replica is the candidate's xPyD unit
+            params = {**scale_workers(chain.params, sections, replicas), "workload.request_rate": rate}
+        else:
+            params = {**chain.params, "engine.data_parallel_size": replicas, "workload.request_rate": rate}
         if replicas > 1:
             params["workload.num_prompts"] = self.base.workload.num_prompts * replicas
         self._owner[number] = (chain, rate)
@@ -243,7 +249,7 @@ class CapacityPlanner:
 
     def _plan(self, chain: _Chain) -> CandidatePlan:
         try:
-            gpus = build_scenario(self.base, {**chain.params, "engine.data_parallel_size": 1}).engine.num_gpus()
+            gpus = _replica_gpus(build_scenario(self.base, _one_replica(self.base, chain.params)))
         except ConfigError:
             gpus = 0
         if chain.status != "ok" or chain.best is None:
@@ -294,8 +300,26 @@ class CapacityPlanner:
         return plans, result, notes
 
 
+def _one_replica(base: Scenario, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+    if is_disaggregated(params, base.sections()):
+        return dict(params)
+    return {**params, "engine.data_parallel_size": 1}
+
+
+def _replica_gpus(scenario: Scenario) -> int:
+    if scenario.disaggregation is not None:
+        return scenario.disaggregation.num_gpus()
+    return scenario.engine.num_gpus()
+
+
 def serve_command(base: Scenario, plan: CandidatePlan) -> str:
-    scenario = build_scenario(base, {**plan.params, "engine.data_parallel_size": 1})
+    scenario = build_scenario(base, _one_replica(base, plan.params))
+    if scenario.disaggregation is not None:
+        fleet = build_scenario(base, scale_workers(plan.params, base.sections(), max(1, plan.replicas)))
+        assert fleet.disaggregation is not None
+        lines = [f"{pool_comment(fleet, name)}\n{line}" for name, line in vllm_pool_commands(fleet).items()]
+        return "\n".join([*lines, "# behind a proxy: vLLM's disaggregated proxy or Dynamo's frontend "
+                                   "(docs/disaggregation.md)"])
     cmd = vllm_serve_command(scenario)
     if plan.replicas <= 1:
         return cmd
@@ -304,6 +328,35 @@ def serve_command(base: Scenario, plan: CandidatePlan) -> str:
     hint = (f"run {plan.replicas} replicas behind a load balancer"
             + (f", or on one {per_node}-GPU node: add --data-parallel-size {plan.replicas}" if one_node else ""))
     return f"{cmd}\n# {hint}"
+
+
+def _short_key(key: str) -> str:
+    parts = key.split(".")
+    return f"{parts[1]}.{parts[-1]}" if parts[0] == "disaggregation" and len(parts) > 2 else parts[-1]
+
+
+def capacity_pareto_png(report: CapacityReport, base: Scenario) -> bytes:
+    """Every candidate at its capacity: cost per million output tokens vs output tokens/s per user,
+    aggregated and disaggregated candidates with different markers, the chosen one ringed."""
+    from orchestrator.plot_style import axis_label, config_label
+    from orchestrator.sweep.artifacts import pareto_png
+
+    metrics = [c.at_capacity.metrics if c.at_capacity is not None else {} for c in report.candidates]
+    points = [(m.get("output_tokens_per_s_per_user", math.nan), m.get("cost_per_million_output_tokens_usd", math.nan))
+              for m in metrics]
+    sections = base.sections()
+    hw = sections.get("hardware", {}).get("name")
+    ok = [i for i, c in enumerate(report.candidates) if c.status == "ok" and all(map(math.isfinite, points[i]))]
+    front = [i for i in ok if not any(points[j][0] >= points[i][0] and points[j][1] <= points[i][1]
+                                      and points[j] != points[i] for j in ok)]
+    return pareto_png(points, [c.status == "ok" for c in report.candidates], front,
+                      [axis_label("output_tokens_per_s_per_user", "maximize"),
+                       axis_label("cost_per_million_output_tokens_usd", "minimize")],
+                      title=f"capacity plan {report.spec.name}: cost vs tokens/s per user at each candidate's capacity",
+                      gpus=[str(c.params.get("hardware.name", hw)) for c in report.candidates],
+                      point_labels=[config_label(c.params) for c in report.candidates],
+                      modes=["disaggregated" if is_disaggregated(c.params, sections) else "aggregated"
+                             for c in report.candidates])
 
 
 def _text(value: object) -> str:

@@ -26,7 +26,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
     import ray
 
     from orchestrator.sweep.artifacts import table_csv, trial_artifacts
-    from orchestrator.sweep.capacity import CapacityPlanner, CapacityReport, serve_command
+    from orchestrator.sweep.capacity import CapacityPlanner, CapacityReport, capacity_pareto_png, serve_command
     from orchestrator.sweep.driver import run_identity_tags
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.progress import ProgressBar
@@ -90,7 +90,8 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
         payload = report.to_json()
         tracker.finish_study(files={"capacity_plan.csv": table_csv(report.rows()),
                                     "capacity_plan.json": json.dumps(payload, indent=2).encode(),
-                                    "vllm_serve.sh": (report.vllm_serve + "\n").encode()},
+                                    "vllm_serve.sh": (report.vllm_serve + "\n").encode(),
+                                    "capacity_pareto.png": capacity_pareto_png(report, base)},
                              metrics={"num_candidates": float(len(plans)), "num_probes": float(planner.num_probes)},
                              ok=True)
     finally:

@@ -35,17 +35,18 @@ from optuna.trial import FrozenTrial, TrialState
 from orchestrator.sweep.cache import ResultCache
 from orchestrator.sweep.evaluate import build_scenario, invalid_result
 from orchestrator.sweep.fidelity import FidelityPruner, rung_score
+from orchestrator.sweep.launch import launch_commands
 from orchestrator.sweep.objective import constraint_values
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.recorder import Recorder
 from orchestrator.sweep.report import DriverTimings, SweepReport, TrialRecord, select_best
 from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
-from orchestrator.sweep.sglang_command import sglang_launch_command
+from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.space import suggest_params
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import grid_size, stored_result, tell, trial_state
 from orchestrator.sweep.tracking import LoggedRun, Tracker
-from orchestrator.sweep.vllm_command import kernelsight_run_command, vllm_serve_command
+from orchestrator.sweep.vllm_command import kernelsight_run_command
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario
 
@@ -307,12 +308,11 @@ class SweepDriver:
             if rec.result is None:
                 continue
             params = dict(rec.result.params)
-            overrides = {**self.spec.base_set, **params}
+            overrides = {**self.spec.base_set, **scenario_overrides(params, self.base.sections())}
             cmds = {"kernelsight_run": kernelsight_run_command(self.spec.base_scenario, overrides)}
             with contextlib.suppress(ConfigError):
                 scenario = build_scenario(self.base, params)
-                cmds["vllm_serve"] = vllm_serve_command(scenario)
-                cmds["sglang_launch"] = sglang_launch_command(scenario)
+                cmds.update(launch_commands(scenario))
             commands[number] = cmds
         timings = DriverTimings(ask_s=self._t["ask"], build_s=self._t["build"], log_s=self._t["log"],
                                 tell_s=self._t["tell"], num_trials=self._finished_here, wall_s=wall_s)

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from orchestrator.sweep.metrics import trial_metrics
 from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
+from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.spec import ParamValue
 from sim.api import __version__ as sim_version
 from sim.api import scenario_efficiency, simulate
@@ -24,8 +25,9 @@ from sim.specs.scenario import Scenario
 
 
 def build_scenario(base: Scenario, params: Mapping[str, ParamValue]) -> Scenario:
-    """The base with the trial's parameters applied; raises `ConfigError` for a broken combination."""
-    return base.with_overrides(dict(params))
+    """The base with the trial's parameters applied (the `serving` switch resolved,
+    `orchestrator.sweep.serving`); raises `ConfigError` for a broken combination."""
+    return base.with_overrides(scenario_overrides(params, base.sections()))
 
 
 def invalid_result(number: int, params: Mapping[str, ParamValue], exc: ConfigError) -> TrialResult:

@@ -14,9 +14,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator.sweep.serving import POOL_PREFIX, POOLS, SERVING_KEY, SERVING_MODES, pool_engine_key
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build
 from sim.specs.catalog import load_hardware, load_model
+from sim.specs.disaggregation import DisaggregationSection
 from sim.specs.scenario import ScenarioSections
 
 ValueKind = Literal["bool", "int", "float", "str"]
@@ -34,7 +36,16 @@ class KeyType:
 
 
 def key_type(dotted: str) -> KeyType | None:
-    """The type of scenario field `dotted`, or None if no such field exists."""
+    """The type of scenario field `dotted`, or None if no such field exists.
+
+    Also the sweep's `serving` switch and each pool's engine keys
+    (`disaggregation.prefill.engine.max_num_seqs` has the type of `engine.max_num_seqs`).
+    """
+    if dotted == SERVING_KEY:
+        return KeyType(kind="str", optional=False, literals=SERVING_MODES)
+    engine_key = pool_engine_key(dotted)
+    if engine_key is not None:
+        return key_type(engine_key)
     cls: Any = ScenarioSections
     parts = dotted.split(".")
     for i, part in enumerate(parts):
@@ -45,7 +56,7 @@ def key_type(dotted: str) -> KeyType | None:
             return None
         tp = hints[part]
         if i < len(parts) - 1:
-            cls = tp
+            cls = _optional_table(tp)
             continue
         return _leaf_type(tp)
     return None
@@ -64,7 +75,19 @@ def scenario_keys() -> list[str]:
                 out.append(dotted)
 
     walk(ScenarioSections, "")
-    return out
+    walk(DisaggregationSection, POOL_PREFIX)
+    for pool in POOLS:
+        out += [f"{POOL_PREFIX}{pool}.{k}" for k in out if k.startswith("engine.")]
+    return [SERVING_KEY, *dict.fromkeys(out)]
+
+
+def _optional_table(tp: Any) -> Any:
+    """`X` for an optional section `X | None` (`[disaggregation]`), else `tp`."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+            return args[0]
+    return tp
 
 
 def _leaf_type(tp: Any) -> KeyType | None:
@@ -98,9 +121,22 @@ def is_kind(value: object, kind: ValueKind) -> bool:
 
 def check_value(sections: dict[str, Any], dotted: str, value: object, *, source: str, where: str) -> None:
     """Raise `ConfigError` at `where` if `value` is not valid for field `dotted` on its own."""
+    if dotted == SERVING_KEY:
+        if value not in SERVING_MODES:
+            raise ConfigError(source=source, key=where, value=value,
+                              rule=f"serving is one of {', '.join(SERVING_MODES)}")
+        return
+    engine_key = pool_engine_key(dotted)
+    if engine_key is not None:  # a pool's engine key obeys the [engine] field's own rules
+        check_value(sections, engine_key, value, source=source, where=where)
+        return
+    if dotted.startswith(POOL_PREFIX):  # the pools must exist for the section to build
+        sections = apply_overrides(sections, {
+            f"{POOL_PREFIX}{pool}.num_workers": 1 for pool in POOLS
+            if not isinstance((sections.get("disaggregation") or {}).get(pool), dict)})
     try:
         build(ScenarioSections, apply_overrides(sections, {dotted: value}), source=source)
-        if dotted == "hardware.name" and isinstance(value, str):
+        if dotted in ("hardware.name", *(f"{POOL_PREFIX}{p}.hardware" for p in POOLS)) and isinstance(value, str):
             load_hardware(value)
         elif dotted == "model.name" and isinstance(value, str):
             load_model(value)

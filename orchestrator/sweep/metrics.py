@@ -17,6 +17,8 @@ from sim.suggest import did_you_mean
 DERIVED_METRICS: Final[dict[str, str]] = {
     "goodput_frac": "fraction of completed requests that meet every per-request [slo] target of the scenario",
     "output_throughput_tokens_per_s_per_gpu": "output tokens per second divided by the number of GPUs",
+    "output_tokens_per_s_per_user": "1 / median TPOT: the decode speed one user sees (interactivity, the x axis "
+                                    "of disaggregation studies' cost vs tokens/s/user plots)",
 }
 
 
@@ -42,6 +44,8 @@ def trial_metrics(summary: SimSummary) -> dict[str, float]:
     out["goodput_frac"] = summary.goodput_requests_per_s / rate if rate > 0 and math.isfinite(rate) else math.nan
     out["output_throughput_tokens_per_s_per_gpu"] = (
         summary.output_throughput_tokens_per_s / summary.num_gpus if summary.num_gpus else math.nan)
+    tpot = summary.tpot_median_s
+    out["output_tokens_per_s_per_user"] = 1.0 / tpot if tpot > 0 and math.isfinite(tpot) else math.nan
     return out
 
 

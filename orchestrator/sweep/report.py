@@ -18,8 +18,10 @@ from typing import Any, Final
 from orchestrator.render import table
 from orchestrator.sweep.objective import constraint_values, pareto_indices
 from orchestrator.sweep.results import TrialResult, TrialStatus
+from orchestrator.sweep.serving import POOL_PREFIX, SERVING_KEY, is_disaggregated
 from orchestrator.sweep.spec import SweepSpec
 from sim.errors import ConfigError
+from sim.serde import apply_overrides
 from sim.specs.catalog import read_toml
 
 _TOP_SINGLE: Final = 5
@@ -134,7 +136,7 @@ class SweepReport:
         keys = list(dict.fromkeys(k for n in shown for k in (self.record(n).result or _EMPTY).params))
         objective_metrics = [o.metric for o in spec.objectives]
         slo_metrics = [b.metric for b in spec.slo if b.metric not in objective_metrics]
-        headers = ["trial", *objective_metrics, *slo_metrics, *(k.rsplit(".", 1)[-1] for k in keys), "ties"]
+        headers = ["trial", *objective_metrics, *slo_metrics, *(_short_key(k) for k in keys), "ties"]
         rows = []
         for n in shown:
             res = self.record(n).result
@@ -146,9 +148,11 @@ class SweepReport:
         out = head + f"{title}:\n" + table(headers, rows)
         first = self.commands.get(shown[0], {})
         if "vllm_serve" in first:
-            out += f"\ntrial {shown[0]} as a vLLM server:\n  {first['vllm_serve']}\n"
+            out += f"\ntrial {shown[0]} as a vLLM server:\n  {_indent(first['vllm_serve'])}\n"
+            if "vllm_serve_prefill" in first:
+                out += "  # behind a proxy: vLLM's disaggregated proxy or Dynamo's frontend (docs/disaggregation.md)\n"
         if "sglang_launch" in first:
-            out += f"as an SGLang server:\n  {first['sglang_launch']}\n"
+            out += f"as an SGLang server:\n  {_indent(first['sglang_launch'])}\n"
         return out
 
 
@@ -226,8 +230,21 @@ def report_files(report: SweepReport) -> dict[str, bytes]:
             [axis_label(o.metric, o.direction) for o in spec.objectives],
             title=f"study {spec.name}: " + " vs ".join(o.metric for o in spec.objectives),
             gpus=[str(p["hardware.name"]) if "hardware.name" in p else base_gpu for p in params],
+            modes=_serving_modes(spec, params),
             point_labels=[config_label(p) for p in params])
     return files
+
+
+def _serving_modes(spec: SweepSpec, params: list[Mapping[str, Any]]) -> list[str] | None:
+    """`aggregated` / `disaggregated` per plotted trial when the sweep compares the two, else None."""
+    try:
+        base = read_toml(Path(spec.base_scenario))
+    except ConfigError:
+        base = {}
+    base = apply_overrides(base, spec.base_set)
+    modes = ["disaggregated" if is_disaggregated(p, base) else "aggregated" for p in params]
+    swept = any(p.key == SERVING_KEY or p.key.startswith(POOL_PREFIX) for p in spec.space)
+    return modes if swept or "disaggregated" in modes else None
 
 
 def _base_hardware(spec: SweepSpec) -> str | None:
@@ -255,6 +272,16 @@ def _row(r: TrialRecord, spec: SweepSpec) -> dict[str, Any]:
         if res.status is TrialStatus.PRUNED:
             row["pruned_at_requests"] = res.fidelity_requests
     return row
+
+
+def _short_key(key: str) -> str:
+    """A column name: the key's last part, with the pool for pool keys (`prefill.num_workers`)."""
+    parts = key.split(".")
+    return f"{parts[1]}.{parts[-1]}" if parts[0] == "disaggregation" and len(parts) > 2 else parts[-1]
+
+
+def _indent(lines: str) -> str:
+    return lines.replace("\n", "\n  ")
 
 
 def _fmt(value: Any) -> str:

@@ -60,3 +60,14 @@ def sglang_launch_command(scenario: Scenario) -> str:
     if engine.enforce_eager:
         args.append("--disable-cuda-graph")
     return shlex.join(args)
+
+
+def sglang_pool_commands(scenario: Scenario) -> dict[str, str]:
+    """One SGLang launch line per pool of a disaggregated `scenario` (`--disaggregation-mode prefill`
+    / `decode`, NIXL transfer); empty when the scenario is aggregated. SGLang's router
+    (`python -m sglang_router.launch_router --pd-disaggregation`) or Dynamo fronts them."""
+    if scenario.disaggregation is None:
+        return {}
+    return {pool.name: sglang_launch_command(pool.scenario)
+            + f" --disaggregation-mode {pool.name} --disaggregation-transfer-backend nixl"
+            for pool in scenario.disaggregation.pools()}

@@ -70,3 +70,28 @@ def kernelsight_run_command(scenario_path: str, overrides: Mapping[str, Any]) ->
         text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         args += ["--set", f"{key}={text}"]
     return shlex.join(args)
+
+
+KV_TRANSFER_CONFIG: Final = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+"""vLLM's NIXL connector, as its disaggregated-serving examples start both pools."""
+
+
+def vllm_pool_commands(scenario: Scenario) -> dict[str, str]:
+    """One `vllm serve` line per pool of a disaggregated `scenario` (keys `prefill`, `decode`), each
+    with the pool's parallelism and engine flags and the NIXL `--kv-transfer-config`; empty when the
+    scenario is aggregated. A proxy (vLLM's disaggregated proxy or Dynamo's frontend) fronts them."""
+    if scenario.disaggregation is None:
+        return {}
+    out: dict[str, str] = {}
+    for pool in scenario.disaggregation.pools():
+        cmd = vllm_serve_command(pool.scenario) + " --kv-transfer-config " + shlex.quote(KV_TRANSFER_CONFIG)
+        out[pool.name] = cmd
+    return out
+
+
+def pool_comment(scenario: Scenario, name: str) -> str:
+    """`# prefill pool: 2 workers x 8 GPUs (b200_sxm)` for the lines above."""
+    assert scenario.disaggregation is not None
+    pool = next(p for p in scenario.disaggregation.pools() if p.name == name)
+    workers = f"{pool.num_workers} worker{'s' if pool.num_workers > 1 else ''}"
+    return f"# {name} pool: {workers} x {pool.scenario.engine.num_gpus()} GPUs ({pool.scenario.hardware.name})"

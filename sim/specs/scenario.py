@@ -130,8 +130,8 @@ class Scenario:
     def scenario_hash(self, *extra: str) -> str:
         parts: dict[str, Any] = {
             "seed": self.seed, "hardware": stable_identity("hardware", self.hardware), "model": self.model,
-            "engine": stable_identity("engine", self.engine), "workload": workload_identity(self.workload), "slo": self.slo, "price": self.price_per_gpu_hour_usd,
-            "perf": self.perf}
+            "engine": stable_identity("engine", self.engine), "workload": workload_identity(self.workload),
+            "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self.perf}
         if self.disaggregation is not None:  # aggregated scenarios keep their hashes
             parts["disaggregation"] = {pool.name: {"num_workers": pool.num_workers,
                                                    "hash": pool.scenario.scenario_hash()}

@@ -1,0 +1,24 @@
+"""The launch lines of a trial's configuration: `vllm serve` and SGLang, one per pool when disaggregated.
+
+Keys (in `--json` `best`, `best_configs.json`): `vllm_serve` and `sglang_launch` (for a
+disaggregated trial: both pools' lines, each under a `# prefill pool: ...` comment), and for a
+disaggregated trial also `vllm_serve_prefill`, `vllm_serve_decode`, `sglang_launch_prefill`,
+`sglang_launch_decode` (one line each).
+"""
+
+from __future__ import annotations
+
+from orchestrator.sweep.sglang_command import sglang_launch_command, sglang_pool_commands
+from orchestrator.sweep.vllm_command import pool_comment, vllm_pool_commands, vllm_serve_command
+from sim.specs.scenario import Scenario
+
+
+def launch_commands(scenario: Scenario) -> dict[str, str]:
+    if scenario.disaggregation is None:
+        return {"vllm_serve": vllm_serve_command(scenario), "sglang_launch": sglang_launch_command(scenario)}
+    out: dict[str, str] = {}
+    for engine, lines in (("vllm_serve", vllm_pool_commands(scenario)),
+                          ("sglang_launch", sglang_pool_commands(scenario))):
+        out[engine] = "\n".join(f"{pool_comment(scenario, pool)}\n{line}" for pool, line in lines.items())
+        out.update({f"{engine}_{pool}": line for pool, line in lines.items()})
+    return out

@@ -1,0 +1,158 @@
+"""Planning disaggregated fleets: the `serving` switch, pool keys in `[space]`, per-pool launch lines,
+and a real sweep on local Ray comparing aggregated and disaggregated candidates."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import REPO
+
+from orchestrator.cli import main
+from orchestrator.plot_style import config_label
+from orchestrator.sweep.evaluate import build_scenario
+from orchestrator.sweep.keys import key_type
+from orchestrator.sweep.launch import launch_commands
+from orchestrator.sweep.metrics import METRIC_NAMES
+from orchestrator.sweep.parse import load_sweep
+from orchestrator.sweep.serving import scale_workers, scenario_overrides
+from sim.errors import ConfigError
+
+SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
+
+SWEEP = f"""
+[study]
+name = "disagg-unit"
+sampler = "grid"
+n_trials = 8
+objectives = [{{ metric = "num_gpus", direction = "minimize" }}]
+
+[slo]
+ttft_p90_s = 1e-9     # no trial meets it, so the report lists every trial as a closest miss
+
+[base]
+scenario = "{SCENARIO}"
+set = {{ "workload.num_prompts" = 8, "workload.random_input_len" = 64, "workload.random_output_len" = 4 }}
+
+[space]
+"serving" = {{ choices = ["aggregated", "disaggregated"] }}
+"disaggregation.prefill.num_workers" = {{ choices = [2], when = {{ serving = "disaggregated" }} }}
+"disaggregation.decode.engine.max_num_seqs" = {{ choices = [32], when = {{ serving = "disaggregated" }} }}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_pool_keys_have_their_fields_types() -> None:
+    assert key_type("disaggregation.prefill.num_workers") is not None
+    engine = key_type("disaggregation.decode.engine.max_num_seqs")
+    assert engine == key_type("engine.max_num_seqs")
+    assert key_type("serving") is not None and key_type("serving").literals == ("aggregated", "disaggregated")  # type: ignore[union-attr]
+    assert key_type("disaggregation.decode.engine.max_num_seqz") is None
+    assert key_type("disaggregation.middle.num_workers") is None
+
+
+@pytest.mark.parametrize(("edit", "key", "rule"), [
+    (('"disaggregation.decode.engine.max_num_seqs"', '"disaggregation.decode.engine.max_num_seqz"'),
+     'space."disaggregation.decode.engine.max_num_seqz"', "did you mean"),
+    (('choices = [2], when', 'choices = [0], when'),
+     'space."disaggregation.prefill.num_workers".choices[0]', "must be >= 1"),
+    (('max_num_seqs" = { choices = [32]', 'block_size" = { choices = [48]'),
+     'space."disaggregation.decode.engine.block_size".choices[0]', "block_size"),
+    (('["aggregated", "disaggregated"]', '["aggregated", "hybrid"]'),
+     'space."serving".choices[1]', "aggregated, disaggregated"),
+    (('"disaggregation.prefill.num_workers" = { choices = [2]', '"disaggregation.prefill.hardware" = { choices = ["h100_sxmm"]'),
+     'space."disaggregation.prefill.hardware".choices[0]', "h100_sxmm"),
+])
+def test_bad_pool_key_or_value_names_it(edit: tuple[str, str], key: str, rule: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert edit[0] in SWEEP
+    path = write(tmp_path, SWEEP.replace(*edit))
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(path)
+    assert exc.value.key == key and rule in str(exc.value)
+    assert main(["check", str(path)]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_serving_switch_resolves_to_scenario_overrides(tmp_path: Path) -> None:
+    spec = load_sweep(write(tmp_path, SWEEP))
+    base = spec.load_base()
+    sections = base.sections()
+    # aggregated: pool keys dropped; disaggregated: the missing decode pool gets 1 worker
+    assert scenario_overrides({"serving": "aggregated", "disaggregation.prefill.num_workers": 2}, sections) == {}
+    assert scenario_overrides({"serving": "disaggregated", "disaggregation.prefill.num_workers": 2}, sections) == {
+        "disaggregation.prefill.num_workers": 2, "disaggregation.decode.num_workers": 1}
+    agg = build_scenario(base, {"serving": "aggregated"})
+    dis = build_scenario(base, {"serving": "disaggregated", "disaggregation.prefill.num_workers": 2})
+    assert agg.disaggregation is None and dis.disaggregation is not None
+    assert (dis.disaggregation.prefill.num_workers, dis.disaggregation.decode.num_workers) == (2, 1)
+    # an aggregated trial over a disaggregated base removes the base's pools
+    disagg_base = build_scenario(base, {"disaggregation.prefill.num_workers": 1})
+    assert build_scenario(disagg_base, {"serving": "aggregated"}).disaggregation is None
+    # capacity replicas of a disaggregated candidate scale both pools' workers
+    assert scale_workers({"disaggregation.prefill.num_workers": 2}, sections, 3) == {
+        "disaggregation.prefill.num_workers": 6, "disaggregation.decode.num_workers": 3}
+    assert config_label({"serving": "disaggregated", "disaggregation.prefill.num_workers": 2,
+                         "disaggregation.decode.engine.tensor_parallel_size": 8}) == "disagg 2P D:tp8"
+
+
+def test_disaggregated_launch_lines_one_per_pool(tmp_path: Path) -> None:
+    base = load_sweep(write(tmp_path, SWEEP)).load_base()
+    scenario = build_scenario(base, {"serving": "disaggregated", "disaggregation.prefill.num_workers": 2,
+                                     "disaggregation.decode.engine.max_num_seqs": 32})
+    cmds = launch_commands(scenario)
+    nixl = """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
+    assert cmds["vllm_serve_prefill"].startswith("vllm serve ") and nixl in cmds["vllm_serve_prefill"]
+    assert "--max-num-seqs 32" in cmds["vllm_serve_decode"] and "--max-num-seqs" not in cmds["vllm_serve_prefill"]
+    assert "--disaggregation-mode prefill" in cmds["sglang_launch_prefill"]
+    assert "--disaggregation-mode decode" in cmds["sglang_launch_decode"]
+    assert cmds["vllm_serve"].splitlines()[0] == "# prefill pool: 2 workers x 1 GPUs (h100_sxm)"
+    agg = launch_commands(build_scenario(base, {"serving": "aggregated"}))
+    assert set(agg) == {"vllm_serve", "sglang_launch"} and "kv-transfer" not in agg["vllm_serve"]
+    assert "output_tokens_per_s_per_user" in METRIC_NAMES
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_sweep_compares_aggregated_and_disaggregated(local_ray: None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    address = str(ray.get_runtime_context().gcs_address)
+    path = write(tmp_path, SWEEP)
+    assert main(["sweep", str(path), "--ray-address", address, "--actors", "1", "--study-dir", str(tmp_path / "s"),
+                 "--json", "--no-trial-plots"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["counts"] == {"ok": 2}
+    rows = {t["params"]["serving"]: t for t in out["closest_misses"]}
+    assert set(rows) == {"aggregated", "disaggregated"}
+    agg, dis = rows["aggregated"], rows["disaggregated"]
+    assert agg["metrics"]["num_gpus"] == 1 and dis["metrics"]["num_gpus"] == 3  # 2 prefill + 1 decode worker
+    assert dis["metrics"]["output_tokens_per_s_per_user"] > 0
+    assert "vllm_serve_prefill" in dis and "vllm_serve_decode" in dis and "vllm_serve_prefill" not in agg
+    assert "--set serving" not in dis["kernelsight_run"]
+    # the kernelsight run line reproduces the disaggregated trial
+    assert main([*shlex.split(dis["kernelsight_run"])[1:], "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["summary"]["num_gpus"] == 3
+    assert run["summary"]["ttft_p90_s"] == pytest.approx(dis["metrics"]["ttft_p90_s"])
+    # the parent run's Pareto plot is drawn with both kinds of points
+    pngs = list((tmp_path / "s").rglob("pareto_front.png"))
+    assert pngs and pngs[0].stat().st_size > 0
