@@ -45,7 +45,7 @@ CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
 }
 LEARNER: Final[dict[str, str]] = {
     "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "mlp", "nccl": "mlp",
-    "custom_allreduce": "ridge", "moe": "mlp", "mla_prefill": "mlp", "mla_decode": "mlp", "mla_bmm": "mlp",
+    "custom_allreduce": "mlp", "moe": "mlp", "mla_prefill": "mlp", "mla_decode": "mlp", "mla_bmm": "mlp",
     "ep_a2a": "mlp",
 }
 """Cross-generation learner per family, chosen by leave-one-GPU-out (docs/kernel-model.md)."""

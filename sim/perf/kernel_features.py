@@ -96,11 +96,17 @@ PHYSICS_NAMES: Final[tuple[str, ...]] = (
     "log_phys_time", "latency_share", "log_msg", "knee_16k", "knee_256k", "knee_4m", "knee_64m", "log_group",
     "nvlink", "group_x_msg", "nvlink_x_msg", "nvlink_x_group", "nvls", "proto_ll", "proto_ll128",
 )
-"""Residual features of the physics families: only quantities of the algorithm and the message, no
-device descriptor (link bandwidth, SM count), so the residual transfers to a GPU with other links."""
+"""Residual features of the physics families: quantities of the algorithm and the message. NCCL's
+residual also takes log link bandwidth (`log_link_bw`, last): it separates Ampere's NVLink 3 (lower
+achieved share of the link, higher LL latency) from Hopper's NVLink 4 by leave-one-GPU-out (mean
+median APE 25.5% without, 20.8% with); a faster link than any measured is held at the range edge,
+i.e. gets the newest measured generation's residual. The custom all-reduce residual is better
+without it (29.7% vs 34.2%)."""
 
 
 def feature_names(family: str) -> tuple[str, ...]:
+    if family == "nccl":
+        return (*PHYSICS_NAMES, "log_link_bw")
     if family in PHYSICS_FAMILIES:
         return PHYSICS_NAMES
     if family == "ep_a2a":
@@ -177,7 +183,7 @@ def collective_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
     return [a, lm, *knees, lg, nvl, xp.log(p["link_bw"] / 1e11), lg * lm, nvl * lm, a * a, fl]
 
 
-def physics_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
+def physics_features(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
     """Residual features of a collective over its physics baseline; `p` holds `phys_s`,
     `phys_lat_s`, `msg`, `group`, `nvlink` and the algorithm/protocol indicators."""
     a = xp.log(xp.maximum(p["phys_s"], 1e-12) / _TIME_SCALE_S)
@@ -186,7 +192,10 @@ def physics_features(xp: Ops, p: dict[str, Any]) -> list[Any]:
     knees = [xp.maximum(lm - math.log(c / 1e6), 0.0) for c in _MSG_KNEES_BYTES]
     lg = xp.log(p["group"])
     nvl = p["nvlink"]
-    return [a, share, lm, *knees, lg, nvl, lg * lm, nvl * lm, nvl * lg, p["nvls"], p["ll"], p["ll128"]]
+    out = [a, share, lm, *knees, lg, nvl, lg * lm, nvl * lm, nvl * lg, p["nvls"], p["ll"], p["ll128"]]
+    if family == "nccl":
+        out.append(xp.log(p["link_bw"] / 1e11))
+    return out
 
 
 def physics_offset(xp: Ops, family: str, p: dict[str, Any]) -> Any:
@@ -243,7 +252,7 @@ def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> 
 
 def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float) -> list[Any]:
     if family in PHYSICS_FAMILIES:
-        return physics_features(xp, p)
+        return physics_features(xp, family, p)
     if family == "ep_a2a":
         return [*collective_features(xp, p), xp.log(p["sms_frac"])]
     if family in COLLECTIVE_FAMILIES:
