@@ -22,8 +22,8 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.collective_model import physics_prims
+from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.kernel_features import (
     COLLECTIVE_FAMILIES,
     PHYSICS_FAMILIES,
