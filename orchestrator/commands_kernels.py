@@ -30,6 +30,7 @@ from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_
 from sim.errors import ConfigError, decode_error, file_error
 from sim.measured import measured_data_root
 from sim.perf.fitted import FittedEfficiency
+from sim.perf.kernel_features import FAMILIES
 from sim.perf.table_kernels import NUMERIC as TABLE_NUMERIC
 from sim.perf.table_kernels import REQUIRED as TABLE_REQUIRED
 from sim.provenance import Provenance
@@ -306,12 +307,17 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     from sim.calibration.report import render_kernels_section, replace_section
 
     start = time.perf_counter()
+    families = tuple(args.family) if args.family else None
     # loading each GPU's tables, then evaluating each GPU left out
     with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
-        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to)
+        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
     result["wall_s"] = time.perf_counter() - start
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    if families is not None:
+        # A family subset is a diagnostic: printed, never written into docs/accuracy.md.
+        sys.stdout.write(_family_table(result))
+        return 0
     section = render_kernels_section(result)
     path = Path(args.doc)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -319,6 +325,18 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     path.write_text(replace_section(old, "## Kernels", section))
     sys.stderr.write(f"wrote the kernel section of {path} in {result['wall_s']:.0f} s\n")
     return 0
+
+
+def _family_table(result: dict[str, Any]) -> str:
+    """Per GPU and family: median APE and median predicted / measured, per tier."""
+    lines = ["| GPU | family | tier | rows | median APE | p90 APE | median predicted / measured |",
+             "|---|---|---|---|---|---|---|"]
+    for g in result["gpus"]:
+        for tier in ("cross-generation", "target-measured"):
+            for fam, sc in sorted(g["tiers"].get(tier, {}).items()):
+                lines.append(f"| {g['gpu']} | {fam} | {tier} | {sc['rows']} | {100 * sc['median_ape']:.1f}% | "
+                             f"{100 * sc['p90_ape']:.1f}% | {sc['median_ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_fit_cross_generation(args: Namespace) -> int:
@@ -372,6 +390,9 @@ def register(sub: Any) -> None:
     ak.add_argument("--data", help=_DATA_HELP)
     ak.add_argument("--workers", type=int, default=2)
     ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
+    ak.add_argument("--family", action="append", choices=FAMILIES, metavar="NAME",
+                    help="score only this kernel family (repeatable); prints a table instead of "
+                         "writing docs/accuracy.md")
     ak.set_defaults(func=cmd_accuracy_kernels)
 
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")

@@ -111,7 +111,9 @@ def full_rows(data_root: Path, gpu: str) -> pd.DataFrame:
 
 
 def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
-         on_gpu_loaded: Callable[[str], None] | None = None) -> Loaded:
+         on_gpu_loaded: Callable[[str], None] | None = None,
+         families: tuple[str, ...] | None = None) -> Loaded:
+    """`families`: keep only these families' rows (None: all)."""
     rows: dict[str, pd.DataFrame] = {}
     excl: list[Exclusion] = []
     sha: dict[str, str] = {}
@@ -120,6 +122,8 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
     for gpu in gpus:
         df, ex, digest = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
         df = pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
+        if families is not None:
+            df = df[df.kernel.map(FAMILY_OF_KERNEL).isin(families)].reset_index(drop=True)
         if gpu in TRAIN_GPUS:
             at_plan, _ = plan_mask(df, load_hardware(gpu))
             plan_rows[gpu] = df[at_plan].reset_index(drop=True)
@@ -163,6 +167,7 @@ def _scores(held: pd.DataFrame, pred: np.ndarray, mask: np.ndarray) -> dict[str,
         if sel.sum() >= 5:
             out[fam] = {"median_ape": float(np.median(ape[sel])),
                         "p90_ape": float(np.quantile(ape[sel], 0.9)), "rows": int(sel.sum())}
+            out[fam]["median_ratio"] = float(np.median(pred[sel] / held.latency_s.to_numpy()[sel]))
     return out
 
 
@@ -206,8 +211,10 @@ def _work(args: tuple[str, Path, Loaded]) -> dict[str, Any]:
 
 
 def run_logo(data_root: Path, *, workers: int = 2,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Leave-one-GPU-out accuracy; `progress(done, total)` counts GPUs loaded, then GPUs evaluated."""
+             progress: Callable[[int, int], None] | None = None,
+             families: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Leave-one-GPU-out accuracy; `progress(done, total)` counts GPUs loaded, then GPUs evaluated.
+    `families` restricts loading, fitting and scoring to those families (None: all)."""
     gpus = (*TRAIN_GPUS, *EVAL_ONLY)
     total = 2 * len(gpus)
     steps = iter(range(1, total + 1))
@@ -216,7 +223,7 @@ def run_logo(data_root: Path, *, workers: int = 2,
         if progress is not None:
             progress(next(steps), total)
 
-    loaded = load(data_root, gpus, on_gpu_loaded=tick)
+    loaded = load(data_root, gpus, on_gpu_loaded=tick, families=families)
     jobs = [(g, data_root, loaded) for g in gpus]
     results: list[dict[str, Any]] = []
     if workers > 1:

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from sim.errors import ConfigError
 from sim.perf.fitted import FamilyParams
+from sim.perf.kernel_features import FAMILIES, feature_names
 from sim.perf.learners import CorrectionGroup, CorrectionParams, MlpParams
 from sim.specs.catalog import read_json_object
 
@@ -194,6 +195,10 @@ def from_json(data: object, source: str) -> CalibrationArtifact:
         rng = tuple(_floats(source, f"{fk}.ranges", r) for r in ranges)
         if any(len(r) != 2 for r in rng):
             raise _fail(source, f"{fk}.ranges", ranges, "must be [[lo, hi], ...]")
+        if name in FAMILIES and rng and len(rng) != len(feature_names(name)):
+            raise _fail(source, f"{fk}.ranges", len(rng),
+                        f"must have one range per feature ({len(feature_names(name))}: the family's features "
+                        "changed; refit with `kernelsight fit-cross-generation` / `kernelsight calibrate`)")
         mlp, corr = fd.get("mlp"), fd.get("correction")
         families[name] = FamilyParams(
             family=name,

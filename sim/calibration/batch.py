@@ -15,6 +15,7 @@ import numpy as np
 
 from sim.calibration.rows import DEFAULT_OP, POINTWISE_KERNELS, POINTWISE_PASSES
 from sim.dtypes import DType
+from sim.perf.collective_model import physics_prims
 from sim.perf.fitted import FittedEfficiency
 from sim.perf.table_kernels import TABLE_FAMILY, num, table_batch
 from sim.provenance import Provenance
@@ -155,10 +156,13 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
                            hw.inter_node_link.bandwidth_bytes_per_s)
         kinds = np.where(intra, hw.intra_node_link.kind, hw.inter_node_link.kind)
         tn = frac * msg / link_bw
+        variant = _text(cols, "variant", idx, "")
+        group = np.maximum(g, 2.0)
         out.append(FamilyBatch(family, idx, tn,
-                               {"network_s": tn, "msg": np.maximum(msg, 1.0), "group": np.maximum(g, 2.0),
-                                "nvlink": (kinds == "nvlink").astype(float), "link_bw": link_bw},
-                               {"op": op, "variant": _text(cols, "variant", idx, "")}))
+                               {"network_s": tn, "msg": np.maximum(msg, 1.0), "group": group,
+                                "nvlink": (kinds == "nvlink").astype(float), "link_bw": link_bw,
+                                **physics_prims(family, op, np.maximum(msg, 1.0), group, variant, hw)},
+                               {"op": op, "variant": variant}))
 
     # Table-keyed families (MoE, MLA, expert all-to-all): `sim.perf.table_kernels`.
     for family in sorted(set(TABLE_FAMILY.values())):

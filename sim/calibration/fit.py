@@ -27,7 +27,13 @@ from sim.calibration.batch import FamilyBatch, family_batches
 from sim.calibration.mlp_fit import fit_mlp
 from sim.calibration.tables import columns_of
 from sim.perf.fitted import NUM_INTERACTED, FamilyParams, FittedEfficiency
-from sim.perf.kernel_features import CORRECTION_COORDINATES, VECTOR, correction_coordinates, features
+from sim.perf.kernel_features import (
+    CORRECTION_COORDINATES,
+    VECTOR,
+    correction_coordinates,
+    features,
+    physics_offset,
+)
 from sim.perf.learners import POOLED, CorrectionGroup, CorrectionParams
 from sim.specs.hardware import HardwareSpec
 
@@ -39,7 +45,7 @@ CATEGORICALS: Final[dict[str, tuple[str, ...]]] = {
 }
 LEARNER: Final[dict[str, str]] = {
     "gemm": "mlp", "attn_prefill": "mlp", "attn_decode": "mlp", "pointwise": "mlp", "nccl": "mlp",
-    "custom_allreduce": "ridge", "moe": "mlp", "mla_prefill": "mlp", "mla_decode": "mlp", "mla_bmm": "mlp",
+    "custom_allreduce": "mlp", "moe": "mlp", "mla_prefill": "mlp", "mla_decode": "mlp", "mla_bmm": "mlp",
     "ep_a2a": "mlp",
 }
 """Cross-generation learner per family, chosen by leave-one-GPU-out (docs/kernel-model.md)."""
@@ -88,6 +94,8 @@ class Design:
     cats: dict[str, np.ndarray]
     y: np.ndarray
     prims: dict[str, np.ndarray]
+    offset: np.ndarray | float = 0.0
+    """Physics baseline log(time / roofline) already taken out of `y` (physics families)."""
 
 
 def design(fb: FamilyBatch, latency_s: np.ndarray, hw: HardwareSpec) -> Design:
@@ -143,11 +151,12 @@ def gpu_designs(rows_by_gpu: Mapping[str, pd.DataFrame], hw_by_gpu: Mapping[str,
 
 def _take(d: Design, idx: np.ndarray) -> Design:
     return Design(d.x[idx], {k: v[idx] for k, v in d.cats.items()}, d.y[idx],
-                  {k: np.asarray(v)[idx] if np.ndim(v) else v for k, v in d.prims.items()})
+                  {k: np.asarray(v)[idx] if np.ndim(v) else v for k, v in d.prims.items()},
+                  np.asarray(d.offset)[idx] if np.ndim(d.offset) else d.offset)
 
 
 def _subsample(d: Design, limit: int) -> Design:
-    idx = np.flatnonzero(d.y > _FASTER_THAN_ROOFLINE)
+    idx = np.flatnonzero(d.y + d.offset > _FASTER_THAN_ROOFLINE)
     if len(idx) > limit:
         idx = np.sort(np.random.default_rng(0).choice(idx, size=limit, replace=False))
     return _take(d, idx)
@@ -157,6 +166,8 @@ def fit_family(family: str, parts: list[Design], lam: float = CROSS_LAMBDA,
                learner: str | None = None) -> FamilyParams:
     """Cross-generation parameters of one family from several GPUs' designs."""
     learner = learner or LEARNER.get(family, "ridge")
+    # Physics families: the learner fits the residual over the alpha-beta baseline.
+    parts = [replace(d, y=d.y - (off := physics_offset(VECTOR, family, d.prims)), offset=off) for d in parts]
     full = [d for d in parts if len(d.y)]
     parts = [_subsample(d, MAX_FIT_ROWS) for d in full]
     parts = [d for d in parts if len(d.y)]

@@ -22,8 +22,17 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
+from sim.perf.collective_model import physics_prims
 from sim.perf.efficiency import Efficiency, KernelColumns
-from sim.perf.kernel_features import COLLECTIVE_FAMILIES, SCALAR, VECTOR, correction_coordinates, features
+from sim.perf.kernel_features import (
+    COLLECTIVE_FAMILIES,
+    PHYSICS_FAMILIES,
+    SCALAR,
+    VECTOR,
+    correction_coordinates,
+    features,
+    physics_offset,
+)
 from sim.perf.learners import (
     POOLED,
     CorrectionParams,
@@ -107,6 +116,11 @@ def _kv_dtype_label(work: KernelWork, batch: int, kv_heads: int, head_dim: int) 
     return "fp8" if per_elem < 1.5 else "bfloat16"
 
 
+def _physics_op(kind: KernelKind) -> str:
+    """The collective the physics baseline prices for a kernel kind (send/recv is its own)."""
+    return "send_recv" if kind is KernelKind.SEND_RECV else KIND_OP[kind]
+
+
 class FittedEfficiency:
     """`EfficiencyModel` backed by fitted per-family parameters; pure.
 
@@ -171,6 +185,7 @@ class FittedEfficiency:
                 if hot:
                     y += float(w[1 + p + j] + x[:NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
                                                                     inter + (j + 1) * NUM_INTERACTED])
+        y += float(physics_offset(SCALAR, family, prims))
         corrected = False
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
@@ -186,11 +201,15 @@ class FittedEfficiency:
         if family in COLLECTIVE_FAMILIES:
             link = hw.link_for_group(work.group_size)
             wire = collective_wire_bytes(work.kind, work.comm_bytes, work.group_size)
-            return ({"network_s": wire / link.bandwidth_bytes_per_s, "msg": max(work.comm_bytes, 1.0),
+            prims = {"network_s": wire / link.bandwidth_bytes_per_s, "msg": max(work.comm_bytes, 1.0),
                      "group": float(max(work.group_size, 2)),
                      "nvlink": 1.0 if link.kind == "nvlink" else 0.0,
-                     "link_bw": link.bandwidth_bytes_per_s},
-                    {"op": KIND_OP.get(work.kind), "variant": None})
+                     "link_bw": link.bandwidth_bytes_per_s}
+            if family in PHYSICS_FAMILIES:
+                phys = physics_prims(family, np.array([_physics_op(work.kind)], dtype=object),
+                                     np.array([prims["msg"]]), np.array([prims["group"]]), np.array([""]), hw)
+                prims.update({k: float(v[0]) for k, v in phys.items()})
+            return prims, {"op": KIND_OP.get(work.kind), "variant": None}
         p: dict[str, float] = {
             "compute_s": work.flops / hw.peak_flops_for(work.dtype),
             "memory_s": work.bytes_moved() / hw.hbm_bandwidth_bytes_per_s,
@@ -281,6 +300,7 @@ class FittedEfficiency:
                 if hot:
                     y = y + (w[1 + p + j] + x[:, :NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
                                                                       inter + (j + 1) * NUM_INTERACTED])
+        y = y + physics_offset(VECTOR, family, prims)
         corrected = np.zeros(n, dtype=bool)
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
@@ -322,11 +342,14 @@ class FittedEfficiency:
                 wire = 2.0 * (g - 1) / g * msg
             else:
                 wire = (g - 1) / g * msg
-            return ({"network_s": wire / link.bandwidth_bytes_per_s, "msg": np.maximum(msg, 1.0),
+            prims = {"network_s": wire / link.bandwidth_bytes_per_s, "msg": np.maximum(msg, 1.0),
                      "group": np.full(n, float(max(g, 2))),
                      "nvlink": np.full(n, 1.0 if link.kind == "nvlink" else 0.0),
-                     "link_bw": np.full(n, link.bandwidth_bytes_per_s)},
-                    {"op": KIND_OP.get(cols.kind), "variant": None})
+                     "link_bw": np.full(n, link.bandwidth_bytes_per_s)}
+            if family in PHYSICS_FAMILIES:
+                prims.update(physics_prims(family, np.full(n, _physics_op(cols.kind), dtype=object),
+                                           prims["msg"], prims["group"], np.full(n, ""), hw))
+            return prims, {"op": KIND_OP.get(cols.kind), "variant": None}
         moved = cols.bytes_moved()
         p: dict[str, np.ndarray] = {
             "compute_s": cols.flops / hw.peak_flops_for(cols.dtype),
@@ -437,7 +460,7 @@ class FittedEfficiency:
         if mlp is not None:
             # float32 hidden layers round differently in a matrix product than in a matrix-vector one.
             y: np.ndarray = mlp_forward(mlp, x_all[:, None, :])[:, 0] if rowwise else mlp_forward(mlp, x_all)
-            return y, outside
+            return y + physics_offset(VECTOR, family, dict(prims)), outside
         w = self._coef[family]
         y = w[0] + x @ w[1:1 + p]
         lead = x[:, :NUM_INTERACTED]
@@ -446,4 +469,4 @@ class FittedEfficiency:
             if hot.any():
                 slopes = w[inter + j * NUM_INTERACTED: inter + (j + 1) * NUM_INTERACTED]
                 y = y + hot * (w[1 + p + j] + lead @ slopes)
-        return y, outside
+        return y + physics_offset(VECTOR, family, dict(prims)), outside

@@ -55,9 +55,8 @@ class TransferPath:
 
 
 def nvlink_domain_size(hw: HardwareSpec) -> int:
-    """GPUs one NVLink domain holds (`nvlink_domain_size` where the spec gives it, else a node)."""
-    size = getattr(hw, "nvlink_domain_size", None)
-    return int(size) if size else hw.num_gpus_per_node
+    """GPUs one NVLink domain holds (`nvlink_domain_size`, resolved to a node where the spec is silent)."""
+    return hw.nvlink_domain_size or hw.num_gpus_per_node
 
 
 def transfer_path(disagg: Disaggregation) -> TransferPath:

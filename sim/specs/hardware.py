@@ -33,6 +33,39 @@ class LinkSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NvlinkSpec:
+    """NVLink fabric of an NVLink GPU (`[nvlink]`): what the collective model's algorithm choice
+    reads (docs/hardware.md). Datasheet facts only."""
+
+    generation: int
+    """NVLink generation: 3 (A100), 4 (H100/H200), 5 (Blackwell)."""
+    links_per_gpu: int
+    """NVLink links (lanes) per GPU: 12 on A100, 18 on H100/H200/B200."""
+    link_bandwidth_bytes_per_s: float
+    """Unidirectional bandwidth of one link: 25e9 (NVLink 3 and 4), 50e9 (NVLink 5)."""
+    switch_generation: int = 0
+    """NVSwitch generation the GPUs connect through: 0 none (direct links), 2 (A100 HGX), 3 (H100 /
+    H200 HGX, the first with NVLink SHARP), 4 (Blackwell NVLink Switch)."""
+    nvls: bool = False
+    """NVLink SHARP (NVLS): in-switch reduction and multicast that NCCL uses for all-reduce,
+    all-gather and reduce-scatter inside the NVLink domain (needs switch generation >= 3)."""
+
+    def __post_init__(self) -> None:
+        require(1 <= self.generation <= 5, "generation", self.generation, "must be 1..5")
+        require(self.links_per_gpu > 0, "links_per_gpu", self.links_per_gpu, "must be > 0")
+        require(self.link_bandwidth_bytes_per_s > 0, "link_bandwidth_bytes_per_s",
+                self.link_bandwidth_bytes_per_s, "must be > 0")
+        require(0 <= self.switch_generation <= 5, "switch_generation", self.switch_generation,
+                "must be 0 (no switch) .. 5")
+        require(not self.nvls or self.switch_generation >= 3, "nvls", self.nvls,
+                "needs switch_generation >= 3 (NVLink SHARP arrived with the third-generation NVSwitch)")
+
+    def bandwidth_bytes_per_s(self) -> float:
+        """All links of one GPU, one direction."""
+        return self.links_per_gpu * self.link_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HardwareSpec:
     """One GPU of a system and the node it sits in."""
 
@@ -59,6 +92,8 @@ class HardwareSpec:
     """GPUs that reach each other over `intra_node_link` (one NVLink/NVSwitch domain): 72 for
     GB200/GB300 NVL72 racks, whose trays hold 4 GPUs each; None = `num_gpus_per_node` (resolved
     when the spec is built, so it is always an int afterwards)."""
+    nvlink: NvlinkSpec | None = None
+    """NVLink fabric (`[nvlink]`); None for GPUs without NVLink."""
     source: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Where each group of numbers comes from."""
 
@@ -81,6 +116,14 @@ class HardwareSpec:
             require(rate > 0, f"peak_flops_per_s.{key}", rate, "must be > 0")
         require("bf16" in self.peak_flops_per_s or "fp16" in self.peak_flops_per_s,
                 "peak_flops_per_s", dict(self.peak_flops_per_s), "must give bf16 or fp16")
+        if self.nvlink is not None:
+            link = self.intra_node_link
+            total = self.nvlink.bandwidth_bytes_per_s()
+            require(link.kind == "nvlink", "nvlink", link.kind, "needs intra_node_link.kind = \"nvlink\"")
+            require(abs(total - link.bandwidth_bytes_per_s) <= 0.05 * link.bandwidth_bytes_per_s,
+                    "nvlink.links_per_gpu", self.nvlink.links_per_gpu,
+                    f"links_per_gpu x link_bandwidth_bytes_per_s = {total:.4g} must match "
+                    f"intra_node_link.bandwidth_bytes_per_s = {link.bandwidth_bytes_per_s:.4g} (within 5%)")
 
     def supports(self, dtype: DType) -> bool:
         return dtype.peak_key() in self.peak_flops_per_s

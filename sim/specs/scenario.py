@@ -173,7 +173,7 @@ class Disaggregation:
 LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "engine": ("enable_eplb", "num_redundant_experts", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
                "speculative_config"),
-    "hardware": ("nvlink_domain_size",),
+    "hardware": ("nvlink_domain_size", "nvlink"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):

@@ -1,0 +1,163 @@
+"""The alpha-beta collective baseline: hand-computed cases, NCCL-style selection at its boundaries,
+the `[nvlink]` hardware table, and the fitted families' use of the baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.dtypes import DType
+from sim.errors import ConfigError
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.perf.collective_model import (
+    BASE_LATENCY_S,
+    CUSTOM_AR_BARRIER_S,
+    CUSTOM_AR_LAUNCH_S,
+    HOP_LATENCY_S,
+    LL,
+    LL_MAX_BUS_BW,
+    NVLS,
+    NVLS_EFFICIENCY,
+    P2P,
+    RING,
+    SIMPLE,
+    custom_allreduce_time_s,
+    nccl_time,
+)
+from sim.perf.kernel_features import feature_names
+from sim.specs.catalog import _data_dir, load_hardware
+from sim.specs.hardware import HardwareSpec
+
+MIB = 1024.0 * 1024.0
+
+
+def _no_nvls(hw: HardwareSpec) -> HardwareSpec:
+    assert hw.nvlink is not None
+    return dataclasses.replace(hw, nvlink=dataclasses.replace(hw.nvlink, nvls=False))
+
+
+def test_large_ring_all_reduce_is_latency_plus_wire_bytes_over_link_bandwidth() -> None:
+    hw = _no_nvls(load_hardware("h100_sxm"))
+    n, msg = 8, 256 * MIB
+    ph = nccl_time("all_reduce", msg, n, hw)
+    assert (int(ph.algo[0]), int(ph.proto[0])) == (RING, SIMPLE)
+    lat = BASE_LATENCY_S[RING][SIMPLE] + 2 * (n - 1) * HOP_LATENCY_S["nvlink"][RING][SIMPLE]  # 8.4 + 14 x 3.4 us
+    expected = lat + 2 * (n - 1) / n * msg / 450e9
+    assert ph.latency_s[0] == pytest.approx(lat)
+    assert ph.time_s[0] == pytest.approx(expected)
+
+
+def test_small_all_reduce_takes_ll_and_its_latency_does_not_scale_with_the_link() -> None:
+    h100, b200 = _no_nvls(load_hardware("h100_sxm")), _no_nvls(load_hardware("b200_sxm"))
+    n, msg = 8, 4096.0
+    a, b = nccl_time("all_reduce", msg, n, h100), nccl_time("all_reduce", msg, n, b200)
+    assert int(a.proto[0]) == LL and int(b.proto[0]) == LL
+    lat = BASE_LATENCY_S[RING][LL] + 14 * HOP_LATENCY_S["nvlink"][RING][LL]
+    assert a.time_s[0] == pytest.approx(lat + 1.75 * msg / min(0.5 * 450e9, LL_MAX_BUS_BW[2]))
+    # Twice the NVLink bandwidth: the same latency, so a small message is barely faster (not 2x).
+    assert b.time_s[0] / a.time_s[0] > 0.95
+
+
+def test_ll_to_simple_switch_happens_where_their_times_cross() -> None:
+    hw = load_hardware("l40s")  # PCIe: no LL128, no NVLS; ring LL vs ring Simple
+    bw = hw.intra_node_link.bandwidth_bytes_per_s
+    n = 2
+    lat_ll = BASE_LATENCY_S[RING][LL] + 2 * HOP_LATENCY_S["pcie"][RING][LL]
+    lat_s = BASE_LATENCY_S[RING][SIMPLE] + 2 * HOP_LATENCY_S["pcie"][RING][SIMPLE]
+    # lat_ll + w / (0.5 bw) = lat_s + w / bw  ->  w = (lat_s - lat_ll) x bw  (w = wire bytes = msg here)
+    cross = (lat_s - lat_ll) * bw
+    below = nccl_time("all_reduce", 0.9 * cross, n, hw)
+    above = nccl_time("all_reduce", 1.1 * cross, n, hw)
+    assert int(below.proto[0]) == LL
+    assert int(above.proto[0]) == SIMPLE
+
+
+def test_nvls_takes_large_all_reduce_where_the_switch_reduces() -> None:
+    hw = load_hardware("h100_sxm")
+    msg = 256 * MIB
+    ph = nccl_time("all_reduce", msg, 8, hw)
+    assert int(ph.algo[0]) == NVLS
+    assert ph.time_s[0] == pytest.approx(HOP_LATENCY_S["nvlink"][NVLS][SIMPLE] + msg / (NVLS_EFFICIENCY[2] * 450e9))
+    # A100's second-generation NVSwitch has no NVLS: ring.
+    assert int(nccl_time("all_reduce", msg, 8, load_hardware("a100_sxm")).algo[0]) == RING
+    # Two GPUs: a ring step beats one switch traversal.
+    assert int(nccl_time("all_reduce", msg, 2, hw).algo[0]) == RING
+
+
+def test_alltoall_is_point_to_point() -> None:
+    hw = load_hardware("h100_sxm")
+    msg, n = 64 * MIB, 8
+    ph = nccl_time("alltoall", msg, n, hw)
+    assert (int(ph.algo[0]), int(ph.proto[0])) == (P2P, SIMPLE)
+    lat = BASE_LATENCY_S[P2P][SIMPLE] + HOP_LATENCY_S["nvlink"][P2P][SIMPLE]
+    assert ph.time_s[0] == pytest.approx(lat + (n - 1) / n * msg / 450e9)
+
+
+def test_custom_all_reduce_one_shot_and_two_shot() -> None:
+    hw = load_hardware("h100_sxm")
+    bw, barrier = 450e9, CUSTOM_AR_BARRIER_S["nvlink"]
+    # 8 GPUs below 256 KiB: one-shot reads the whole buffer from 7 peers.
+    t, _ = custom_allreduce_time_s(128 * 1024.0, 8, hw)
+    assert t[0] == pytest.approx(CUSTOM_AR_LAUNCH_S + barrier + 7 * 128 * 1024 / bw)
+    # 8 GPUs at 256 KiB: two-shot, 2 (n-1)/n of the buffer and two barriers.
+    t, _ = custom_allreduce_time_s(256 * 1024.0, 8, hw)
+    assert t[0] == pytest.approx(CUSTOM_AR_LAUNCH_S + 2 * barrier + 1.75 * 256 * 1024 / bw)
+    # 4 GPUs keep one-shot up to 512 KiB; 2 GPUs always.
+    t4, _ = custom_allreduce_time_s(384 * 1024.0, 4, hw)
+    assert t4[0] == pytest.approx(CUSTOM_AR_LAUNCH_S + barrier + 3 * 384 * 1024 / bw)
+    t2, _ = custom_allreduce_time_s(64 * MIB, 2, hw)
+    assert t2[0] == pytest.approx(CUSTOM_AR_LAUNCH_S + barrier + 64 * MIB / bw)
+
+
+def test_shipped_nvlink_tables() -> None:
+    for name, links, per_link, nvls in (("a100_sxm", 12, 25e9, False), ("h100_sxm", 18, 25e9, True),
+                                        ("b200_sxm", 18, 50e9, True), ("gb200", 18, 50e9, True)):
+        nv = load_hardware(name).nvlink
+        assert nv is not None and (nv.links_per_gpu, nv.link_bandwidth_bytes_per_s, nv.nvls) == (links, per_link, nvls)
+    assert load_hardware("l40s").nvlink is None
+
+
+@pytest.mark.parametrize(("edit", "key"), [
+    (("links_per_gpu = 18", "links_per_gpu = 12"), "nvlink.links_per_gpu"),  # 12 x 25 GB/s != 450 GB/s
+    (("switch_generation = 3", "switch_generation = 2"), "nvlink.nvls"),  # NVLS needs a gen-3 switch
+    (("generation = 4\n", "generation = 9\n"), "nvlink.generation"),
+    (("nvls = true", "nvls = 1"), "nvlink.nvls"),
+    (("nvls = true", "nvls = true\nlanes = 4"), "nvlink.lanes"),
+    (('kind = "nvlink"', 'kind = "pcie"'), "nvlink"),
+])
+def test_bad_nvlink_table_names_the_key(tmp_path: Path, edit: tuple[str, str], key: str) -> None:
+    text = (_data_dir() / "hardware" / "h100_sxm.toml").read_text()
+    assert edit[0] in text
+    path = tmp_path / "gpu.toml"
+    path.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(ConfigError) as err:
+        load_hardware(str(path))
+    # Errors of the nested table are reported on `nvlink` (the table, with its values) or its key.
+    assert err.value.key in (key, "nvlink")
+    assert key.split(".")[-1] in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_fitted_collectives_price_on_top_of_the_baseline() -> None:
+    """The shipped model's residual is small where the baseline is good (H100 NVLink all-reduce),
+    and a simulator kernel and a predict-kernels row get the same time."""
+    from sim.calibration.batch import predict_latency_s
+    from sim.calibration.select import efficiency_model_for
+    from sim.perf.fitted import FittedEfficiency
+    from sim.perf.roofline import roofline
+
+    hw = load_hardware("h100_sxm")
+    model = efficiency_model_for(hw, tier="cross-generation")
+    assert isinstance(model, FittedEfficiency)
+    assert len(model.families()["nccl"].ranges) == len(feature_names("nccl"))
+    work = KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=16 * MIB, group_size=8)
+    t_sim = roofline(work, hw).time_s() / model.efficiency(work, hw).value
+    cols = {"kernel": np.array(["nccl_all_reduce"], dtype=object), "message_bytes": np.array([16 * MIB]),
+            "num_gpus": np.array([8.0])}
+    t_row, _ = predict_latency_s(cols, hw, model)
+    assert t_sim == pytest.approx(float(t_row[0]), rel=1e-6)
+    base = float(nccl_time("all_reduce", 16 * MIB, 8, hw).time_s[0])
+    assert 0.5 < t_sim / base < 2.0
