@@ -67,6 +67,9 @@ class RunIntervals:
     lo: dict[str, float | None]
     hi: dict[str, float | None]
     wall_s: float = 0.0
+    samples: tuple[SimSummary, ...] = ()
+    """The perturbed runs' summaries (for bounds on other metrics, see `bounds_of`)."""
+    alpha: float = 0.1
 
     def fields(self) -> dict[str, float | None]:
         """{`<metric>_lo`: ..., `<metric>_hi`: ...} in `INTERVAL_METRICS` order."""
@@ -107,9 +110,11 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
                   table: IntervalTable | None = None, efficiency: EfficiencyModel | None = None,
                   profile: EngineProfile | None = None, limits: SimLimits | None = None,
                   prices: PriceCache | None = None, models: PerturbedModels | None = None,
-                  progress: Callable[[int], None] | None = None) -> RunIntervals:
+                  progress: Callable[[int], None] | None = None, confidence: float | None = None
+                  ) -> RunIntervals:
     """Intervals of `INTERVAL_METRICS` around `point` (the unperturbed run of `scenario`) from K
-    perturbed runs; seed defaults to the scenario's. No table or k = 0: lo = hi = point."""
+    perturbed runs; seed defaults to the scenario's, confidence to the table's nominal level (the
+    draws themselves always come from the table's central interval). No table or k = 0: lo = hi = point."""
     start = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     tier = kernel_tier(scenario)
@@ -122,7 +127,7 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
                                     prices=prices).summary)
             if progress is not None:
                 progress(len(samples))
-    alpha = 1.0 - (table.nominal if table is not None else 0.9)
+    alpha = 1.0 - (confidence if confidence is not None else table.nominal if table is not None else 0.9)
     lo: dict[str, float | None] = {}
     hi: dict[str, float | None] = {}
     for m in INTERVAL_METRICS:
@@ -132,7 +137,22 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
             lo[m] = hi[m] = p
             continue
         lo[m], hi[m] = order_bounds([float(v) for v in vals], float(p), alpha) if vals else (p, p)
-    return RunIntervals(k=len(samples), seed=seed, tier=tier, lo=lo, hi=hi, wall_s=time.perf_counter() - start)
+    return RunIntervals(k=len(samples), seed=seed, tier=tier, lo=lo, hi=hi, wall_s=time.perf_counter() - start,
+                        samples=tuple(samples), alpha=alpha)
+
+
+def bounds_of(point: Mapping[str, float], samples: list[Mapping[str, float]], alpha: float
+              ) -> dict[str, float]:
+    """`<name>_lo`, `<name>_hi` of every finite number in `point` from the same numbers of the
+    perturbed runs (`order_bounds`); a value that is not finite in some run gets lo = hi = point."""
+    out: dict[str, float] = {}
+    for name, p in point.items():
+        vals = [s.get(name, math.nan) for s in samples]
+        if not samples or not math.isfinite(p) or not all(math.isfinite(v) for v in vals):
+            out[f"{name}_lo"] = out[f"{name}_hi"] = p
+            continue
+        out[f"{name}_lo"], out[f"{name}_hi"] = order_bounds([float(v) for v in vals], float(p), alpha)
+    return out
 
 
 def interval_fields(summary: Mapping[str, object], intervals: RunIntervals) -> dict[str, object]:

@@ -39,6 +39,9 @@ class TrialInput:
     params: Mapping[str, ParamValue]
     attempt: int = 1
     """1 on first submission; incremented each time the actor running it dies."""
+    interval_runs: int = 0
+    """Perturbed runs for `<metric>_lo` / `_hi` (sweep `slo_confidence`); 0: point metrics only."""
+    slo_confidence: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
