@@ -334,17 +334,15 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     from sim.calibration.report import render_kernels_section, replace_section
 
     start = time.perf_counter()
-    families = _families_arg(args.families)
     # loading each GPU's tables, then evaluating each GPU left out
     with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
-        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
+        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to)
     result["wall_s"] = time.perf_counter() - start
     residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
     result["intervals"] = nested_coverage(residuals, TRAIN_GPUS)
     if args.intervals_out:
         table = table_from_logo(residuals, TRAIN_GPUS, result["data_sha256"],
-                                "kernelsight accuracy kernels --intervals-out PATH"
-                                + (f" --families {','.join(families)}" if families else ""))
+                                "kernelsight accuracy kernels --intervals-out PATH")
         table.save(Path(args.intervals_out))
         sys.stderr.write(f"wrote the interval table to {args.intervals_out}\n")
     if args.json:
@@ -356,19 +354,6 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     path.write_text(replace_section(old, "## Kernels", section))
     sys.stderr.write(f"wrote the kernel section of {path} in {result['wall_s']:.0f} s\n")
     return 0
-
-
-def _families_arg(arg: str | None) -> tuple[str, ...] | None:
-    from sim.calibration.accuracy import FAMILIES_REPORTED
-
-    if not arg:
-        return None
-    names = tuple(f.strip() for f in arg.split(",") if f.strip())
-    bad = [f for f in names if f not in FAMILIES_REPORTED]
-    if bad or not names:
-        raise ConfigError(source="accuracy kernels", key="--families", value=arg,
-                          rule=f"comma-separated names from {', '.join(FAMILIES_REPORTED)}")
-    return names
 
 
 def cmd_fit_cross_generation(args: Namespace) -> int:
@@ -422,8 +407,6 @@ def register(sub: Any) -> None:
     ak.add_argument("--data", help=_DATA_HELP)
     ak.add_argument("--workers", type=int, default=2)
     ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
-    ak.add_argument("--families", metavar="F1,F2",
-                    help="score (and fit) only these kernel families: a quicker partial run")
     ak.add_argument("--intervals-out", metavar="INTERVALS.json",
                     help="also write the split-conformal interval table fitted on the dev GPUs' leave-one-GPU-out "
                          "residuals (shipped as sim/data/calibration/intervals.json)")
