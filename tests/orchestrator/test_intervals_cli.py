@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import REPO
+from mlflow import MlflowClient
+from test_sweep_ray import child_runs
 
 from orchestrator.cli import main
 from orchestrator.sweep.evaluate import TrialEvaluator
@@ -143,3 +145,7 @@ def test_sweep_with_slo_confidence_rejects_a_trial_whose_upper_end_misses(
     row = next(line for line in text.splitlines() if line.lstrip().startswith("0 "))
     assert f"{point:.4g} [" in row and f", {hi:.4g}]" in row  # the point and its interval
     assert "90% interval from 3 perturbed runs" in text
+    (child,) = child_runs(MlflowClient(tracking_uri=uri), "robust")
+    logged = child.data.metrics
+    assert logged["ttft_mean_s_hi"] == pytest.approx(hi) and logged["ttft_mean_s"] == pytest.approx(point)
+    assert logged["tpot_p90_s_lo"] <= logged["tpot_p90_s"] <= logged["tpot_p90_s_hi"]
