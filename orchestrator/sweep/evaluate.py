@@ -45,14 +45,17 @@ class TrialEvaluator:
         self._models = EfficiencyModels()
         self._prices = PriceCache()
         self._perturbed = PerturbedModels()
+        self._perturbed_prices = PriceCache(max_identities=64)
+        """The perturbed runs' priced parts (sweep `slo_confidence`), kept apart so that their K
+        models per pricing identity do not evict the point runs' parts."""
         """Priced step parts shared by this worker's trials of the same hardware, model, precision,
         parallelism and kernel model (same results as pricing each trial afresh)."""
 
     def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel, trial: TrialInput
                 ) -> dict[str, float]:
         """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs (sim.uncertainty)."""
-        iv = run_intervals(scenario, point, trial.interval_runs, efficiency=efficiency, prices=self._prices,
-                           models=self._perturbed, confidence=trial.slo_confidence)
+        iv = run_intervals(scenario, point, trial.interval_runs, efficiency=efficiency,
+                           prices=self._perturbed_prices, models=self._perturbed, confidence=trial.slo_confidence)
         return bounds_of(trial_metrics(point), [trial_metrics(s) for s in iv.samples], iv.alpha)
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
