@@ -44,12 +44,12 @@ class TrialEvaluator:
         self._render = render_artifacts
         self._models = EfficiencyModels()
         self._prices = PriceCache()
+        """Priced step parts shared by this worker's trials of the same hardware, model, precision,
+        parallelism and kernel model (same results as pricing each trial afresh)."""
         self._perturbed = PerturbedModels()
         self._perturbed_prices = PriceCache(max_identities=64)
         """The perturbed runs' priced parts (sweep `slo_confidence`), kept apart so that their K
         models per pricing identity do not evict the point runs' parts."""
-        """Priced step parts shared by this worker's trials of the same hardware, model, precision,
-        parallelism and kernel model (same results as pricing each trial afresh)."""
 
     def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel, trial: TrialInput
                 ) -> dict[str, float]:
