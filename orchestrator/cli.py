@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="summary and kernel breakdown as JSON on stdout")
     run.add_argument("--out", metavar="DIR", help="write requests, kernel breakdown and KV usage as Parquet")
     run.add_argument("--trace", action="store_true", help="with --out, also write a Chrome trace")
+    run.add_argument("--intervals", type=int, default=0, metavar="K",
+                     help="add 90%% intervals (<metric>_lo/_hi) from K seeded kernel-model perturbations; "
+                          "costs K more simulations (0: off; 8 is a good choice)")
+    run.add_argument("--interval-seed", type=int, metavar="SEED", help="seed of the perturbations (default: the "
+                     "scenario's seed)")
     run.set_defaults(func=commands_run.cmd_run)
 
     check = sub.add_parser("check", help="validate scenario, hardware or sweep TOML files")

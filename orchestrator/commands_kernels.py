@@ -68,12 +68,33 @@ def _columns(rows: list[list[str]], header: list[str]) -> dict[str, np.ndarray]:
 
 def predict_columns(cols: dict[str, np.ndarray], hw: HardwareSpec, tier: str,
                     calibration: str | None) -> tuple[np.ndarray, np.ndarray]:
-    if tier == "target-measured" and calibration is None and shipped_calibration(hw.name) is None:
+    if resolved_tier(hw, tier, calibration) != tier:
         sys.stderr.write(f"no calibration for {hw.name}: target-measured falls back to cross-generation\n")
         tier = "cross-generation"
     art = load_for_tier(hw, tier, calibration)  # type: ignore[arg-type]
     model = None if art is None else FittedEfficiency(art.families)
     return predict_latency_s(cols, hw, model)
+
+
+def resolved_tier(hw: HardwareSpec, tier: str, calibration: str | None) -> str:
+    """The tier `predict_columns` prices with (target-measured without any calibration falls back)."""
+    if tier == "target-measured" and calibration is None and shipped_calibration(hw.name) is None:
+        return "cross-generation"
+    return tier
+
+
+def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: str
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) seconds: the shipped split-conformal interval of each row's family in `tier`
+    (lo = hi = the prediction when no interval table ships)."""
+    from sim.calibration.intervals import shipped_intervals
+    from sim.calibration.tables import FAMILY_OF_KERNEL
+
+    table = shipped_intervals()
+    if table is None:
+        return latency_s.copy(), latency_s.copy()
+    families = np.array([FAMILY_OF_KERNEL.get(str(k), "") for k in cols["kernel"]], dtype=object)
+    return table.bounds(tier, families, latency_s)
 
 
 def _read_header(src: Path) -> list[str]:
@@ -176,7 +197,8 @@ def _six_significant(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, prov: np.ndarray) -> None:
+def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, prov: np.ndarray,
+                bounds: tuple[np.ndarray, np.ndarray]) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -187,6 +209,7 @@ def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, 
     arrays.append(pc.cast(pa.array(_six_significant(latency_s * 1e3)), pa.string()))
     arrays.append(pa.array(labels[prov], type=pa.string()))
     arrays += [text.get(c, blank) for c in TABLE_ROW_COLUMNS]
+    arrays += [pc.cast(pa.array(_six_significant(b * 1e3)), pa.string()) for b in bounds]
     pacsv.write_csv(pa.table(arrays, names=list(PREDICTION_COLUMNS)), out,
                     write_options=pacsv.WriteOptions(quoting_style="needed"))
 
@@ -217,10 +240,11 @@ def cmd_predict_kernels(args: Namespace) -> int:
             raise
         _validate_rows(src)
         raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
+    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration))
     out = Path(args.out)
     try:
         _write_predictions(out, fast is not None, text if fast is not None else {}, header, rows, n,
-                           latency_s, prov)
+                           latency_s, prov, bounds)
     except OSError as exc:
         raise file_error(exc, path=out, key="--out", writing=True) from None
     sys.stderr.write(f"wrote {n} predictions ({args.tier}) to {out}\n")
@@ -228,14 +252,15 @@ def cmd_predict_kernels(args: Namespace) -> int:
 
 
 def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list[str], rows: list[list[str]],
-                       n: int, latency_s: np.ndarray, prov: np.ndarray) -> None:
+                       n: int, latency_s: np.ndarray, prov: np.ndarray,
+                       bounds: tuple[np.ndarray, np.ndarray]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.is_dir():
         raise IsADirectoryError(21, "Is a directory", str(out))
     tmp = out.with_suffix(out.suffix + ".tmp")
     try:
         if fast:
-            _write_fast(tmp, text, n, latency_s, prov)
+            _write_fast(tmp, text, n, latency_s, prov, bounds)
         else:
             labels = {int(p): p.label() for p in Provenance}
             pos = [header.index(c) if c in header else -1 for c in BASE_COLUMNS]
@@ -243,9 +268,11 @@ def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list
             with tmp.open("w", newline="") as f:
                 writer = csv.writer(f)
                 writer.writerow(PREDICTION_COLUMNS)
-                for row, t, p in zip(rows, latency_s.tolist(), prov.tolist(), strict=True):
+                for row, t, p, lo, hi in zip(rows, latency_s.tolist(), prov.tolist(), bounds[0].tolist(),
+                                             bounds[1].tolist(), strict=True):
                     writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]]
-                                    + [row[i] if i >= 0 else "" for i in extra])
+                                    + [row[i] if i >= 0 else "" for i in extra]
+                                    + [f"{lo * 1e3:.6g}", f"{hi * 1e3:.6g}"])
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind
@@ -304,6 +331,7 @@ def _data_root(arg: str | None) -> Path:
 def cmd_accuracy_kernels(args: Namespace) -> int:
     from orchestrator.progress import ProgressBar
     from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, run_logo
+    from sim.calibration.intervals import nested_coverage, table_from_logo
     from sim.calibration.report import render_kernels_section, replace_section
 
     start = time.perf_counter()
@@ -312,6 +340,13 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
         result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
     result["wall_s"] = time.perf_counter() - start
+    residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
+    result["intervals"] = nested_coverage(residuals, TRAIN_GPUS)
+    if args.intervals_out:
+        table = table_from_logo(residuals, TRAIN_GPUS, result["data_sha256"],
+                                "kernelsight accuracy kernels --intervals-out PATH")
+        table.save(Path(args.intervals_out))
+        sys.stderr.write(f"wrote the interval table to {args.intervals_out}\n")
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     if families is not None:
@@ -393,6 +428,9 @@ def register(sub: Any) -> None:
     ak.add_argument("--family", action="append", choices=FAMILIES, metavar="NAME",
                     help="score only this kernel family (repeatable); prints a table instead of "
                          "writing docs/accuracy.md")
+    ak.add_argument("--intervals-out", metavar="INTERVALS.json",
+                    help="also write the split-conformal interval table fitted on the dev GPUs' leave-one-GPU-out "
+                         "residuals (shipped as sim/data/calibration/intervals.json)")
     ak.set_defaults(func=cmd_accuracy_kernels)
 
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")

@@ -17,6 +17,8 @@ from sim.api import SimResult, load_scenario, simulate
 from sim.errors import ConfigError, file_error
 from sim.metrics.chrome_trace import write_chrome_trace
 from sim.serde import to_jsonable
+from sim.specs.scenario import Scenario
+from sim.uncertainty import RunIntervals
 
 TRACE_MAX_STEP_EVENTS = 200_000
 """Step events kept for `--trace` (runs of identical decode steps are one event): about 15 MB of
@@ -103,6 +105,21 @@ def _prepare_out(out: Path) -> None:
         raise file_error(exc, path=out, key="--out", writing=True) from None
 
 
+def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunIntervals:
+    """K perturbed runs (sim.uncertainty); their cost goes to stderr."""
+    from sim.uncertainty import run_intervals
+
+    if args.intervals < 0:
+        raise ConfigError(source="run", key="--intervals", value=args.intervals, rule="must be >= 0")
+    with ProgressBar(args.intervals, desc="intervals", unit="run") as bar:
+        iv = run_intervals(scenario, result.summary, args.intervals, seed=args.interval_seed,
+                           progress=bar.update_to)
+    if iv.k == 0:
+        sys.stderr.write("warning: no interval table ships for this kernel tier: intervals are the point\n")
+    sys.stderr.write(f"intervals: {iv.k} perturbed runs ({iv.tier} residuals) took {iv.wall_s:.1f} s\n")
+    return iv
+
+
 def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
     warn_missing_price(scenario)
@@ -121,9 +138,7 @@ def cmd_run(args: Namespace) -> int:
             _write_out(result, Path(args.out), args.trace)
         except OSError as exc:
             raise file_error(exc, key="--out", writing=True) from None
-    if args.json:
-        sys.stdout.write(json.dumps(result_payload(result), indent=2) + "\n")
-        return 0
+    payload = result_payload(result)
     rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
     for pool in result.pools:
         rows += [(f"{pool.pool}.{f.name}", _cell(getattr(pool, f.name))) for f in dataclasses.fields(pool)
@@ -131,6 +146,14 @@ def cmd_run(args: Namespace) -> int:
     if result.transfer is not None:
         rows += [(f"transfer.{f.name}", _cell(getattr(result.transfer, f.name)))
                  for f in dataclasses.fields(result.transfer)]
+    if args.intervals:
+        iv = _intervals(scenario, result, args)
+        payload["summary"].update(iv.fields())
+        payload["intervals"] = {"k": iv.k, "seed": iv.seed, "tier": iv.tier, "nominal": 0.9}
+        rows += [(f"{m} 90% interval", f"[{_cell(iv.lo[m])}, {_cell(iv.hi[m])}]") for m in iv.lo]
+    if args.json:
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return 0
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))

@@ -207,7 +207,8 @@ class CapacityPlanner:
         self._owner[number] = (chain, rate)
         chain.probes += 1
         self.num_probes += 1
-        self.pool.submit(TrialInput(number=number, params=params))
+        self.pool.submit(TrialInput(number=number, params=params, interval_runs=self.spec.trial_interval_runs(),
+                                    slo_confidence=self.spec.slo_confidence))
 
     def _advance(self, chain: _Chain, rate: float, result: TrialResult) -> None:
         if result.status is not TrialStatus.OK:

@@ -201,7 +201,8 @@ class SweepDriver:
             trial = self.study.ask()
             self._num_trials += 1
         params = suggest_params(trial, self.spec.space)
-        ticket = TrialInput(number=trial.number, params=params)
+        ticket = TrialInput(number=trial.number, params=params, interval_runs=self.spec.trial_interval_runs(),
+                            slo_confidence=self.spec.slo_confidence)
         live = _Live(trial=trial, ticket=ticket, timestamp_ms=_ms(trial), existing=existing)
         self._live[trial.number] = live
         t1 = time.perf_counter()

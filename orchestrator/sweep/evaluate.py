@@ -21,7 +21,10 @@ from sim.api import scenario_efficiency, simulate
 from sim.calibration.select import EfficiencyModels
 from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError, InfeasibleScenario
+from sim.metrics.summary import SimSummary
+from sim.perf.efficiency import EfficiencyModel
 from sim.specs.scenario import Scenario
+from sim.uncertainty import PerturbedModels, bounds_of, run_intervals
 
 
 def build_scenario(base: Scenario, params: Mapping[str, ParamValue]) -> Scenario:
@@ -45,6 +48,17 @@ class TrialEvaluator:
         self._prices = PriceCache()
         """Priced step parts shared by this worker's trials of the same hardware, model, precision,
         parallelism and kernel model (same results as pricing each trial afresh)."""
+        self._perturbed = PerturbedModels()
+        self._perturbed_prices = PriceCache(max_identities=64)
+        """The perturbed runs' priced parts (sweep `slo_confidence`), kept apart so that their K
+        models per pricing identity do not evict the point runs' parts."""
+
+    def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel, trial: TrialInput
+                ) -> dict[str, float]:
+        """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs (sim.uncertainty)."""
+        iv = run_intervals(scenario, point, trial.interval_runs, efficiency=efficiency,
+                           prices=self._perturbed_prices, models=self._perturbed, confidence=trial.slo_confidence)
+        return bounds_of(trial_metrics(point), [trial_metrics(s) for s in iv.samples], iv.alpha)
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
         start_s = time.perf_counter()
@@ -58,8 +72,12 @@ class TrialEvaluator:
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
             cut = 0 < trial.max_requests < scenario.workload.num_prompts
-            result = simulate(scenario, efficiency=scenario_efficiency(scenario, models=self._models),
-                              prices=self._prices, max_requests=trial.max_requests if cut else None)
+            efficiency = scenario_efficiency(scenario, models=self._models)
+            result = simulate(scenario, efficiency=efficiency, prices=self._prices,
+                              max_requests=trial.max_requests if cut else None)
+            metrics = trial_metrics(result.summary)
+            if trial.interval_runs > 0:
+                metrics.update(self._bounds(scenario, result.summary, efficiency, trial))
         except InfeasibleScenario as exc:
             return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
                            duration_s=time.perf_counter() - start_s)
@@ -78,7 +96,7 @@ class TrialEvaluator:
 
             artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}")
         return replace(failed, status=TrialStatus.OK, worst_provenance=result.summary.worst_provenance,
-                       metrics=trial_metrics(result.summary), breakdown=breakdown, artifacts=artifacts,
+                       metrics=metrics, breakdown=breakdown, artifacts=artifacts,
                        duration_s=time.perf_counter() - start_s,
                        fidelity_requests=result.summary.num_requests if cut else 0)
 

@@ -23,8 +23,12 @@ def objective_values(metrics: Mapping[str, float], objectives: Sequence[Objectiv
 
 
 def constraint_values(metrics: Mapping[str, float], slo: Sequence[BoundSpec]) -> dict[str, float]:
-    """Violation per `[slo]` metric: <= 0 when met."""
-    return {b.metric: b.violation(metrics[b.metric]) for b in slo}
+    """Violation per `[slo]` metric: <= 0 when met. A trial evaluated with intervals (sweep
+    `slo_confidence`: metrics `<name>_lo`, `<name>_hi`) is judged at the interval's pessimistic end
+    (the upper end of a maximum, the lower end of a minimum)."""
+    return {b.metric: max(b.violation(metrics[m]) for m in (b.metric, f"{b.metric}_lo", f"{b.metric}_hi")
+                          if m in metrics)
+            for b in slo}
 
 
 def meets_slo(metrics: Mapping[str, float], slo: Sequence[BoundSpec]) -> bool:

@@ -46,7 +46,10 @@ from sim.errors import ConfigError
 from sim.specs.catalog import read_toml_text
 
 _SECTIONS: Final = ("study", "slo", "base", "space", "sampler", "capacity", "search")
-_STUDY_KEYS: Final = ("name", "sampler", "n_trials", "seed", "objectives", "objective", "direction")
+_STUDY_KEYS: Final = ("name", "sampler", "n_trials", "seed", "objectives", "objective", "direction",
+                      "slo_confidence", "interval_runs")
+MAX_SLO_CONFIDENCE: Final = 0.9
+"""The shipped kernel intervals are 90% central: the perturbations draw within them."""
 _SAMPLER_OPTIONS: Final[dict[str, dict[str, str]]] = {
     "tpe": {"n_startup_trials": "int>=0", "n_ei_candidates": "int>=1", "multivariate": "bool"},
     "nsga2": {"population_size": "int>=2", "mutation_prob": "frac", "crossover_prob": "frac"},
@@ -79,6 +82,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError(source=src, key="study.n_trials", value=n_trials, rule="must be >= 1")
     seed = get(study, "seed", int, src, "study", default=0)
     capacity = _capacity(table(data, "capacity", src), src) if "capacity" in data else None
+    slo_confidence, interval_runs = _confidence(study, src)
     objectives = _objectives(study, src, required=capacity is None)
     slo = _slo(table(data, "slo", src), src)
     if capacity is not None and not slo:
@@ -109,7 +113,26 @@ def load_sweep(path: str | Path) -> SweepSpec:
         check_grid(space, src)
     return SweepSpec(source=src, name=name, sampler=sampler, n_trials=n_trials, seed=seed, objectives=objectives,
                      slo=slo, base_scenario=spec_base.base_scenario, base_set=base_set, space=tuple(space),
-                     sampler_options=options, capacity=capacity, search=search, text=text)
+                     sampler_options=options, capacity=capacity, search=search, text=text,
+                     slo_confidence=slo_confidence, interval_runs=interval_runs)
+
+
+def _confidence(study: Mapping[str, Any], src: str) -> tuple[float | None, int]:
+    """`slo_confidence` (0 < c <= 0.9, default off) and `interval_runs` (>= 1, default 8, only with it)."""
+    conf: float | None = None
+    if "slo_confidence" in study:
+        raw = study["slo_confidence"]
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0.0 < raw <= MAX_SLO_CONFIDENCE:
+            raise ConfigError(source=src, key="study.slo_confidence", value=raw,
+                              rule=f"must be a number in (0, {MAX_SLO_CONFIDENCE}] (the shipped kernel intervals "
+                                   "are 90% central)")
+        conf = float(raw)
+    runs = get(study, "interval_runs", int, src, "study", default=8)
+    if "interval_runs" in study and conf is None:
+        raise ConfigError(source=src, key="study.interval_runs", value=runs, rule="needs slo_confidence")
+    if runs < 1:
+        raise ConfigError(source=src, key="study.interval_runs", value=runs, rule="must be >= 1")
+    return conf, runs
 
 
 def _objectives(study: Mapping[str, Any], src: str, *, required: bool) -> tuple[ObjectiveSpec, ...]:

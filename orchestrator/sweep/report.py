@@ -141,11 +141,14 @@ class SweepReport:
         for n in shown:
             res = self.record(n).result
             assert res is not None
-            rows.append([n, *(_fmt(res.metrics[m]) for m in objective_metrics),
-                         *(_fmt(res.metrics[m]) for m in slo_metrics),
+            rows.append([n, *(_with_interval(res.metrics, m) for m in objective_metrics),
+                         *(_with_interval(res.metrics, m) for m in slo_metrics),
                          *(_fmt(res.params.get(k, "-")) for k in keys),
                          f"+{len(self.ties[n])}" if self.ties.get(n) else ""])
         out = head + f"{title}:\n" + table(headers, rows)
+        if spec.slo_confidence is not None:
+            out += (f"\nvalue [lo, hi]: {spec.slo_confidence:.0%} interval from {spec.interval_runs} perturbed runs "
+                    "per trial; an [slo] bound is met only at the interval's pessimistic end\n")
         first = self.commands.get(shown[0], {})
         if "vllm_serve" in first:
             out += f"\ntrial {shown[0]} as a vLLM server:\n  {_indent(first['vllm_serve'])}\n"
@@ -154,6 +157,14 @@ class SweepReport:
         if "sglang_launch" in first:
             out += f"as an SGLang server:\n  {_indent(first['sglang_launch'])}\n"
         return out
+
+
+def _with_interval(metrics: Mapping[str, float], name: str) -> str:
+    """`value`, or `value [lo, hi]` when the trial has an interval for it."""
+    lo, hi = metrics.get(f"{name}_lo"), metrics.get(f"{name}_hi")
+    if lo is None or hi is None:
+        return _fmt(metrics[name])
+    return f"{_fmt(metrics[name])} [{_fmt(lo)}, {_fmt(hi)}]"
 
 
 _EMPTY = TrialResult(number=-1, status=TrialStatus.FAILED, params={})

@@ -44,6 +44,9 @@ class TrialInput:
     """1 on first submission; incremented each time the actor running it dies."""
     max_requests: int = 0
     """Simulate only the first this many requests of the workload (a fidelity rung); 0 for all."""
+    interval_runs: int = 0
+    """Perturbed runs for `<metric>_lo` / `_hi` (sweep `slo_confidence`); 0: point metrics only."""
+    slo_confidence: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

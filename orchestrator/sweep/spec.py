@@ -144,6 +144,15 @@ class SweepSpec:
     search: SearchSpec = field(default_factory=SearchSpec)
     text: str = ""
     """The sweep file's text, logged with the study."""
+    slo_confidence: float | None = None
+    """`[study] slo_confidence`: each trial gets intervals at this level and meets an `[slo]` bound only
+    at the interval's pessimistic end (None: point metrics)."""
+    interval_runs: int = 8
+    """`[study] interval_runs`: perturbed simulations per trial when `slo_confidence` is set."""
+
+    def trial_interval_runs(self) -> int:
+        """Perturbed runs each trial makes (0 unless `slo_confidence` is set)."""
+        return self.interval_runs if self.slo_confidence is not None else 0
 
     def load_base(self) -> Scenario:
         """The base scenario with `[base] set` applied (not checked for memory fit)."""
@@ -167,6 +176,9 @@ class SweepSpec:
             "capacity": self.capacity, "base": base.scenario_hash(),
             # only when on, so the identity of every study made before [search] existed is unchanged
             **({"search": self.search} if self.search.enabled else {}),
+            # only when set, so that the identity of a sweep without intervals is unchanged
+            **({"slo_confidence": self.slo_confidence, "interval_runs": self.interval_runs}
+               if self.slo_confidence is not None else {}),
         })
 
     def param(self, key: str) -> ParamSpec:

@@ -171,6 +171,14 @@ def _scores(held: pd.DataFrame, pred: np.ndarray, mask: np.ndarray) -> dict[str,
     return out
 
 
+def _residuals(held: pd.DataFrame, pred: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """Family -> log(measured / predicted) of the scored rows (float32; the intervals' calibration data)."""
+    r = np.log(held.latency_s.to_numpy() / pred)
+    fam = held.family.to_numpy()
+    return {f: r[mask & (fam == f)].astype(np.float32) for f in FAMILIES_REPORTED
+            if (mask & (fam == f)).sum() >= 5}
+
+
 def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, Any]:
     train = {g: df for g, df in loaded.rows.items() if g in TRAIN_GPUS and g != held_gpu}
     hws = {g: load_hardware(g) for g in train}
@@ -184,6 +192,9 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     result["tiers"]["naive"] = _scores(held, _naive(train, held), everything)
     cross, _ = predict_latency_s(cols, hw, FittedEfficiency(base))
     result["tiers"]["cross-generation"] = _scores(held, cross, everything)
+    # Residuals of the scored rows per tier (popped before the result is written as JSON).
+    result["residuals"] = {"roofline": _residuals(held, held.roofline_s.to_numpy(), everything),
+                           "cross-generation": _residuals(held, cross, everything)}
     if held_gpu in EVAL_ONLY:
         # Calibrating would fit a correction on the evaluation GPU's own rows: not allowed.
         result["tiers"]["target-measured"] = {}
@@ -196,6 +207,7 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     target, _ = predict_latency_s(cols, hw, FittedEfficiency(calibrated))
     result["tiers"]["target-measured"] = _scores(held, target, ~in_unit)
     result["tiers"]["cross-generation (same rows as target)"] = _scores(held, cross, ~in_unit)
+    result["residuals"]["target-measured"] = _residuals(held, target, ~in_unit)
     result["calibration_points"] = len(loaded.plan_rows[held_gpu])
     result["plan_points"] = len(microbench_plan(hw))
     return result
@@ -214,7 +226,8 @@ def run_logo(data_root: Path, *, workers: int = 2,
              progress: Callable[[int, int], None] | None = None,
              families: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Leave-one-GPU-out accuracy; `progress(done, total)` counts GPUs loaded, then GPUs evaluated.
-    `families` restricts loading, fitting and scoring to those families (None: all)."""
+    `families` restricts loading, fitting and scoring to those families (None: all). Each GPU's
+    result carries `residuals` (tier -> family -> log(measured / predicted) arrays) for the intervals."""
     gpus = (*TRAIN_GPUS, *EVAL_ONLY)
     total = 2 * len(gpus)
     steps = iter(range(1, total + 1))

@@ -57,6 +57,35 @@ def _family_table(g: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _intervals_table(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Per GPU and tier: coverage and relative width of the nominal 90% intervals (nested
+    leave-one-GPU-out), then per family."""
+    out = ["### Intervals", "",
+           "Nominal 90% central intervals (split-conformal, docs/kernel-model.md#intervals). On a dev GPU the "
+           "quantiles come from the other dev GPUs' leave-one-GPU-out residuals only (nested); b200_sxm "
+           "(evaluation only) is scored with the quantiles of all dev GPUs and never contributes to one. "
+           "Coverage = share of rows whose measured latency lies in the interval; width = (hi - lo) / "
+           "predicted. Per GPU: mean over families (min family in brackets) and over rows.", "",
+           "| GPU | tier | coverage, mean of families (min) | coverage over rows | mean relative width |",
+           "|---|---|---|---|---|"]
+    keys = sorted({(r["gpu"], r["tier"]) for r in rows}, key=lambda k: (k[0] == "b200_sxm", k[0], k[1]))
+    for gpu, tier in keys:
+        sel = [r for r in rows if r["gpu"] == gpu and r["tier"] == tier]
+        cov = [r["coverage"] for r in sel]
+        n = sum(r["rows"] for r in sel)
+        pooled = sum(r["coverage"] * r["rows"] for r in sel) / n
+        width = sum(r["rel_width"] for r in sel) / len(sel)
+        out.append(f"| {gpu} | {tier} | {_pct(sum(cov) / len(cov))} ({_pct(min(cov))}) | {_pct(pooled)} "
+                   f"| {_pct(width)} |")
+    out += ["", "| GPU | tier | family | rows | coverage | relative width |", "|---|---|---|---|---|---|"]
+    for gpu, tier in keys:
+        for r in rows:
+            if r["gpu"] == gpu and r["tier"] == tier:
+                out.append(f"| {gpu} | {tier} | {r['family']} | {r['rows']} | {_pct(r['coverage'])} "
+                           f"| {_pct(r['rel_width'])} |")
+    return [*out, ""]
+
+
 def render_kernels_section(result: Mapping[str, Any]) -> str:
     frac = ", ".join(f"{k} {v:.0%}" for k, v in KEEP_FRAC.items())
     out = [
@@ -79,6 +108,8 @@ def render_kernels_section(result: Mapping[str, Any]) -> str:
     ]
     for g in result["gpus"]:
         out += _family_table(g)
+    if result.get("intervals"):
+        out += _intervals_table(result["intervals"])
     out += ["### Excluded (data README: broken series and flagged rows)", "",
             "| system | table | what | rows |", "|---|---|---|---|"]
     out += [f"| {e['system']} | {e['table']} | {e['what']} | {e['rows']} |" for e in result["exclusions"]]

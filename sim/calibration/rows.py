@@ -38,9 +38,12 @@ TABLE_ROW_COLUMNS: Final[tuple[str, ...]] = tuple(dict.fromkeys(
 """Columns the table-keyed kernels (MoE, MLA, DeepEP; `kernel` = table name) add, named as in the
 data README."""
 ROW_COLUMNS: Final[tuple[str, ...]] = (*BASE_COLUMNS, *TABLE_ROW_COLUMNS)
+INTERVAL_COLUMNS: Final = ("predicted_latency_lo_ms", "predicted_latency_hi_ms")
+"""Nominal 90% interval of each prediction (sim.calibration.intervals)."""
 PREDICTION_COLUMNS: Final[tuple[str, ...]] = (*BASE_COLUMNS, "predicted_latency_ms", "provenance",
-                                              *TABLE_ROW_COLUMNS)
-"""The output: the earlier columns first (unchanged positions), then the table-keyed ones."""
+                                              *TABLE_ROW_COLUMNS, *INTERVAL_COLUMNS)
+"""The output: the earlier columns first (unchanged positions), then the table-keyed ones, then the
+interval's ends."""
 
 _DTYPES: Final[dict[str, DType]] = {
     "bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "fp16": DType.FLOAT16, "bf16": DType.BFLOAT16,

@@ -1,0 +1,151 @@
+"""Intervals at the command line: predict-kernels lo/hi columns, run --intervals (seeded, identical
+on repeat), and the sweep's slo_confidence (a trial whose interval's upper end misses an [slo]
+bound is rejected although its point meets it)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import REPO
+from mlflow import MlflowClient
+from test_sweep_ray import child_runs
+
+from orchestrator.cli import main
+from orchestrator.sweep.evaluate import TrialEvaluator
+from orchestrator.sweep.parse import load_sweep
+from orchestrator.sweep.results import TrialInput
+from sim.errors import ConfigError
+
+SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
+SMALL = ["--set", "workload.num_prompts=12", "--set", "workload.random_input_len=256",
+         "--set", "workload.random_output_len=8"]
+
+
+def test_predict_kernels_writes_interval_columns(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.csv"
+    rows.write_text("kernel,dtype,m,n,k,num_gpus,message_bytes\n"
+                    "gemm,bfloat16,4096,4096,4096,,\n"
+                    "gemm,bfloat16,16,4096,14336,,\n"
+                    "nccl_all_reduce,bfloat16,,,,8,1048576\n")
+    out = tmp_path / "pred.csv"
+    for tier in ("cross-generation", "target-measured"):
+        assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", tier, "--in", str(rows),
+                     "--out", str(out)]) == 0
+        with out.open() as f:
+            pred = list(csv.DictReader(f))
+        assert list(pred[0])[-2:] == ["predicted_latency_lo_ms", "predicted_latency_hi_ms"]
+        for p in pred:
+            lo, t, hi = (float(p[c]) for c in ("predicted_latency_lo_ms", "predicted_latency_ms",
+                                               "predicted_latency_hi_ms"))
+            assert 0 < lo < t < hi, p
+
+
+def _run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
+    assert main(["run", str(SCENARIO), *SMALL, "--json", *extra]) == 0
+    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_run_intervals_fields_seeded_and_bracketing(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _run_json(capsys)
+    first = _run_json(capsys, "--intervals", "3")
+    again = _run_json(capsys, "--intervals", "3")
+    other = _run_json(capsys, "--intervals", "3", "--interval-seed", "5")
+    assert first == again  # same seed, same intervals
+    summary = first["summary"]
+    assert isinstance(summary, dict) and isinstance(plain["summary"], dict)
+    assert "ttft_p90_s_lo" not in plain["summary"]
+    assert {k: v for k, v in summary.items() if k in plain["summary"]} == plain["summary"]  # points unchanged
+    assert first["intervals"] == {"k": 3, "seed": 0, "tier": "target-measured", "nominal": 0.9}
+    for m in ("ttft_mean_s", "ttft_p90_s", "tpot_mean_s", "output_throughput_tokens_per_s",
+              "cost_per_million_output_tokens_usd"):
+        assert summary[f"{m}_lo"] <= summary[m] <= summary[f"{m}_hi"], m
+    assert summary["ttft_mean_s_lo"] < summary["ttft_mean_s_hi"]
+    assert other["summary"] != summary  # another seed draws other factors
+
+
+def test_run_intervals_must_not_be_negative(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(SCENARIO), *SMALL, "--intervals", "-1"]) == 2
+    assert "--intervals" in capsys.readouterr().err
+
+
+def _sweep(tmp_path: Path, name: str, bound: float, extra: str) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"""
+[study]
+name = "{name}"
+sampler = "grid"
+n_trials = 1
+seed = 1
+objective = "ttft_mean_s"
+direction = "minimize"
+{extra}
+[slo]
+ttft_mean_s = {bound!r}
+
+[base]
+scenario = "{SCENARIO}"
+set = {{ "workload.num_prompts" = 12, "workload.random_input_len" = 256, "workload.random_output_len" = 8 }}
+
+[space]
+"engine.max_num_seqs" = {{ choices = [64] }}
+""")
+    return path
+
+
+def test_slo_confidence_is_checked(tmp_path: Path) -> None:
+    for bad in ("slo_confidence = 0.95", "slo_confidence = true", "interval_runs = 4",
+                "slo_confidence = 0.9\ninterval_runs = 0"):
+        with pytest.raises(ConfigError, match=r"study\.(slo_confidence|interval_runs)"):
+            load_sweep(_sweep(tmp_path, "bad", 1.0, bad))
+    spec = load_sweep(_sweep(tmp_path, "ok", 1.0, "slo_confidence = 0.9\ninterval_runs = 3"))
+    assert (spec.slo_confidence, spec.trial_interval_runs()) == (0.9, 3)
+    plain = load_sweep(_sweep(tmp_path, "ok", 1.0, ""))
+    assert plain.trial_interval_runs() == 0
+    base = plain.load_base()
+    assert spec.identity(base) != plain.identity(base)
+
+
+@pytest.fixture(scope="module")
+def ray_runtime() -> Iterator[None]:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_sweep_with_slo_confidence_rejects_a_trial_whose_upper_end_misses(
+        ray_runtime: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bound sits between the trial's point TTFT and the upper end of its interval: the plain sweep
+    accepts the trial, the robust one rejects it and shows the interval in its table."""
+    spec = load_sweep(_sweep(tmp_path, "probe", 1.0, "slo_confidence = 0.9\ninterval_runs = 3"))
+    probe = TrialEvaluator(spec.load_base(), render_artifacts=False).evaluate(
+        TrialInput(number=0, params={"engine.max_num_seqs": 64}, interval_runs=3, slo_confidence=0.9))
+    point, hi = probe.metrics["ttft_mean_s"], probe.metrics["ttft_mean_s_hi"]
+    assert point < hi
+    bound = (point + hi) / 2
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plain = _sweep(tmp_path, "plain", bound, "")
+    assert main(["sweep", str(plain), "--tracking-uri", uri, "--study-dir", str(tmp_path / "plain"),
+                 "--no-trial-plots", "--json"]) == 0
+    assert [t["number"] for t in json.loads(capsys.readouterr().out)["best"]] == [0]
+    robust = _sweep(tmp_path, "robust", bound, "slo_confidence = 0.9\ninterval_runs = 3")
+    assert main(["sweep", str(robust), "--tracking-uri", uri, "--study-dir", str(tmp_path / "robust"),
+                 "--no-trial-plots"]) == 0
+    text = capsys.readouterr().out
+    assert "no trial met the [slo] bounds; closest misses:" in text
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("0 "))
+    assert f"{point:.4g} [" in row and f", {hi:.4g}]" in row  # the point and its interval
+    assert "90% interval from 3 perturbed runs" in text
+    (child,) = child_runs(MlflowClient(tracking_uri=uri), "robust")
+    logged = child.data.metrics
+    assert logged["ttft_mean_s_hi"] == pytest.approx(hi) and logged["ttft_mean_s"] == pytest.approx(point)
+    assert logged["tpot_p90_s_lo"] <= logged["tpot_p90_s"] <= logged["tpot_p90_s_hi"]
