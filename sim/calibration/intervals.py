@@ -8,7 +8,7 @@ the k-th largest, k = ceil((n + 1)(1 - alpha / 2)), one tail of alpha / 2 each. 
 carries [t exp(q_lo), t exp(q_hi)]. The table also keeps a few inner quantiles of r, from which the
 simulator draws one multiplicative latency factor per family (`sample_log_factors`) to propagate
 kernel uncertainty through a run (`sim.uncertainty`). Layout: {"schema": 1, "nominal": 0.9,
-"method": str, "produced_by": str, "data_sha256": {gpu: sha}, "tiers": {tier: {family: {"n": int,
+"method": str, "produced_by": str, "data_sha256": {"aiconfigurator/<gpu>": sha}, "tiers": {tier: {family: {"n": int,
 "lo_log": x, "hi_log": x, "levels": [...], "values": [...]}}}}; family "all" pools every family of
 the tier (used for kinds no family's residuals cover). Loading rejects unknown keys and wrong types.
 """
@@ -198,7 +198,7 @@ def load_intervals(path: Path) -> IntervalTable:
             tiers[tier][fam] = fi
     sha = data["data_sha256"]
     if not isinstance(sha, dict) or not all(isinstance(v, str) for v in sha.values()):
-        raise _bad(path, "data_sha256", sha, "must map GPU names to digests")
+        raise _bad(path, "data_sha256", sha, "must map tables (aiconfigurator/<gpu>) to digests")
     return IntervalTable(tiers=tiers, nominal=float(data["nominal"]), method=str(data["method"]),
                          produced_by=str(data["produced_by"]), data_sha256=dict(sha))
 
@@ -236,7 +236,7 @@ def table_from_logo(residuals: Residuals, dev_gpus: Sequence[str], data_sha256: 
         if pool:
             tiers[tier] = fit_tier(pool, alpha)
     return IntervalTable(tiers=tiers, produced_by=produced_by, nominal=1.0 - alpha,
-                         data_sha256={g: s for g, s in data_sha256.items() if g in dev_gpus})
+                         data_sha256={f"aiconfigurator/{g}": s for g, s in data_sha256.items() if g in dev_gpus})
 
 
 # -- coverage (leave-one-GPU-out, nested) -------------------------------------------------------

@@ -72,7 +72,7 @@ def test_table_round_trip_bounds_and_samples(tmp_path: Path) -> None:
            for g in ("a", "b", "c")}
     res["b200_sxm"] = {"cross-generation": {"gemm": np.full(100, 9.0)}}  # evaluation only: never used
     table = table_from_logo(res, ("a", "b", "c"), {"a": "x", "b200_sxm": "y"}, "test")
-    assert table.data_sha256 == {"a": "x"}
+    assert table.data_sha256 == {"aiconfigurator/a": "x"}  # the calibration artifacts' keys
     gemm = table.tiers["cross-generation"]["gemm"]
     assert gemm.n == 900 and gemm.hi_log < 1.0
     path = tmp_path / "iv.json"
@@ -106,7 +106,7 @@ def test_load_rejects_unknown_keys(tmp_path: Path) -> None:
 def test_shipped_table_is_fitted_on_dev_gpus_only() -> None:
     table = shipped_intervals()
     assert table is not None
-    assert "b200_sxm" not in table.data_sha256 and len(table.data_sha256) == 5
+    assert "aiconfigurator/b200_sxm" not in table.data_sha256 and len(table.data_sha256) == 5
     for tier in ("cross-generation", "target-measured"):
         fams = table.tiers[tier]
         assert "all" in fams
