@@ -137,12 +137,8 @@ class DisaggregatedSimulation(Simulation):
         self._ready_s[state.request_id] = self.now_s
         j = self._route_in(state, self._num_prefill, self._num_ranks, self._decode_router, 1)
         state.replica = j
-        replica = self._replicas[j]
-        replica.scheduler.add_transferred(state)
-        if not replica.busy:
-            end_s = self._start_step(j)
-            if end_s is not None:
-                self._push(end_s, j)
+        self._replicas[j].scheduler.add_transferred(state)
+        self._wake(j)
 
     def pool_busy_s(self) -> tuple[list[float], list[float]]:
         busy = self.replica_busy_s()

@@ -201,9 +201,12 @@ class Simulation:
         req.sent_s = self.now_s
         idx = self._route(req)
         req.replica = idx
-        replica = self._replicas[idx]
-        replica.scheduler.add(req)
-        if not replica.busy:
+        self._replicas[idx].scheduler.add(req)
+        self._wake(idx)
+
+    def _wake(self, idx: int) -> None:
+        """Start the replica's next step if it sat idle (a request just reached its queue)."""
+        if not self._replicas[idx].busy:
             end_s = self._start_step(idx)
             if end_s is not None:
                 self._push(end_s, idx)
