@@ -50,7 +50,6 @@ class DisaggregatedSimulation(Simulation):
         for replica in self._replicas[:self._num_prefill]:
             replica.bulk = False  # one output token: prefill ranks never decode
         self._decode_router = decode_router
-        self._rr_pool = [0, 0]
         self._path = path
         self._decode_states = {s.request_id: s for s in decode_states}
         """Each request's decode-phase state (its full output length), by request id."""
@@ -73,21 +72,6 @@ class DisaggregatedSimulation(Simulation):
 
     def _route(self, req: RequestState) -> int:
         return self._route_in(req, 0, self._num_prefill, self._router, 0)
-
-    def _route_in(self, req: RequestState, lo: int, hi: int, router: RouterName, pool: int) -> int:
-        n = hi - lo
-        if n == 1:
-            return lo
-        if router == "round_robin":
-            i = self._rr_pool[pool]
-            self._rr_pool[pool] = (i + 1) % n
-            return lo + i
-        replicas = self._replicas[lo:hi]
-        load = [r.scheduler.num_outstanding() for r in replicas]
-        if router == "prefix_aware" and req.keys:
-            hits = [r.scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for r in replicas]
-            return lo + max(range(n), key=lambda i: (hits[i], -load[i], -i))
-        return lo + min(range(n), key=lambda i: (load[i], i))
 
     def _on_step_done(self, idx: int) -> None:
         if idx >= self._num_ranks:

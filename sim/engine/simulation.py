@@ -136,7 +136,8 @@ class Simulation:
         self._heap: list[tuple[float, int, int]] = []
         self._seq = itertools.count()
         self._next_arrival_s = float("inf")
-        self._rr = 0
+        self._rr = [0, 0]
+        """Round-robin counters per routed pool (one for aggregated runs; prefill, decode)."""
         self._in_flight = 0
         self._held: deque[RequestState] = deque()
         self.now_s = 0.0
@@ -215,17 +216,24 @@ class Simulation:
         heapq.heappush(self._heap, (time_s, next(self._seq), idx))
 
     def _route(self, req: RequestState) -> int:
-        n = len(self._replicas)
+        return self._route_in(req, 0, len(self._replicas), self._router, 0)
+
+    def _route_in(self, req: RequestState, lo: int, hi: int, router: RouterName, pool: int) -> int:
+        """The replica among `lo..hi-1` that `router` sends `req` to; `pool` names the round-robin
+        counter (a disaggregated run routes its prefill and decode pools separately)."""
+        n = hi - lo
         if n == 1:
-            return 0
-        if self._router == "round_robin":
-            self._rr = (self._rr + 1) % n
-            return (self._rr - 1) % n
-        load = [r.scheduler.num_outstanding() for r in self._replicas]
-        if self._router == "prefix_aware" and req.keys:
-            hits = [r.scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for r in self._replicas]
-            return max(range(n), key=lambda i: (hits[i], -load[i], -i))
-        return min(range(n), key=lambda i: (load[i], i))
+            return lo
+        if router == "round_robin":
+            i = self._rr[pool]
+            self._rr[pool] = (i + 1) % n
+            return lo + i
+        replicas = self._replicas[lo:hi]
+        load = [r.scheduler.num_outstanding() for r in replicas]
+        if router == "prefix_aware" and req.keys:
+            hits = [r.scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for r in replicas]
+            return lo + max(range(n), key=lambda i: (hits[i], -load[i], -i))
+        return lo + min(range(n), key=lambda i: (load[i], i))
 
     def _start_step(self, idx: int) -> float | None:
         """Plan and price the replica's next step at `now_s`; its end time, or None when idle."""
