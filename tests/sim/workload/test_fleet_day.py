@@ -130,10 +130,9 @@ def test_a_bad_csv_row_is_named(tmp_path: Path) -> None:
 
 def test_later_keys_change_the_hash_only_away_from_their_defaults() -> None:
     base = load_scenario(SCENARIO)
-    same = base.with_overrides({"engine.enable_eplb": False, "workload.bursts": []})
+    same = base.with_overrides({"engine.enable_eplb": False, "engine.num_redundant_experts": 0,
+                                "engine.batch_wait_timeout_iters": 0, "workload.bursts": []})
     assert same.scenario_hash() == base.scenario_hash()
-    for key, value in (("engine.num_redundant_experts", 0), ("engine.backend", "trtllm")):
-        assert base.with_overrides({key: value}).scenario_hash() == base.with_overrides({key: value}).scenario_hash()
     trt = base.with_overrides({"engine.backend": "trtllm"})
     waited = trt.with_overrides({"engine.batch_wait_timeout_iters": 20, "engine.batch_wait_max_tokens_ratio": 0.9})
     assert waited.scenario_hash() != trt.scenario_hash()
