@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate scenario, hardware or sweep TOML files")
     check.add_argument("files", nargs="+")
+    check.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                       help="override a scenario key before checking (as `run --set` does)")
     check.set_defaults(func=sim_cmds.cmd_check)
 
     lst = sub.add_parser("list", help="list shipped hardware or models")

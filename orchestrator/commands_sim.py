@@ -137,9 +137,16 @@ def cmd_step(args: Namespace) -> int:
     return 0
 
 
-def check_file(path: Path) -> str:
-    """Validate one TOML file by what it holds; return a one-line description."""
+def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
+    """Validate one TOML file by what it holds; return a one-line description. `overrides`
+    (`--set SECTION.KEY=VALUE`) apply to scenario files only, exactly as `run --set` applies them."""
     data = read_toml(path)
+    is_scenario = "study" not in data and "peak_flops_per_s" not in data and (
+        "hardware" in data or ("model" in data and not isinstance(data["model"], list)))
+    if overrides and not is_scenario:
+        key = next(iter(overrides))
+        raise ConfigError(source=str(path), key=key, value=overrides[key],
+                          rule="--set overrides apply to scenario files only (this file is not a scenario)")
     if "peak_flops_per_s" in data:
         spec = build(HardwareSpec, data, source=str(path))
         if find_price_per_gpu_hour_usd(spec.name, load_prices()) is None:
@@ -158,7 +165,7 @@ def check_file(path: Path) -> str:
     if "model" in data and isinstance(data["model"], list):
         return f"model index with {len(data['model'])} entries"
     if "hardware" in data or "model" in data:
-        scenario = load_scenario(path)
+        scenario = load_scenario(path, overrides or None)
         warn_missing_price(scenario)
         mem = scenario_memory(scenario)
         # What `run` reads besides the scenario: the kernel model (calibration file) and the
@@ -190,10 +197,15 @@ def warn_missing_price(scenario: Scenario) -> None:
 
 
 def cmd_check(args: Namespace) -> int:
+    try:
+        overrides = overrides_from(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"error {exc}\n")
+        return 2
     failed = 0
     for name in args.files:
         try:
-            sys.stdout.write(f"ok    {name}: {check_file(Path(name))}\n")
+            sys.stdout.write(f"ok    {name}: {check_file(Path(name), overrides)}\n")
         except ConfigError as exc:
             failed += 1
             sys.stderr.write(f"error {exc}\n")

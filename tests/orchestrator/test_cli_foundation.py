@@ -81,6 +81,29 @@ def test_model_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
     assert main(["check", str(bad)]) == 2
 
 
+def test_check_set_applies_overrides_to_scenarios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[hardware]\nname = "h100_sxm"\n[model]\nname = "meta-llama/Llama-3.1-8B"\n')
+    assert main(["check", str(ok)]) == 0
+    # The override, not the file, makes it infeasible: 70B in BF16 does not fit one L4.
+    assert main(["check", "--set", "hardware.name=l4", "--set", "model.name=meta-llama/Llama-3.1-70B", str(ok)]) == 2
+    big = tmp_path / "big.toml"
+    big.write_text('[hardware]\nname = "h100_sxm"\n[model]\nname = "meta-llama/Llama-3.1-70B"\n')
+    assert main(["check", str(big)]) == 2
+    capsys.readouterr()
+    assert main(["check", "--set", "engine.tensor_parallel_size=4", str(big)]) == 0  # fits on four
+    assert "ok " in capsys.readouterr().out
+    assert main(["check", "--set", "engine.max_num_seq=3", str(ok)]) == 2
+    assert "engine.max_num_seq" in capsys.readouterr().err
+
+
+def test_check_set_refuses_non_scenario_files(capsys: pytest.CaptureFixture[str]) -> None:
+    hw = str(REPO / "sim/data/hardware/h100_sxm.toml")
+    assert main(["check", hw]) == 0
+    assert main(["check", "--set", "engine.max_num_seqs=3", hw]) == 2
+    assert "scenario files only" in capsys.readouterr().err
+
+
 def test_list_hardware_and_models(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "hardware"]) == 0
     assert "rtx_4090" in capsys.readouterr().out
