@@ -4,7 +4,8 @@ File names and columns are exactly AIConfigurator's (see shared/data/README.md),
 `kernelsight calibrate --microbench DIR` and anything reading those tables reads a run unchanged:
 gemm.csv.gz, context_attention.csv.gz, generation_attention.csv.gz (gzip), nccl.csv,
 custom_allreduce.csv, and the table-keyed moe.csv.gz, mla_*.csv(.gz), mla_bmm.csv, deepep_*.csv(.gz)
-(their query columns, `sim.perf.table_kernels.TABLE_COLUMNS`, then `latency_ms`). Small
+(their query columns, `sim.perf.table_kernels.TABLE_COLUMNS`, then `latency_ms`; the DeepEP
+tables in AIConfigurator's own columns, dispatch and combine apart: `orchestrator.microbench.deepep`). Small
 memory-bound kernels, which AIConfigurator does not table, go to
 `pointwise.csv` (backend, backend_version, kernel_source, kernel, variant, dtype, m = tokens,
 n = width, latency_ms). Only measured points are written; `latency_ms` is the median per call.
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from orchestrator.microbench.deepep import LL_COLUMNS, NORMAL_COLUMNS, deepep_cells
 from orchestrator.microbench.points import NCCL_OPS, TABLE_FAMILIES, family_of
 from orchestrator.microbench.records import PointRecord
 from sim.dtypes import DType
@@ -55,6 +57,7 @@ FILE_OF_TABLE: Final[dict[str, str]] = {
 TABLE_COLUMNS.update({
     # The table's query columns and the measured latency (DeepEP: dispatch + combine in one call).
     file: (*TABLE_KEYED_COLUMNS[kernel], "latency_ms") for kernel, file in FILE_OF_TABLE.items()})
+TABLE_COLUMNS.update({"deepep_ll.csv": LL_COLUMNS, "deepep_normal.csv.gz": NORMAL_COLUMNS})
 FILE_OF_FAMILY: Final[dict[str, str]] = {
     "gemm": "gemm.csv.gz", "context_attention": "context_attention.csv.gz",
     "generation_attention": "generation_attention.csv.gz", "nccl": "nccl.csv",
@@ -97,6 +100,9 @@ def table_row(rec: PointRecord, hw: HardwareSpec | None) -> tuple[str, list[str]
     r, ms = rec.row, rec.latency_ms()
     latency = f"{ms:.6g}"
     labels = [r["backend"], r["backend_version"], r["kernel_source"]]
+    if r["kernel"] in ("deepep_ll", "deepep_normal"):
+        name = FILE_OF_TABLE[r["kernel"]]
+        return name, deepep_cells(r, rec.parts_ms, TABLE_COLUMNS[name])
     if r["kernel"] in TABLE_FAMILIES:
         name = FILE_OF_TABLE[r["kernel"]]
         given = {**r, "backend_version_reported": r["backend_version"]}

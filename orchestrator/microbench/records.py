@@ -5,14 +5,15 @@ measured and `--resume` continues from it. Columns: the plan row (`ROW_COLUMNS`,
 backend_version, kernel_source and variant filled in by the measurement), status (`measured`,
 `skipped` = no implementation here can run it, `failed` = an implementation raised), the reason,
 latency median and p10/p90 over repeats (ms), calls per timed loop, repeats, rotation copies,
-timing method, and the wall time spent on the point including setup (s).
+timing method, the wall time spent on the point including setup (s), and `parts`: the measured
+parts of a point whose table splits its latency (DeepEP: `dispatch_latency_ms=...;combine_latency_ms=...`).
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, TextIO
 
@@ -22,7 +23,7 @@ from sim.calibration.rows import ROW_COLUMNS
 Status = Literal["measured", "skipped", "failed"]
 POINT_COLUMNS: Final[tuple[str, ...]] = (
     "number", "key", "status", "reason", *ROW_COLUMNS, "latency_ms", "p10_ms", "p90_ms", "calls_per_repeat",
-    "repeats", "copies", "timing", "wall_s")
+    "repeats", "copies", "timing", "wall_s", "parts")
 POINTS_FILE: Final = "points.csv"
 
 
@@ -37,6 +38,8 @@ class PointRecord:
     measurement: Measurement | None = None
     copies: int = 0
     wall_s: float = 0.0
+    parts_ms: Mapping[str, float] = field(default_factory=dict)
+    """Table columns of the latency's parts, in ms (DeepEP's dispatch and combine); empty elsewhere."""
 
     def latency_ms(self) -> float:
         if self.measurement is None:
@@ -48,7 +51,8 @@ class PointRecord:
         out = {"number": str(self.number), "key": self.key, "status": self.status, "reason": self.reason,
                **{c: self.row.get(c, "") for c in ROW_COLUMNS},
                "latency_ms": "", "p10_ms": "", "p90_ms": "", "calls_per_repeat": "", "repeats": "",
-               "copies": str(self.copies) if self.copies else "", "timing": "", "wall_s": f"{self.wall_s:.4g}"}
+               "copies": str(self.copies) if self.copies else "", "timing": "", "wall_s": f"{self.wall_s:.4g}",
+               "parts": ";".join(f"{k}={v:.6g}" for k, v in self.parts_ms.items())}
         if m is not None:
             out.update(latency_ms=_ms(m.median_s), p10_ms=_ms(m.p10_s), p90_ms=_ms(m.p90_s),
                        calls_per_repeat=str(m.calls_per_repeat), repeats=str(m.repeats), timing=m.timing)
@@ -68,7 +72,17 @@ class PointRecord:
                             repeats=int(d["repeats"]), timing=d["timing"], note=d["reason"])
         return cls(number=int(d["number"]), key=d["key"], status=status,  # type: ignore[arg-type]
                    reason=d["reason"], row={c: d.get(c, "") for c in ROW_COLUMNS}, measurement=m,
-                   copies=int(d["copies"] or 0), wall_s=float(d["wall_s"] or 0.0))
+                   copies=int(d["copies"] or 0), wall_s=float(d["wall_s"] or 0.0),
+                   parts_ms=parse_parts(d.get("parts") or ""))
+
+
+def parse_parts(text: str) -> dict[str, float]:
+    """`a=1.5;b=2` -> {"a": 1.5, "b": 2.0} (the `parts` column)."""
+    out: dict[str, float] = {}
+    for item in filter(None, text.split(";")):
+        name, _, value = item.partition("=")
+        out[name.strip()] = float(value)
+    return out
 
 
 def _ms(seconds: float) -> str:

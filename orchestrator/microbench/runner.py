@@ -1,10 +1,11 @@
 """`kernelsight microbench run`: plan -> per-point benchmark -> points.csv -> tables + device.json.
 
-Order: single-GPU families (GEMM, prefill, decode, pointwise) on `--device`, then collectives in
-spawned process groups. Every point tries its implementations best first (see each family's
-module); the first that builds and survives one call is timed. A point no implementation can run
-is `skipped` with the reasons; one whose implementation raised is `failed` (exit code 1 at the end,
-after every file is written). `--dry-run` shrinks shapes and times whatever runs (torch on the
+Order: single-GPU families (GEMM, prefill, decode, pointwise, MoE, MLA) on `--device`, then
+collectives and DeepEP dispatch/combine in spawned process groups (one process per GPU). Every
+point tries its implementations best first (see each family's module); the first that builds and
+survives one call is timed. A point no implementation can run is `skipped` with the reasons; one
+whose implementation raised is `failed` (exit code 1 at the end, after every file is written).
+`--dry-run` shrinks shapes and times whatever runs (torch on the
 device, or Python no-ops without torch), so the path is exercised with meaningless times.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Final, TextIO
 
 import numpy as np
 
-from orchestrator.microbench import attention, gemm, pointwise, table_kernels
+from orchestrator.microbench import attention, deepep, gemm, pointwise, table_kernels
 from orchestrator.microbench.bench import BenchContext, Prepared, Unsupported, noop, one_line, random_tensor
 from orchestrator.microbench.collectives import collective_results, to_measurement
 from orchestrator.microbench.env import (
@@ -204,17 +205,22 @@ def _measure_all(todo: Sequence[PlanPoint], ctx: BenchContext, plan_path: Path, 
         family_wall[point.family] = family_wall.get(point.family, 0.0) + rec.wall_s
         progress.advance(weight_of[point.key()], point.label())
 
-    for point in (p for p in todo if p.family not in ("nccl", "custom_allreduce")):
+    for point in (p for p in todo if p.family not in ("nccl", "custom_allreduce", "deepep")):
         rec = measure_point(point, ctx)
         keep(rec, point)
         if rec.status == "failed" and not _device_healthy(ctx):
             return records, family_wall, (f"the CUDA context is unusable after plan row {point.number} "
                                           f"({rec.reason}); measured points are kept: rerun with --resume")
+    visible = int(ctx.torch.cuda.device_count()) if ctx.torch is not None and ctx.is_cuda() else 0
     comm = [p for p in todo if p.family in ("nccl", "custom_allreduce")]
     if comm:
-        visible = int(ctx.torch.cuda.device_count()) if ctx.torch is not None and ctx.is_cuda() else 0
         by_key = {p.key(): p for p in comm}
         for rec in _collective_records(collective_results(ctx, plan_path, comm, visible), by_key):
+            keep(rec, by_key[rec.key])
+    expert = [p for p in todo if p.family == "deepep"]
+    if expert:
+        by_key = {p.key(): p for p in expert}
+        for rec in deepep.records_of(deepep.deepep_results(ctx, plan_path, expert, visible), by_key):
             keep(rec, by_key[rec.key])
     return records, family_wall, ""
 

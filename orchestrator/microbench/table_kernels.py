@@ -15,9 +15,10 @@ deepep_*.csv); `orchestrator.microbench.output` writes the measured rows in exac
   (`flashinfer.mla.BatchMLAPagedAttentionWrapper`, page 1). fp8 caches are skipped.
 - `mla_bmm`: the absorbed decode's per-head batched GEMMs (`torch.bmm`): `mla_gen_pre` q_nope (128)
   -> latent (512), `mla_gen_post` latent (512) -> v (128), heads as the batch.
-- `mla_context`, the module rows and `deepep_*` are not collected here: every such point is
-  skipped with a reason that names what measuring it needs (DeepEP needs a process per GPU of one
-  NVLink node, which the collectives' launcher provides but this collector does not drive yet).
+- `mla_context` and the module rows are not collected here: every such point is skipped with a
+  reason that names what measuring it needs.
+- `deepep_*` points are measured by `orchestrator.microbench.deepep` (one spawned process per GPU);
+  the runner sends them there, and a point that reaches this module is refused naming DeepEP.
 
 A family whose library is absent is skipped with the library named and whether it imports here.
 """
@@ -256,8 +257,8 @@ def candidates(shape: TableShape) -> Iterator[tuple[str, Builder]]:
     elif shape.kernel == "mla_bmm":
         yield "torch_bmm", _mla_bmm
     elif shape.family == "deepep":
-        yield "deep_ep", _refuse(f"{missing_message('deepep')} and one process per GPU of an 8-GPU NVLink node; "
-                                 "the kernelsight DeepEP collector is not implemented yet")
+        yield "deep_ep", _refuse(f"{missing_message('deepep')} and one process per GPU of an NVLink node "
+                                 "(measured in spawned ranks by orchestrator.microbench.deepep)")
     else:
         yield shape.kernel, _refuse("no kernelsight collector for this table yet (MLA prefill and the MLA module "
                                     f"rows); {missing_message(shape.family)}")

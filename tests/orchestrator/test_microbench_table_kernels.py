@@ -67,7 +67,10 @@ def test_measured_table_rows_are_written_in_the_layout_calibrate_reads(tmp_path:
     assert sorted(FILE_OF_TABLE.values()) == sorted(NEW_TABLE_FILES)
     labels = {"backend": "vllm", "backend_version": "0.11.0", "kernel_source": "x"}
     m = Measurement(median_s=2e-4, p10_s=2e-4, p90_s=2e-4, calls_per_repeat=1, repeats=1, timing="cuda_graph")
-    records = [PointRecord(number=i, key=k, status="measured", reason="", row={**_ROWS[k], **labels}, measurement=m)
+    # DeepEP rows carry their dispatch and combine parts (orchestrator.microbench.deepep).
+    parts = {"deepep_ll": {"dispatch_latency_ms": 0.05, "combine_latency_ms": 0.15}}
+    records = [PointRecord(number=i, key=k, status="measured", reason="", row={**_ROWS[k], **labels}, measurement=m,
+                           parts_ms=parts.get(k, {}))
                for i, k in enumerate(("moe", "mla_generation", "mla_bmm", "deepep_ll"), start=1)]
     counts = write_tables(tmp_path, records, None)
     assert counts == {"moe.csv.gz": 1, "mla_generation.csv.gz": 1, "mla_bmm.csv": 1, "deepep_ll.csv": 1}
