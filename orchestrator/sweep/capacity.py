@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from orchestrator.render import table
+from orchestrator.sweep.dynamo_command import dynamo_launch
 from orchestrator.sweep.evaluate import build_scenario
 from orchestrator.sweep.objective import meets_slo
 from orchestrator.sweep.pool import ShardPool
@@ -91,6 +92,8 @@ class CapacityReport:
     verified: TrialResult | None = None
     """The fleet simulation at the target rate, if run."""
     vllm_serve: str = ""
+    dynamo_launch: str = ""
+    """NVIDIA Dynamo's frontend and worker lines for a chosen disaggregated fleet; "" otherwise."""
     num_probes: int = 0
     actor_restarts: int = 0
     wall_s: float = 0.0
@@ -142,6 +145,8 @@ class CapacityReport:
             out += f"fleet simulated at {spec.capacity.target_request_rate:g} requests/s: {ok} the SLOs\n"
         out += "".join(f"note: {n}\n" for n in self.notes)
         out += f"\n{self.vllm_serve}\n"
+        if self.dynamo_launch:
+            out += f"\nor with NVIDIA Dynamo (vLLM workers):\n{self.dynamo_launch}\n"
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -154,7 +159,8 @@ class CapacityReport:
                 "candidates": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
                 "verified_fleet_metrics": None if self.verified is None else
                 {k: clean(v) for k, v in self.verified.metrics.items()},
-                "vllm_serve": self.vllm_serve, "probes": self.num_probes, "actor_restarts": self.actor_restarts,
+                "vllm_serve": self.vllm_serve, "dynamo_launch": self.dynamo_launch, "probes": self.num_probes,
+                "actor_restarts": self.actor_restarts,
                 "wall_s": self.wall_s, "notes": list(self.notes)}
 
 
@@ -311,6 +317,15 @@ def _replica_gpus(scenario: Scenario) -> int:
     if scenario.disaggregation is not None:
         return scenario.disaggregation.num_gpus()
     return scenario.engine.num_gpus()
+
+
+def dynamo_command(base: Scenario, plan: CandidatePlan) -> str:
+    """Dynamo's launch lines (vLLM workers) for a disaggregated candidate's whole fleet; "" for an
+    aggregated one (its `vllm serve` line is the deployment)."""
+    if not is_disaggregated(plan.params, base.sections()):
+        return ""
+    return dynamo_launch(build_scenario(base, scale_workers(plan.params, base.sections(), max(1, plan.replicas))),
+                         "vllm")
 
 
 def serve_command(base: Scenario, plan: CandidatePlan) -> str:

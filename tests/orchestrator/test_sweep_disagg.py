@@ -123,6 +123,32 @@ def test_disaggregated_launch_lines_one_per_pool(tmp_path: Path) -> None:
     assert "output_tokens_per_s_per_user" in METRIC_NAMES
 
 
+def test_dynamo_launch_lines_are_the_pool_engines_under_dynamo_workers(tmp_path: Path) -> None:
+    base = load_sweep(write(tmp_path, SWEEP)).load_base()
+    scenario = build_scenario(base, {"serving": "disaggregated", "disaggregation.prefill.num_workers": 2,
+                                     "disaggregation.decode.engine.max_num_seqs": 32})
+    cmds = launch_commands(scenario)
+    for pool in ("prefill", "decode"):
+        vllm = shlex.split(cmds[f"vllm_serve_{pool}"])
+        dyn = shlex.split(cmds[f"dynamo_vllm_{pool}"])
+        # `vllm serve MODEL FLAGS` -> `python -m dynamo.vllm --model MODEL FLAGS --disaggregation-mode POOL`,
+        # the kv-transfer-config kept once
+        assert dyn[:5] == ["python", "-m", "dynamo.vllm", "--model", vllm[2]]
+        assert vllm[-2] == "--kv-transfer-config"
+        assert dyn[5:] == [*vllm[3:-2], "--disaggregation-mode", pool, *vllm[-2:]]
+        sgl = shlex.split(cmds[f"sglang_launch_{pool}"])
+        dsg = shlex.split(cmds[f"dynamo_sglang_{pool}"])
+        assert dsg[:3] == ["python", "-m", "dynamo.sglang"] and dsg[3:] == sgl[3:]
+        assert sgl[-4:] == ["--disaggregation-mode", pool, "--disaggregation-transfer-backend", "nixl"]
+    assert "--max-num-seqs 32" in cmds["dynamo_vllm_decode"]
+    assert "--is-prefill-worker" not in cmds["dynamo_vllm"]  # deprecated in Dynamo
+    assert cmds["dynamo_vllm"].splitlines() == [
+        "# NVIDIA Dynamo frontend", "python -m dynamo.frontend",
+        "# prefill pool: 2 workers x 1 GPUs (h100_sxm)", cmds["dynamo_vllm_prefill"],
+        "# decode pool: 1 worker x 1 GPUs (h100_sxm)", cmds["dynamo_vllm_decode"]]
+    assert not any(k.startswith("dynamo") for k in launch_commands(build_scenario(base, {"serving": "aggregated"})))
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
