@@ -348,6 +348,16 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     ]
 
 
+def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
+                   num_workers: int) -> list[VllmV1Scheduler | DataParallelGroup]:
+    """A pool's replicas: for an MoE model with attention DP, one lockstep group per worker (its DP
+    ranks meet at every MoE layer, as in an aggregated engine); else one per rank."""
+    dp = scenario.engine.data_parallel_size
+    if scenario.model.moe is None or dp == 1:
+        return list(ranks)
+    return [DataParallelGroup(ranks[w * dp:(w + 1) * dp]) for w in range(num_workers)]
+
+
 def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
                  host: HostOverheadParams | None, prices: PriceCache | None) -> StepPricer:
     efficiency = efficiency or scenario_efficiency(scenario, profile)
@@ -401,7 +411,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
     path = transfer_path(disagg)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = DisaggregatedSimulation(
-        prefill=prefill, decode=decode, prefill_pricer=p_pricer, decode_pricer=d_pricer,
+        prefill=_pool_replicas(p_sc, prefill, disagg.prefill.num_workers),
+        decode=_pool_replicas(d_sc, decode, disagg.decode.num_workers), prefill_pricer=p_pricer, decode_pricer=d_pricer,
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
         max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log)
     records = sim.run(first)
@@ -440,5 +451,5 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         pools=pools, pool_breakdowns=breakdowns,
         transfer=transfer_summary(connector=disagg.connector, link=path.link_name, transfer_s=sim.transfer_s,
                                   transfer_bytes=sim.transfer_bytes),
-        replica_pools=("prefill",) * len(prefill) + ("decode",) * len(decode),
+        replica_pools=tuple(sim.replica_pools()),
     )

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from orchestrator.render import table
+from orchestrator.sweep.dynamo_command import dynamo_launch
 from orchestrator.sweep.evaluate import build_scenario
 from orchestrator.sweep.objective import meets_slo
 from orchestrator.sweep.pool import ShardPool
@@ -76,6 +77,8 @@ class CandidatePlan:
     cost_per_hour_usd: float = math.inf
     at_capacity: TrialResult | None = None
     probes: int = 0
+    serving: str = "aggregated"
+    """`aggregated`, or `disaggregated` (a replica is the candidate's xPyD unit)."""
     reason: str = ""
 
     def num_gpus(self) -> int:
@@ -91,6 +94,8 @@ class CapacityReport:
     verified: TrialResult | None = None
     """The fleet simulation at the target rate, if run."""
     vllm_serve: str = ""
+    dynamo_launch: str = ""
+    """NVIDIA Dynamo's frontend and worker lines for a chosen disaggregated fleet; "" otherwise."""
     num_probes: int = 0
     actor_restarts: int = 0
     wall_s: float = 0.0
@@ -101,7 +106,7 @@ class CapacityReport:
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
             per_replica_cost = c.cost_per_hour_usd / c.replicas if c.replicas else math.nan
-            out.append({"chosen": i == self.chosen, **c.params, "status": c.status,
+            out.append({"chosen": i == self.chosen, **c.params, "serving": c.serving, "status": c.status,
                         "capacity_rate_per_replica": c.capacity_rate_per_replica,
                         "saturation_rate_per_replica": c.saturation_rate_per_replica, "replicas": c.replicas,
                         "gpus_per_replica": c.gpus_per_replica, "fleet_num_gpus": c.num_gpus(),
@@ -119,19 +124,25 @@ class CapacityReport:
         spec = self.spec
         assert spec.capacity is not None
         keys = list(dict.fromkeys(k for c in self.candidates for k in c.params))
-        headers = ["", *(_short_key(k) for k in keys), "req/s/replica", "replicas", "fleet GPUs",
+        both = len({c.serving for c in self.candidates}) > 1
+        serving_col = both and "serving" not in keys
+        headers = ["", *(["serving"] if serving_col else []), *(_short_key(k) for k in keys),
+                   "req/s/replica", "replicas", "fleet GPUs",
                    "fleet $/hour",
                    *(b.metric for b in spec.slo), "status"]
         rows = []
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
-            rows.append(["*" if i == self.chosen else "", *(_text(c.params.get(k, "-")) for k in keys),
+            rows.append(["*" if i == self.chosen else "", *([c.serving] if serving_col else []),
+                         *(_text(c.params.get(k, "-")) for k in keys),
                          _fmt(c.capacity_rate_per_replica), c.replicas or "-", c.num_gpus() or "-",
                          _fmt(c.cost_per_hour_usd) if math.isfinite(c.cost_per_hour_usd) else "-",
                          *(_fmt(m.get(b.metric, math.nan)) for b in spec.slo), c.status])
         out = (f"capacity plan {spec.name}: {spec.capacity.target_request_rate:g} requests/s within "
                + ", ".join(_bound_text(b.metric, b.min_value, b.max_value) for b in spec.slo) + "\n")
         out += table(headers, rows)
+        if both:
+            out += "\n" + "".join(self._serving_line(mode) for mode in ("aggregated", "disaggregated"))
         if self.chosen is None:
             return out + "\nno candidate meets the SLOs at the target rate\n"
         c = self.candidates[self.chosen]
@@ -142,7 +153,26 @@ class CapacityReport:
             out += f"fleet simulated at {spec.capacity.target_request_rate:g} requests/s: {ok} the SLOs\n"
         out += "".join(f"note: {n}\n" for n in self.notes)
         out += f"\n{self.vllm_serve}\n"
+        if self.dynamo_launch:
+            out += f"\nor with NVIDIA Dynamo (vLLM workers):\n{self.dynamo_launch}\n"
         return out
+
+    def cheapest(self, serving: str) -> int | None:
+        """The cheapest candidate of one kind (`aggregated` or `disaggregated`) that meets the SLOs
+        at the target rate, by the plan's own order; None when none does."""
+        ok = [i for i, c in enumerate(self.candidates) if c.status == "ok" and c.serving == serving]
+        return min(ok, key=lambda i: (self.candidates[i].cost_per_hour_usd, self.candidates[i].num_gpus(),
+                                      -self.candidates[i].capacity_rate_per_replica, i)) if ok else None
+
+    def _serving_line(self, serving: str) -> str:
+        i = self.cheapest(serving)
+        if i is None:
+            return f"cheapest {serving}: none meets the SLOs at the target rate\n"
+        c = self.candidates[i]
+        m = c.at_capacity.metrics if c.at_capacity is not None else {}
+        return (f"cheapest {serving}: candidate {i}, {c.num_gpus()} GPUs, ${c.cost_per_hour_usd:.2f}/hour, "
+                f"${_fmt(m.get('cost_per_million_output_tokens_usd', math.nan))}/M output tokens, "
+                f"{_fmt(m.get('output_tokens_per_s_per_user', math.nan))} tokens/s per user\n")
 
     def to_json(self) -> dict[str, Any]:
         def clean(v: Any) -> Any:
@@ -152,9 +182,11 @@ class CapacityReport:
                 "target_request_rate": self.spec.capacity.target_request_rate if self.spec.capacity else None,
                 "chosen": None if self.chosen is None else {k: clean(v) for k, v in self.rows()[self.chosen].items()},
                 "candidates": [{k: clean(v) for k, v in row.items()} for row in self.rows()],
+                "cheapest_by_serving": {mode: self.cheapest(mode) for mode in ("aggregated", "disaggregated")},
                 "verified_fleet_metrics": None if self.verified is None else
                 {k: clean(v) for k, v in self.verified.metrics.items()},
-                "vllm_serve": self.vllm_serve, "probes": self.num_probes, "actor_restarts": self.actor_restarts,
+                "vllm_serve": self.vllm_serve, "dynamo_launch": self.dynamo_launch, "probes": self.num_probes,
+                "actor_restarts": self.actor_restarts,
                 "wall_s": self.wall_s, "notes": list(self.notes)}
 
 
@@ -253,16 +285,18 @@ class CapacityPlanner:
             gpus = _replica_gpus(build_scenario(self.base, _one_replica(self.base, chain.params)))
         except ConfigError:
             gpus = 0
+        serving = "disaggregated" if is_disaggregated(chain.params, self.base.sections()) else "aggregated"
         if chain.status != "ok" or chain.best is None:
             return CandidatePlan(params=chain.params, status=chain.status, reason=chain.reason, probes=chain.probes,
-                                 saturation_rate_per_replica=chain.saturation_rate, gpus_per_replica=gpus)
+                                 saturation_rate_per_replica=chain.saturation_rate, gpus_per_replica=gpus,
+                                 serving=serving)
         replicas = max(1, math.ceil(self.cap.target_request_rate / chain.lo - 1e-9))
         price_per_replica = chain.best.metrics["cost_per_hour_usd"]
         status = "ok" if replicas <= self.cap.max_replicas else "too_many_replicas"
         return CandidatePlan(params=chain.params, status=status, capacity_rate_per_replica=chain.lo,
                              saturation_rate_per_replica=chain.saturation_rate, replicas=replicas,
                              gpus_per_replica=gpus, cost_per_hour_usd=replicas * price_per_replica,
-                             at_capacity=chain.best, probes=chain.probes,
+                             at_capacity=chain.best, probes=chain.probes, serving=serving,
                              reason="" if status == "ok" else f"needs {replicas} replicas, over max_replicas")
 
     @staticmethod
@@ -311,6 +345,15 @@ def _replica_gpus(scenario: Scenario) -> int:
     if scenario.disaggregation is not None:
         return scenario.disaggregation.num_gpus()
     return scenario.engine.num_gpus()
+
+
+def dynamo_command(base: Scenario, plan: CandidatePlan) -> str:
+    """Dynamo's launch lines (vLLM workers) for a disaggregated candidate's whole fleet; "" for an
+    aggregated one (its `vllm serve` line is the deployment)."""
+    if not is_disaggregated(plan.params, base.sections()):
+        return ""
+    return dynamo_launch(build_scenario(base, scale_workers(plan.params, base.sections(), max(1, plan.replicas))),
+                         "vllm")
 
 
 def serve_command(base: Scenario, plan: CandidatePlan) -> str:

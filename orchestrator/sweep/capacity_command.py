@@ -26,7 +26,13 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
     import ray
 
     from orchestrator.sweep.artifacts import table_csv, trial_artifacts
-    from orchestrator.sweep.capacity import CapacityPlanner, CapacityReport, capacity_pareto_png, serve_command
+    from orchestrator.sweep.capacity import (
+        CapacityPlanner,
+        CapacityReport,
+        capacity_pareto_png,
+        dynamo_command,
+        serve_command,
+    )
     from orchestrator.sweep.driver import run_identity_tags
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.progress import ProgressBar
@@ -59,6 +65,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
         bar.close()
         report = CapacityReport(spec=spec, candidates=plans, chosen=chosen, verified=verified,
                                 vllm_serve=serve_command(base, plans[chosen]) if chosen is not None else "",
+                                dynamo_launch=dynamo_command(base, plans[chosen]) if chosen is not None else "",
                                 num_probes=planner.num_probes, actor_restarts=pool.num_restarts,
                                 wall_s=time.perf_counter() - start_s, notes=tuple(notes))
         now_ms = int(time.time() * 1000)
@@ -91,6 +98,8 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
         tracker.finish_study(files={"capacity_plan.csv": table_csv(report.rows()),
                                     "capacity_plan.json": json.dumps(payload, indent=2).encode(),
                                     "vllm_serve.sh": (report.vllm_serve + "\n").encode(),
+                                    **({"dynamo_launch.sh": (report.dynamo_launch + "\n").encode()}
+                                       if report.dynamo_launch else {}),
                                     "capacity_pareto.png": capacity_pareto_png(report, base)},
                              metrics={"num_candidates": float(len(plans)), "num_probes": float(planner.num_probes)},
                              ok=True)

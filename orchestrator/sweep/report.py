@@ -156,6 +156,8 @@ class SweepReport:
                 out += "  # behind a proxy: vLLM's disaggregated proxy or Dynamo's frontend (docs/disaggregation.md)\n"
         if "sglang_launch" in first:
             out += f"as an SGLang server:\n  {_indent(first['sglang_launch'])}\n"
+        if "dynamo_vllm" in first:
+            out += f"with NVIDIA Dynamo (vLLM workers):\n  {_indent(first['dynamo_vllm'])}\n"
         return out
 
 

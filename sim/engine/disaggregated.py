@@ -17,9 +17,13 @@ stepping) with three differences:
   proxy streams the decode instance's output; Dynamo's frontend does the same). So TTFT = prefill
   queueing + prefill + transfer + decode queueing + the first decode step.
 
-Replica indices: 0 .. P-1 are prefill ranks, P .. P+D-1 decode ranks; heap indices >= P+D are
-transfers in flight. A request's record joins both phases: arrival and first scheduled from the
-prefill, tokens from the decode, preemptions and recomputed tokens of both.
+Replicas: 0 .. P-1 are the prefill pool's, P .. P+D-1 the decode pool's; heap indices >= P+D are
+transfers in flight. A replica is one scheduler per rank, or, for an MoE model with attention DP
+(`data_parallel_size` > 1), one `DataParallelGroup` per worker: the worker's DP ranks step in
+lockstep as in an aggregated engine (`sim.serving.dp_group`), and a request routed to the worker
+goes to the rank vLLM's DP load balancer picks. A request's record joins both phases: arrival and
+first scheduled from the prefill, tokens and `replica` (the decode replica's index) from the
+decode, preemptions and recomputed tokens of both.
 """
 
 from __future__ import annotations
@@ -28,16 +32,16 @@ from array import array
 from collections.abc import Callable, Sequence
 
 from sim.engine.pricer import StepPricer
-from sim.engine.simulation import SimLimits, Simulation
+from sim.engine.simulation import Scheduler, SimLimits, Simulation
 from sim.engine.step_log import StepLog
+from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_transfer import TransferPath
 from sim.serving.request import RequestState
-from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.engine import RouterName
 
 
 class DisaggregatedSimulation(Simulation):
-    def __init__(self, *, prefill: Sequence[VllmV1Scheduler], decode: Sequence[VllmV1Scheduler],
+    def __init__(self, *, prefill: Sequence[Scheduler], decode: Sequence[Scheduler],
                  prefill_pricer: StepPricer, decode_pricer: StepPricer, prefill_router: RouterName,
                  decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
                  max_concurrency: int | None, limits: SimLimits,
@@ -87,7 +91,7 @@ class DisaggregatedSimulation(Simulation):
             super()._on_step_done(idx)
 
     def _record(self, req: RequestState) -> None:
-        if req.replica < self._num_prefill:
+        if req.request_id in self._decode_states:  # its decode phase has not started: a prefill ended
             self._start_transfer(req)
             return
         rid = req.request_id
@@ -120,13 +124,20 @@ class DisaggregatedSimulation(Simulation):
         state = self._transfers.pop(idx)
         self._ready_s[state.request_id] = self.now_s
         j = self._route_in(state, self._num_prefill, self._num_ranks, self._decode_router, 1)
-        state.replica = j
         self._replicas[j].scheduler.add_transferred(state)
+        state.replica = j  # the decode replica (a group sets its rank)
         self._wake(j)
 
     def pool_busy_s(self) -> tuple[list[float], list[float]]:
-        busy = self.replica_busy_s()
+        """Busy step seconds per rank of each pool: a lockstep group's step occupies all its ranks
+        (an idle rank runs a dummy batch), so it counts once per rank."""
+        busy = [r.busy_s * (len(r.scheduler.ranks) if isinstance(r.scheduler, DataParallelGroup) else 1)
+                for r in self._replicas]
         return busy[:self._num_prefill], busy[self._num_prefill:]
+
+    def replica_pools(self) -> list[str]:
+        """The pool of each replica index (`prefill` or `decode`)."""
+        return ["prefill"] * self._num_prefill + ["decode"] * (self._num_ranks - self._num_prefill)
 
     def pool_preemptions(self) -> tuple[int, int]:
         counts = [r.scheduler.num_preemptions for r in self._replicas]

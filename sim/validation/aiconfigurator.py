@@ -160,7 +160,41 @@ def weight_format(r: Mapping[str, str], *, arch: str, checkpoint: str | None,
 
 def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
     with open_text(path) as f:
-        return [_row(r, profiles, cache) for r in csv.DictReader(f)]
+        raw = list(csv.DictReader(f))
+    twins = recorded_twins(raw)
+    return [_row(twins.get(r["id"], r), profiles, cache) for r in raw]
+
+
+_TWIN_KEY: Final = ("system", "backend", "isl", "osl", "src_concurrency", "silicon_ttft_ms", "silicon_tpot_ms")
+_POOL_COLUMNS: Final = tuple(f"{pool}_{k}" for pool in ("prefill", "decode")
+                             for k in ("batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size",
+                                       "moe_tp_size", "moe_ep_size"))
+TWIN_FIELD: Final = "_twin_id"
+"""Set on a disaggregated row whose pool columns come from its db-dump twin (the twin's id)."""
+
+
+def recorded_twins(raw: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Disaggregated InferenceX rows (`<date>.csv` exports) with their pool columns taken from the
+    `db-dump/...` row of the same measurement, by row id.
+
+    The date exports record neither worker counts nor per-rank batch sizes, and write every pool
+    as `tpN epM`, attention DP or not; NVIDIA's db-dump holds many of the same runs (the same
+    system, backend, lengths and concurrency, and TTFT and TPOT equal to the last digit) with the
+    deployment's `prefill_*` / `decode_*` columns: workers, batch, TP, attention DP, MoE split.
+    Such a row takes its twin's columns (the twin's model label can differ: the db-dump files
+    DeepSeek-R1 runs, `dsr1_...` ids, as DeepSeek-V3; the architecture is the same)."""
+    dumps: dict[tuple[str, ...], dict[str, str]] = {}
+    for r in raw:
+        if r["mode"] == "disagg" and r["src_file"].startswith("db-dump/") and r.get("decode_num_workers"):
+            dumps.setdefault(tuple(r[k] for k in _TWIN_KEY), r)
+    out: dict[str, dict[str, str]] = {}
+    for r in raw:
+        if r["mode"] != "disagg" or r["src_file"].startswith(("/", "db-dump/")) or r.get("decode_num_workers"):
+            continue
+        twin = dumps.get(tuple(r[k] for k in _TWIN_KEY))
+        if twin is not None:
+            out[r["id"]] = {**r, **{c: twin[c] for c in _POOL_COLUMNS}, TWIN_FIELD: twin["id"]}
+    return out
 
 
 def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCache) -> ValidationRow:
@@ -191,6 +225,9 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
              "NVIDIA collection: protocol not recorded; fixed lengths and 10 x C requests assumed"]
     if isinstance(layout, Layout) and layout.note:
         notes.append(layout.note)
+    if r.get(TWIN_FIELD):
+        notes.append(f"pool layouts, worker counts and batch sizes from {r[TWIN_FIELD]}, the same "
+                     "measurement in the db-dump export (equal concurrency, TTFT and TPOT)")
     base: dict[str, Any] = {
         "row_id": f"aiconfigurator:{r['id']}", "source": "aiconfigurator", "suite": suite_of(model, system),
         "model": model, "hardware": GPU_NAMES.get(system, system), "backend": backend,

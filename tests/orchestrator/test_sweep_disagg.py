@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shlex
 import textwrap
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from conftest import REPO
 
 from orchestrator.cli import main
 from orchestrator.plot_style import config_label
+from orchestrator.sweep.capacity import CandidatePlan, dynamo_command
 from orchestrator.sweep.evaluate import build_scenario
 from orchestrator.sweep.keys import key_type
 from orchestrator.sweep.launch import launch_commands
@@ -123,6 +125,38 @@ def test_disaggregated_launch_lines_one_per_pool(tmp_path: Path) -> None:
     assert "output_tokens_per_s_per_user" in METRIC_NAMES
 
 
+def test_dynamo_launch_lines_are_the_pool_engines_under_dynamo_workers(tmp_path: Path) -> None:
+    base = load_sweep(write(tmp_path, SWEEP)).load_base()
+    scenario = build_scenario(base, {"serving": "disaggregated", "disaggregation.prefill.num_workers": 2,
+                                     "disaggregation.decode.engine.max_num_seqs": 32})
+    cmds = launch_commands(scenario)
+    for pool in ("prefill", "decode"):
+        vllm = shlex.split(cmds[f"vllm_serve_{pool}"])
+        dyn = shlex.split(cmds[f"dynamo_vllm_{pool}"])
+        # `vllm serve MODEL FLAGS` -> `python -m dynamo.vllm --model MODEL FLAGS --disaggregation-mode POOL`,
+        # the kv-transfer-config kept once
+        assert dyn[:5] == ["python", "-m", "dynamo.vllm", "--model", vllm[2]]
+        assert vllm[-2] == "--kv-transfer-config"
+        assert dyn[5:] == [*vllm[3:-2], "--disaggregation-mode", pool, *vllm[-2:]]
+        sgl = shlex.split(cmds[f"sglang_launch_{pool}"])
+        dsg = shlex.split(cmds[f"dynamo_sglang_{pool}"])
+        assert dsg[:3] == ["python", "-m", "dynamo.sglang"] and dsg[3:] == sgl[3:]
+        assert sgl[-4:] == ["--disaggregation-mode", pool, "--disaggregation-transfer-backend", "nixl"]
+    assert "--max-num-seqs 32" in cmds["dynamo_vllm_decode"]
+    assert "--is-prefill-worker" not in cmds["dynamo_vllm"]  # deprecated in Dynamo
+    assert cmds["dynamo_vllm"].splitlines() == [
+        "# NVIDIA Dynamo frontend", "python -m dynamo.frontend",
+        "# prefill pool: 2 workers x 1 GPUs (h100_sxm)", cmds["dynamo_vllm_prefill"],
+        "# decode pool: 1 worker x 1 GPUs (h100_sxm)", cmds["dynamo_vllm_decode"]]
+    assert not any(k.startswith("dynamo") for k in launch_commands(build_scenario(base, {"serving": "aggregated"})))
+    # A capacity plan's fleet of 3 xPyD units: both pools' workers times 3.
+    fleet = dynamo_command(base, CandidatePlan(params={"serving": "disaggregated",
+                                                       "disaggregation.prefill.num_workers": 2},
+                                               status="ok", replicas=3))
+    assert "# prefill pool: 6 workers x 1 GPUs" in fleet and "# decode pool: 3 workers x 1 GPUs" in fleet
+    assert dynamo_command(base, CandidatePlan(params={"serving": "aggregated"}, status="ok", replicas=3)) == ""
+
+
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
@@ -156,3 +190,66 @@ def test_sweep_compares_aggregated_and_disaggregated(local_ray: None, tmp_path: 
     # the parent run's Pareto plot is drawn with both kinds of points
     pngs = list((tmp_path / "s").rglob("pareto_front.png"))
     assert pngs and pngs[0].stat().st_size > 0
+
+
+CAPACITY = f"""
+[study]
+name = "disagg-capacity"
+
+[capacity]
+target_request_rate = 40.0
+rate_rel_tol = 0.5
+
+[slo]
+ttft_p90_s = 0.5
+tpot_p90_s = 0.05
+
+[base]
+scenario = "{SCENARIO}"
+set = {{ "workload.num_prompts" = 16, "workload.random_input_len" = 64, "workload.random_output_len" = 4 }}
+
+[space]
+"serving" = {{ choices = ["aggregated", "disaggregated"] }}
+"disaggregation.prefill.num_workers" = {{ choices = [1], when = {{ serving = "disaggregated" }} }}
+"""
+
+
+@pytest.mark.ray
+def test_capacity_plan_compares_aggregated_and_disaggregated_fleets(local_ray: None, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # One aggregated replica (1 GPU) against one 1P1D unit (2 GPUs) of Llama-3.1-8B on H100 for
+    # 40 requests/s of 64-in/4-out traffic: both are planned by bisection and priced as fleets.
+    address = str(ray.get_runtime_context().gcs_address)
+    path = tmp_path / "cap.toml"
+    path.write_text(textwrap.dedent(CAPACITY))
+    study = tmp_path / "s"
+    assert main(["sweep", str(path), "--ray-address", address, "--actors", "1", "--study-dir", str(study)]) == 0
+    text = capsys.readouterr().out
+    # The table names both kinds and the cheapest fleet of each.
+    assert "cheapest aggregated: candidate 0" in text and "cheapest disaggregated: candidate 1" in text
+    out = json.loads(next(study.rglob("capacity_plan.json")).read_text())
+    rows = out["candidates"]
+    assert [r["serving"] for r in rows] == ["aggregated", "disaggregated"]
+    agg, dis = rows
+    assert agg["status"] == dis["status"] == "ok", rows
+    assert agg["gpus_per_replica"] == 1 and dis["gpus_per_replica"] == 2
+    for r in rows:
+        assert r["replicas"] == max(1, math.ceil(40.0 / r["capacity_rate_per_replica"] - 1e-9))
+        assert r["fleet_num_gpus"] == r["replicas"] * r["gpus_per_replica"]
+        assert r["ttft_p90_s"] <= 0.5 and r["tpot_p90_s"] <= 0.05
+        assert r["cost_per_million_output_tokens_usd"] > 0 and r["output_tokens_per_s_per_user"] > 0
+    assert out["cheapest_by_serving"] == {"aggregated": 0, "disaggregated": 1}
+    chosen = min((0, 1), key=lambda i: (rows[i]["fleet_cost_per_hour_usd"], rows[i]["fleet_num_gpus"]))
+    assert out["chosen"] == rows[chosen]
+    # The chosen fleet's launch lines: a disaggregated choice gets both pools' vllm serve lines
+    # with the fleet's worker counts, and Dynamo's.
+    if chosen == 1:
+        assert "# prefill pool: " in out["vllm_serve"] and out["dynamo_launch"].startswith("# NVIDIA Dynamo")
+        assert f"# decode pool: {dis['replicas']} worker" in out["dynamo_launch"]
+    else:
+        assert out["vllm_serve"].startswith("vllm serve ") and out["dynamo_launch"] == ""
+    # The plan's artifacts: the CSV with its serving column and the side-by-side Pareto plot.
+    csv = next(study.rglob("capacity_plan.csv")).read_text()
+    assert "serving" in csv.splitlines()[0] and "disaggregated" in csv
+    assert next(study.rglob("capacity_pareto.png")).stat().st_size > 0
+    assert out["vllm_serve"] in text

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,3 +159,40 @@ def test_moe_decode_pool_of_attention_dp_ranks_takes_transferred_requests() -> N
                  workload={"num_prompts": 12, "random_input_len": 256, "random_output_len": 16, "request_rate": 50.0})
     result = simulate(sc)
     assert result.summary.num_completed == 12 and not result.summary.truncated
+
+
+def test_moe_decode_worker_with_attention_dp_steps_its_ranks_in_lockstep(tmp_path: Path) -> None:
+    # Qwen3-30B-A3B, two 1-GPU prefill workers, one decode worker of 2 attention-DP ranks (EP).
+    # Requests A (8 outputs) and B (4 outputs), same 64-token prompt, both sent at 0: they prefill
+    # side by side and their KV arrives at the same instant. A reaches the decode worker first and
+    # goes to rank 0, whose group step starts at once; B goes to rank 1 (4 x waiting + running:
+    # 4 vs 0) and waits for the group's next step, as vLLM's DP ranks meet at every MoE layer.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("input_tokens,output_tokens,arrival_s,prefix_group,prefix_tokens\n"
+                     "64,8,0,-1,0\n64,4,0,-1,0\n")
+    sc = _disagg({"num_workers": 2},
+                 {"engine": {"data_parallel_size": 2, "enable_expert_parallel": True}},
+                 model={"name": "Qwen/Qwen3-30B-A3B"},
+                 workload={"dataset_name": "trace", "dataset_path": str(trace), "num_prompts": 2})
+    result = simulate(sc, max_step_events=100)
+    a, b = sorted(result.records, key=lambda r: r.request_id)
+    decode_steps = sorted((s for s in result.steps if result.replica_pools[s.replica] == "decode"),
+                          key=lambda s: s.start_s)
+    # One decode replica (the worker's group, index 2 after the two prefill ranks), and 8 group
+    # steps: A's 8 with B's 4 inside them (rank 1 runs a dummy batch in step 1 and steps 6-8), not
+    # 8 + 4 steps of two independent ranks.
+    assert result.replica_pools == ("prefill", "prefill", "decode")
+    assert {s.replica for s in decode_steps} == {2} and (a.replica, b.replica) == (2, 2)
+    # The log merges equal consecutive steps (`num_steps`); group steps run back to back.
+    ends = [s.start_s + (k + 1) * s.step_s for s in decode_steps for k in range(s.num_steps)]
+    assert len(ends) == 8
+    assert all(nxt.start_s == pytest.approx(cur.end_s, abs=1e-12) for cur, nxt in itertools.pairwise(decode_steps))
+    assert a.first_token_s == ends[0] and a.finish_s == pytest.approx(ends[7], abs=1e-12)
+    # B's first step is the group's second, its last the fifth.
+    assert b.first_token_s == ends[1] and b.finish_s == pytest.approx(ends[4], abs=1e-12)
+    assert decode_steps[1].num_prefill_tokens == 1 and decode_steps[1].num_decodes == 1
+    # Utilisation counts a group step on both ranks: 8 steps x 2 ranks over 2 ranks x duration.
+    decode_pool = result.pools[1]
+    busy_s = sum(s.step_s * s.num_steps for s in decode_steps)
+    assert decode_pool.num_ranks == 2
+    assert decode_pool.utilization_frac == pytest.approx(busy_s / result.summary.duration_s)

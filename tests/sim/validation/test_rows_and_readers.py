@@ -226,3 +226,30 @@ def test_static_batch_older_dense_checkpoints_are_represented(tmp_path: Path) ->
     assert mistral.sections["model"]["name"] == "mistralai/Mistral-7B-v0.1" and mistral.suite == "dev"
     assert not llama7.skipped and llama7.suite == "dev"
     assert not llama70.skipped and llama70.suite == "eval"  # a Llama 70B checkpoint: evaluation only
+
+
+def test_inferencex_disaggregated_row_takes_its_db_dump_twins_pool_columns(tmp_path: Path) -> None:
+    # The same run in two exports: the date export without workers or batch sizes, its pools written
+    # tp8; the db-dump with 1 prefill worker at attention DP 8 and 9 decode workers at TP 8, batch 8.
+    pools = {"mode": "disagg", "batch_size": "", "tp_size": "", "isl": "1024", "osl": "1024",
+             "src_concurrency": "72", "silicon_ttft_ms": "881.15", "silicon_tpot_ms": "16.25"}
+    dated = {**AGG, **pools, "id": "2026_03_25_x", "src_file": "2026-03-25.csv",
+             "prefill_tp_size": "8", "prefill_attention_dp_size": "1", "decode_tp_size": "8",
+             "decode_attention_dp_size": "1"}
+    dump = {**AGG, **pools, "id": "x_cfg590", "src_file": "db-dump/2026-04-27",
+            "prefill_num_workers": "1", "prefill_tp_size": "1", "prefill_attention_dp_size": "8",
+            "prefill_batch_size": "1", "decode_num_workers": "9", "decode_tp_size": "8",
+            "decode_attention_dp_size": "1", "decode_batch_size": "8"}
+    other = {**dated, "id": "2026_03_25_y", "silicon_tpot_ms": "16.26"}  # not the same measurement
+    rows = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [dated, dump, other]), PROFILES, SpecCache())
+    by_id = {r.row_id: r for r in rows}
+    twin = by_id["aiconfigurator:2026_03_25_x"]
+    assert twin.sections is not None
+    d = twin.sections["disaggregation"]
+    assert (d["prefill"]["num_workers"], d["prefill"]["engine"]["data_parallel_size"]) == (1, 8)
+    assert (d["decode"]["num_workers"], d["decode"]["engine"]["tensor_parallel_size"]) == (9, 8)
+    assert d["decode"]["engine"]["max_num_seqs"] == 8
+    assert any("from x_cfg590" in n for n in twin.notes)
+    alone = by_id["aiconfigurator:2026_03_25_y"]
+    assert alone.sections is not None and alone.sections["disaggregation"]["decode"]["num_workers"] == 1
+    assert any("decode_num_workers not recorded" in n for n in alone.notes)
