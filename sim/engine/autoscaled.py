@@ -53,7 +53,9 @@ class AutoscaledSimulation(Simulation):
         self._max_num_seqs = max_num_seqs
         n = len(replicas)
         init = spec.initial_replicas
-        self._status: list[Status] = ["active"] * init + ["off"] * (n - init)
+        active: list[Status] = ["active"] * init
+        off: list[Status] = ["off"] * (n - init)
+        self._status = active + off
         self._since_s = [0.0] * n
         """When each provisioned replica started being paid."""
         self._ready_s = [math.inf] * n
