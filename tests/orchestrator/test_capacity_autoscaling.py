@@ -13,6 +13,7 @@ import ray
 from conftest import REPO
 
 from orchestrator.cli import main
+from orchestrator.commands_run import hourly_replicas
 from orchestrator.sweep.parse import load_sweep
 from sim.errors import ConfigError
 
@@ -85,3 +86,10 @@ def test_the_chosen_fleet_is_verified_autoscaled_and_costed_by_its_gpu_hours(
     assert chosen["fleet_cost_per_hour_usd"] <= chosen["max_replicas_cost_per_hour_usd"] + 1e-9
     assert chosen["max_replicas_cost_per_hour_usd"] == pytest.approx(chosen["replicas"] * 2.99)
     assert chosen["cost_per_hour_per_replica_usd"] == pytest.approx(2.99)  # one fixed replica's, as before
+
+
+def test_the_hourly_replica_table_of_run() -> None:
+    # 2 replicas for 1.5 h, 4 (2 of them starting) until 2 h, 4 (1 draining) until 2.25 h, then 3:
+    # hour 1 pays 0.5 x 2 + 0.5 x 4, hour 2 (to 2.5 h) 0.25 x 4 + 0.25 x 3
+    timeline = ((0.0, 2, 0, 0), (5400.0, 2, 2, 0), (7200.0, 3, 0, 1), (8100.0, 3, 0, 0))
+    assert hourly_replicas(timeline, 9000.0) == [("0", "2", "2"), ("1", "4", "3"), ("2", "4", "1.75")]
