@@ -23,6 +23,10 @@ from typing import Final
 
 from sim.serde import require
 
+MIN_INTERVAL_S: Final = 0.1
+"""Shortest evaluation interval: a day at 0.1 s is already 864,000 evaluations (real autoscalers
+evaluate every 1 to 15 s)."""
+
 TARGET_KEYS: Final = ("target_ongoing_requests", "target_waiting_requests", "target_kv_usage",
                       "target_running_frac")
 """The per-replica metric targets; at least one is required, and with several the largest
@@ -79,8 +83,8 @@ class AutoscalingSpec:
         require(any(getattr(self, k) is not None for k in TARGET_KEYS), "target_ongoing_requests", None,
                 "give at least one metric target: " + ", ".join(TARGET_KEYS))
         require(0.0 <= self.tolerance < 1.0, "tolerance", self.tolerance, "must be in [0, 1)")
-        require(math.isfinite(self.interval_s) and self.interval_s > 0, "interval_s", self.interval_s,
-                "must be a finite number > 0 (seconds)")
+        require(math.isfinite(self.interval_s) and self.interval_s >= MIN_INTERVAL_S, "interval_s", self.interval_s,
+                f"must be a finite number >= {MIN_INTERVAL_S} (seconds; every evaluation is an event of the run)")
         for key in ("upscale_delay_s", "downscale_delay_s", "startup_delay_s"):
             value = getattr(self, key)
             require(math.isfinite(value) and value >= 0, key, value, "must be a finite number >= 0 (seconds)")
