@@ -47,6 +47,7 @@ def result_payload(result: SimResult) -> dict[str, Any]:
         },
         "memory": to_jsonable(result.memory),
         **_pool_payload(result),
+        **({"autoscaling": to_jsonable(result.autoscaling)} if result.autoscaling is not None else {}),
     }
 
 
@@ -146,6 +147,9 @@ def cmd_run(args: Namespace) -> int:
     if result.transfer is not None:
         rows += [(f"transfer.{f.name}", _cell(getattr(result.transfer, f.name)))
                  for f in dataclasses.fields(result.transfer)]
+    if result.autoscaling is not None:
+        rows += [(f"autoscaling.{f.name}", _cell(getattr(result.autoscaling, f.name)))
+                 for f in dataclasses.fields(result.autoscaling) if f.name != "timeline"]
     if args.intervals:
         iv = _intervals(scenario, result, args)
         payload["summary"].update(iv.fields())
@@ -162,4 +166,25 @@ def cmd_run(args: Namespace) -> int:
             ("class", "requests", "ttft p90 s", "tpot p90 s", "e2el p90 s", "goodput frac", "goodput req/s"),
             [(c.name, str(c.num_requests), _cell(c.ttft_p90_s), _cell(c.tpot_p90_s), _cell(c.e2el_p90_s),
               _cell(c.goodput_frac), _cell(c.goodput_requests_per_s)) for c in result.classes]))
+    if result.autoscaling is not None:
+        sys.stdout.write("\n" + table(("hour", "replicas (max provisioned)", "replica-hours"),
+                                       hourly_replicas(result.autoscaling.timeline, result.autoscaling.window_s)))
     return 0
+
+
+def hourly_replicas(timeline: tuple[tuple[float, int, int, int], ...], end_s: float) -> list[tuple[str, str, str]]:
+    """Per hour of the run: the most replicas provisioned (active + starting + draining) and the
+    replica-hours paid, from the autoscaler's timeline."""
+    rows = []
+    hours = max(1, int(-(-end_s // 3600.0)))
+    for h in range(hours):
+        lo, hi = h * 3600.0, min((h + 1) * 3600.0, end_s)
+        peak, paid_s = 0, 0.0
+        for i, (t, active, starting, draining) in enumerate(timeline):
+            t_next = timeline[i + 1][0] if i + 1 < len(timeline) else end_s
+            overlap = min(t_next, hi) - max(t, lo)
+            if overlap > 0 or (t <= lo < t_next):
+                peak = max(peak, active + starting + draining)
+            paid_s += max(overlap, 0.0) * (active + starting + draining)
+        rows.append((str(h), str(peak), f"{paid_s / 3600.0:.4g}"))
+    return rows

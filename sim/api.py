@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sim.calibration.select import EfficiencyModels, efficiency_model_for
+from sim.engine.autoscaled import AutoscaledSimulation
 from sim.engine.disaggregated import DisaggregatedSimulation
 from sim.engine.part_prices import PriceCache
 from sim.engine.pricer import StepPricer
@@ -26,6 +27,7 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
 from sim.graph.transformer import build_step_graph
+from sim.metrics.autoscaling import AutoscalingSummary, autoscaling_summary, provisioned_cost
 from sim.metrics.classes import ClassSummary, class_summaries
 from sim.metrics.pools import PoolSummary, TransferSummary, pool_summary, transfer_summary
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
@@ -182,6 +184,9 @@ class SimResult:
     """Disaggregated runs: the pool of each replica index (step records' `replica`)."""
     classes: tuple[ClassSummary, ...] = ()
     """Per traffic class (`[[workload.classes]]`): latencies and goodput under the class's SLOs."""
+    autoscaling: AutoscalingSummary | None = None
+    """With `[autoscaling]`: replicas over time, peak, GPU-hours, SLO attainment (the summary's
+    cost metrics are then the provisioned GPU-hours'); None for a fixed fleet."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -281,9 +286,17 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         shared = prices.prices(scenario, efficiency, host.eager_launch_s)
         pricer = StepPricer(scenario, shared.cost, host, prices=shared)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
-    sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
-                     max_concurrency=scenario.workload.max_concurrency, limits=limits,
-                     progress=progress, step_log=step_log)
+    sim: Simulation
+    if scenario.autoscaling is None:
+        sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
+                         max_concurrency=scenario.workload.max_concurrency, limits=limits,
+                         progress=progress, step_log=step_log)
+    else:
+        assert not lockstep  # rejected on load (sim.specs.scenario._resolve_autoscaling)
+        sim = AutoscaledSimulation(replicas=ranks, pricer=pricer, router=engine.router,
+                                   max_concurrency=scenario.workload.max_concurrency, limits=limits,
+                                   spec=scenario.autoscaling, max_num_seqs=engine.max_num_seqs,
+                                   progress=progress, step_log=step_log)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
     price = scenario_price_per_gpu_hour_usd(scenario)
@@ -297,8 +310,18 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     )
     classes = () if class_ids is None else class_summaries(
         records, class_ids, scenario.workload.classes, slo=scenario.slo, duration_s=summary.duration_s)
+    scaled = None
+    if isinstance(sim, AutoscaledSimulation):
+        spec = scenario.autoscaling
+        assert spec is not None and spec.max_replicas is not None and spec.initial_replicas is not None
+        scaled = autoscaling_summary(
+            min_replicas=spec.min_replicas, max_replicas=spec.max_replicas, initial_replicas=spec.initial_replicas,
+            gpus_per_replica=engine.world_size(), peak_replicas=sim.peak_replicas, window_s=sim.end_s,
+            replica_s=sim.replica_s, startup_s=sim.startup_s, num_started=sim.num_started,
+            num_drained=sim.num_drained, summary=summary, timeline=sim.timeline)
+        summary = provisioned_cost(summary, scaled)
     return SimResult(
-        summary=summary, classes=classes,
+        summary=summary, classes=classes, autoscaling=scaled,
         breakdown=KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s,
                                   launch_floor_s=floor_s),
         records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,

@@ -11,7 +11,11 @@ by bisection on `workload.request_rate` with `engine.data_parallel_size = 1`:
    it is within `rate_rel_tol`; the capacity is the highest passing rate.
 
 The fleet needs ceil(target / capacity) replicas; its cost is replicas x GPUs per replica x
-the GPU-hour price. The cheapest feasible candidate wins (fewer GPUs on ties). With
+the GPU-hour price. With `[autoscaling]` in the base, probes are one fixed replica (the section is
+removed) and the verified fleet is autoscaled with that replica count as its `max_replicas`: the
+chosen plan then reports its peak replicas, provisioned GPU-hours and SLO attainment, and its fleet
+cost is the provisioned GPU-hours' (`sim.metrics.autoscaling`). The cheapest feasible candidate
+wins (fewer GPUs on ties). With
 `verify_fleet`, the winner is simulated as a whole fleet at the target rate (`data_parallel_size`
 replicas behind the scenario's router, `num_prompts` scaled by the replica count) and gains
 replicas until it passes. Bisection assumes that meeting the SLOs is monotone in the rate,
@@ -80,6 +84,10 @@ class CandidatePlan:
     serving: str = "aggregated"
     """`aggregated`, or `disaggregated` (a replica is the candidate's xPyD unit)."""
     reason: str = ""
+    autoscaled: Mapping[str, float] | None = None
+    """The verified autoscaled fleet (base with `[autoscaling]`): `peak_replicas`, `fleet_gpu_hours`,
+    `mean_replicas`, `slo_attainment` and `max_replicas_cost_per_hour_usd` (the fixed fleet's cost);
+    `cost_per_hour_usd` is then the provisioned GPU-hours' cost per hour."""
 
     def num_gpus(self) -> int:
         return self.replicas * self.gpus_per_replica
@@ -105,7 +113,8 @@ class CapacityReport:
         out = []
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
-            per_replica_cost = c.cost_per_hour_usd / c.replicas if c.replicas else math.nan
+            fixed_cost = c.autoscaled["max_replicas_cost_per_hour_usd"] if c.autoscaled else c.cost_per_hour_usd
+            per_replica_cost = fixed_cost / c.replicas if c.replicas else math.nan
             out.append({"chosen": i == self.chosen, **c.params, "serving": c.serving, "status": c.status,
                         "capacity_rate_per_replica": c.capacity_rate_per_replica,
                         "saturation_rate_per_replica": c.saturation_rate_per_replica, "replicas": c.replicas,
@@ -117,7 +126,8 @@ class CapacityReport:
                         **{b.metric: m.get(b.metric, math.nan) for b in self.spec.slo},
                         "cost_per_million_output_tokens_usd": m.get("cost_per_million_output_tokens_usd", math.nan),
                         "output_tokens_per_s_per_user": m.get("output_tokens_per_s_per_user", math.nan),
-                        "probes": c.probes, "reason": c.reason.splitlines()[0] if c.reason else ""})
+                        "probes": c.probes, "reason": c.reason.splitlines()[0] if c.reason else "",
+                        **(dict(c.autoscaled) if c.autoscaled is not None else {})})
         return out
 
     def render(self) -> str:
@@ -151,6 +161,12 @@ class CapacityReport:
         if self.verified is not None:
             ok = "meets" if meets_slo(self.verified.metrics, spec.slo) else "MISSES"
             out += f"fleet simulated at {spec.capacity.target_request_rate:g} requests/s: {ok} the SLOs\n"
+        if c.autoscaled is not None:
+            a = c.autoscaled
+            out += (f"autoscaled: peak {a['peak_replicas']:.0f} replicas, {a['fleet_gpu_hours']:.4g} GPU-hours "
+                    f"provisioned (mean {a['mean_replicas']:.3g} replicas), SLO attainment "
+                    f"{a['slo_attainment']:.2%}; fleet $/hour is the provisioned GPU-hours' "
+                    f"(${a['max_replicas_cost_per_hour_usd']:.2f}/hour at max_replicas)\n")
         out += "".join(f"note: {n}\n" for n in self.notes)
         out += f"\n{self.vllm_serve}\n"
         if self.dynamo_launch:
@@ -227,7 +243,9 @@ class CapacityPlanner:
             plans, verified, notes = self._verify(plans, chosen)
         return plans, chosen, verified, notes
 
-    def _probe(self, chain: _Chain, rate: float, replicas: int = 1) -> None:
+    def _probe(self, chain: _Chain, rate: float, replicas: int = 1, *, autoscaled: bool = False) -> None:
+        """Simulate the candidate with `replicas` replicas at `rate`; `autoscaled` keeps the base's
+        `[autoscaling]` with `max_replicas = replicas` (the verified fleet), else it is removed."""
         number = next(self._ids)
         sections = self.base.sections()
         if is_disaggregated(chain.params, sections):  # a replica is the candidate's xPyD unit
@@ -236,6 +254,13 @@ class CapacityPlanner:
             params = {**chain.params, "engine.data_parallel_size": replicas, "workload.request_rate": rate}
         if replicas > 1:
             params["workload.num_prompts"] = self.base.workload.num_prompts * replicas
+        scaling = self.base.autoscaling
+        if scaling is not None and autoscaled:
+            params.update({"autoscaling.max_replicas": replicas,
+                           "autoscaling.min_replicas": min(scaling.min_replicas, replicas),
+                           "autoscaling.initial_replicas": min(scaling.initial_replicas or 1, replicas)})
+        elif scaling is not None:
+            params["autoscaling"] = None  # one fixed replica: the section is removed
         self._owner[number] = (chain, rate)
         chain.probes += 1
         self.num_probes += 1
@@ -314,8 +339,11 @@ class CapacityPlanner:
         notes: list[str] = []
         replicas = plan.replicas
         result: TrialResult | None = None
+        autoscaled = self.base.autoscaling is not None and not is_disaggregated(plan.params, self.base.sections())
+        if self.base.autoscaling is not None and not autoscaled:
+            notes.append("[autoscaling] scales aggregated fleets only: the disaggregated fleet is simulated fixed")
         for _ in range(_MAX_VERIFY_STEPS):
-            self._probe(chain, self.cap.target_request_rate, replicas=replicas)
+            self._probe(chain, self.cap.target_request_rate, replicas=replicas, autoscaled=autoscaled)
             result = None
             while result is None:
                 for r in self.pool.wait(timeout_s=1.0):
@@ -332,13 +360,21 @@ class CapacityPlanner:
             per_replica = plan.cost_per_hour_usd / plan.replicas
             plans = tuple(replace(p, replicas=replicas, cost_per_hour_usd=replicas * per_replica) if i == chosen else p
                           for i, p in enumerate(plans))
+        if autoscaled and result is not None and result.status is TrialStatus.OK and "gpu_hours" in result.metrics:
+            m = result.metrics
+            provisioned = {"peak_replicas": m["peak_replicas"], "fleet_gpu_hours": m["gpu_hours"],
+                           "mean_replicas": m["mean_replicas"], "slo_attainment": m["slo_attainment"],
+                           "max_replicas_cost_per_hour_usd": plans[chosen].cost_per_hour_usd}
+            plans = tuple(replace(p, cost_per_hour_usd=m["cost_per_hour_usd"], autoscaled=provisioned)
+                          if i == chosen else p for i, p in enumerate(plans))
         return plans, result, notes
 
 
 def _one_replica(base: Scenario, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+    fixed: dict[str, ParamValue] = {"autoscaling": None} if base.autoscaling is not None else {}
     if is_disaggregated(params, base.sections()):
-        return dict(params)
-    return {**params, "engine.data_parallel_size": 1}
+        return {**params, **fixed}
+    return {**params, "engine.data_parallel_size": 1, **fixed}
 
 
 def _replica_gpus(scenario: Scenario) -> int:

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 
-from orchestrator.sweep.metrics import trial_metrics
+from orchestrator.sweep.metrics import autoscaling_metrics, trial_metrics
 from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.spec import ParamValue
@@ -76,6 +76,8 @@ class TrialEvaluator:
             result = simulate(scenario, efficiency=efficiency, prices=self._prices,
                               max_requests=trial.max_requests if cut else None)
             metrics = trial_metrics(result.summary)
+            if result.autoscaling is not None:
+                metrics.update(autoscaling_metrics(result.autoscaling))
             if trial.interval_runs > 0:
                 metrics.update(self._bounds(scenario, result.summary, efficiency, trial))
         except InfeasibleScenario as exc:

@@ -11,6 +11,7 @@ import math
 import typing
 from typing import Final
 
+from sim.metrics.autoscaling import AutoscalingSummary
 from sim.metrics.summary import SimSummary
 from sim.suggest import did_you_mean
 
@@ -72,3 +73,18 @@ def unknown_metric_rule(name: str) -> str:
         return f"unknown metric; vLLM bench name {name} is {ours} here{unit}"
     return f"unknown metric; {did_you_mean(name, METRIC_NAMES)}known: {', '.join(METRIC_NAMES)}"
 
+
+
+AUTOSCALING_METRICS: Final[dict[str, str]] = {
+    "peak_replicas": "most replicas provisioned at once (active, starting, draining)",
+    "peak_gpus": "peak_replicas x GPUs per replica",
+    "mean_replicas": "replica-seconds over the run's window",
+    "gpu_hours": "GPU-hours provisioned (start-up included)",
+    "slo_attainment": "completed requests meeting every [slo] target / completed requests",
+}
+"""Metrics a trial of an `[autoscaling]` scenario adds (sim.metrics.autoscaling); its
+`cost_per_hour_usd` and `cost_per_million_output_tokens_usd` are then the provisioned GPU-hours'."""
+
+
+def autoscaling_metrics(autoscaling: AutoscalingSummary) -> dict[str, float]:
+    return {name: float(getattr(autoscaling, name)) for name in AUTOSCALING_METRICS}

@@ -107,6 +107,12 @@ def load_sweep(path: str | Path) -> SweepSpec:
         space.append(parse_param(key, entry, space, base.sections(), src))
     if capacity is not None:
         check_capacity_space(space, src)
+        if base.workload.request_rate_profile is not None:
+            raise ConfigError(source=src, key="base.scenario", value=spec_base.base_scenario,
+                              rule=("capacity planning probes constant request rates, but the base scenario has a "
+                                    "workload.request_rate_profile; give a base with request_rate (with "
+                                    "[autoscaling] the chosen fleet is simulated autoscaled), or run the profile "
+                                    "with `kernelsight run` for its peak replicas and GPU-hours"))
     options = _sampler_options(table(data, "sampler", src), sampler, src)
     search = parse_search(table(data, "search", src), src, slo=slo, capacity=capacity)
     if sampler == "grid":

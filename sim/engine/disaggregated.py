@@ -75,7 +75,7 @@ class DisaggregatedSimulation(Simulation):
         holds the decode ranks')."""
 
     def _route(self, req: RequestState) -> int:
-        return self._route_in(req, 0, self._num_prefill, self._router, 0)
+        return self._route_in(req, range(self._num_prefill), self._router, 0)
 
     def _on_step_done(self, idx: int) -> None:
         if idx >= self._num_ranks:
@@ -123,7 +123,7 @@ class DisaggregatedSimulation(Simulation):
     def _on_transfer_done(self, idx: int) -> None:
         state = self._transfers.pop(idx)
         self._ready_s[state.request_id] = self.now_s
-        j = self._route_in(state, self._num_prefill, self._num_ranks, self._decode_router, 1)
+        j = self._route_in(state, range(self._num_prefill, self._num_ranks), self._decode_router, 1)
         self._replicas[j].scheduler.add_transferred(state)
         state.replica = j  # the decode replica (a group sets its rank)
         self._wake(j)

@@ -216,24 +216,25 @@ class Simulation:
         heapq.heappush(self._heap, (time_s, next(self._seq), idx))
 
     def _route(self, req: RequestState) -> int:
-        return self._route_in(req, 0, len(self._replicas), self._router, 0)
+        return self._route_in(req, range(len(self._replicas)), self._router, 0)
 
-    def _route_in(self, req: RequestState, lo: int, hi: int, router: RouterName, pool: int) -> int:
-        """The replica among `lo..hi-1` that `router` sends `req` to; `pool` names the round-robin
-        counter (a disaggregated run routes its prefill and decode pools separately)."""
-        n = hi - lo
+    def _route_in(self, req: RequestState, candidates: Sequence[int], router: RouterName, pool: int) -> int:
+        """The replica among `candidates` (ascending indices) that `router` sends `req` to; `pool`
+        names the round-robin counter (a disaggregated run routes its prefill and decode pools
+        separately). An autoscaled run passes only its active replicas."""
+        n = len(candidates)
         if n == 1:
-            return lo
+            return candidates[0]
         if router == "round_robin":
-            i = self._rr[pool]
+            i = self._rr[pool] % n  # the candidates may have changed since the last request
             self._rr[pool] = (i + 1) % n
-            return lo + i
-        replicas = self._replicas[lo:hi]
-        load = [r.scheduler.num_outstanding() for r in replicas]
+            return candidates[i]
+        replicas = self._replicas
+        load = [replicas[j].scheduler.num_outstanding() for j in candidates]
         if router == "prefix_aware" and req.keys:
-            hits = [r.scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for r in replicas]
-            return lo + max(range(n), key=lambda i: (hits[i], -load[i], -i))
-        return lo + min(range(n), key=lambda i: (load[i], i))
+            hits = [replicas[j].scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for j in candidates]
+            return candidates[max(range(n), key=lambda i: (hits[i], -load[i], -i))]
+        return candidates[min(range(n), key=lambda i: (load[i], i))]
 
     def _start_step(self, idx: int) -> float | None:
         """Plan and price the replica's next step at `now_s`; its end time, or None when idle."""

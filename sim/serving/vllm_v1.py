@@ -135,6 +135,10 @@ class VllmV1Scheduler:
     def num_outstanding(self) -> int:
         return len(self._waiting) + len(self._running)
 
+    def num_waiting(self) -> int:
+        """Requests queued for admission (the queue depth an autoscaler reads)."""
+        return len(self._waiting)
+
     def num_running(self) -> int:
         return len(self._running)
 

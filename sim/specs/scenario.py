@@ -31,6 +31,7 @@ from typing import Any, Final, Literal
 
 from sim.errors import ConfigError
 from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
+from sim.specs.autoscaling import AutoscalingSpec
 from sim.specs.catalog import load_hardware, load_model, read_toml
 from sim.specs.disaggregation import Connector, DisaggregationSection, PoolName, PoolSection, TransferLink
 from sim.specs.engine import EngineParams
@@ -90,6 +91,7 @@ class ScenarioSections:
     slo: SloSpec = field(default_factory=SloSpec)
     perf: PerfSection = field(default_factory=PerfSection)
     disaggregation: DisaggregationSection | None = None
+    autoscaling: AutoscalingSpec | None = None
 
     def __post_init__(self) -> None:
         require(self.seed >= 0, "seed", self.seed, "must be >= 0 (it seeds numpy's SeedSequence)")
@@ -119,6 +121,9 @@ class Scenario:
     disaggregation: Disaggregation | None = None
     """The prefill and decode pools when `[disaggregation]` is given (the top-level `hardware` and
     `engine` are then only the base the pools' keys are laid over)."""
+    autoscaling: AutoscalingSpec | None = None
+    """`[autoscaling]` with `max_replicas` and `initial_replicas` resolved; None without it (a
+    fixed fleet of `engine.data_parallel_size` replicas)."""
 
     def sections(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.sections_json)
@@ -137,6 +142,8 @@ class Scenario:
                                                    "hash": pool.scenario.scenario_hash()}
                                        for pool in self.disaggregation.pools()}
             parts["transfer"] = self.sections()["disaggregation"]
+        if self.autoscaling is not None:  # scenarios without it keep their hashes
+            parts["autoscaling"] = stable_identity("autoscaling", self.autoscaling)
         return config_hash(parts, *extra)
 
 
@@ -219,10 +226,15 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     # Built on its own so that errors inside it keep their full dotted key (an optional table's
     # errors would be reported at the table).
     disaggregation_data = data.get("disaggregation")
-    sections = build(ScenarioSections, {k: v for k, v in data.items() if k != "disaggregation"}, source=source)
+    autoscaling_data = data.get("autoscaling")
+    sections = build(ScenarioSections, {k: v for k, v in data.items() if k not in ("disaggregation", "autoscaling")},
+                     source=source)
     if disaggregation_data is not None:
         sections = replace(sections, disaggregation=build(DisaggregationSection, disaggregation_data, source=source,
                                                           prefix="disaggregation"))
+    if autoscaling_data is not None:
+        sections = replace(sections, autoscaling=build(AutoscalingSpec, autoscaling_data, source=source,
+                                                       prefix="autoscaling"))
     profile = sections.workload.request_rate_profile
     for key, value in (("workload.dataset_path", sections.workload.dataset_path),
                        ("workload.request_rate_profile", profile if profile != DIURNAL else None),
@@ -265,7 +277,39 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         draft_model=draft,
         sections_json=json.dumps(to_jsonable(sections), sort_keys=True),
         disaggregation=disaggregation,
+        autoscaling=_resolve_autoscaling(sections, model, engine, source),
     )
+
+
+def _resolve_autoscaling(sections: ScenarioSections, model: ModelSpec, engine: EngineParams,
+                         source: str) -> AutoscalingSpec | None:
+    """`[autoscaling]` checked against the fleet it scales: the replica slots are
+    `engine.data_parallel_size` independent replicas of an aggregated scenario."""
+    spec = sections.autoscaling
+    if spec is None:
+        return None
+
+    def fail(key: str, value: object, rule: str) -> None:
+        raise ConfigError(source=source, key=f"autoscaling.{key}", value=value, rule=rule)
+
+    if sections.disaggregation is not None:
+        fail("min_replicas", spec.min_replicas,
+             "autoscaling scales the replicas of an aggregated scenario; with [disaggregation] the prefill "
+             "and decode pools are fixed (per-pool autoscaling is not simulated yet): remove [autoscaling] "
+             "or [disaggregation]")
+    slots = engine.data_parallel_size
+    if model.moe is not None and slots > 1:
+        fail("min_replicas", spec.min_replicas,
+             f"{model.name} is an MoE model: its data_parallel_size={slots} ranks are one lockstep engine, not "
+             "independent replicas, so there is nothing to scale; use data_parallel_size = 1 per replica")
+    if spec.max_replicas is not None and spec.max_replicas > slots:
+        fail("max_replicas", spec.max_replicas,
+             f"must be <= engine.data_parallel_size={slots} (the fleet's replica slots; raise data_parallel_size)")
+    if spec.min_replicas > slots:
+        fail("min_replicas", spec.min_replicas, f"must be <= engine.data_parallel_size={slots}")
+    if spec.initial_replicas is not None and spec.initial_replicas > slots:
+        fail("initial_replicas", spec.initial_replicas, f"must be <= engine.data_parallel_size={slots}")
+    return spec.resolved(slots)
 
 
 def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSection, source: str) -> Disaggregation:
@@ -297,7 +341,7 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
 
 
 def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source: str) -> Scenario:
-    pool_data = {k: v for k, v in data.items() if k != "disaggregation"}
+    pool_data = {k: v for k, v in data.items() if k not in ("disaggregation", "autoscaling")}
     hardware = dict(pool_data.get("hardware", {}))
     if pool.hardware is not None:
         hardware = {"name": pool.hardware}

@@ -1,0 +1,218 @@
+"""Autoscaling: the pure policy, and the engine carrying it out (hand-computed with 1-second steps)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, cast
+
+import pytest
+from conftest import REPO
+
+from sim.api import load_scenario, simulate
+from sim.engine.autoscaled import AutoscaledSimulation
+from sim.engine.autoscaler import FleetObservation, PolicyState, decide, desired_replicas
+from sim.engine.pricer import StepPricer
+from sim.engine.simulation import SimLimits
+from sim.errors import ConfigError
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
+from sim.serving.scheduler import StepPlan
+from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.specs.autoscaling import AutoscalingSpec
+
+SCENARIO = str(REPO / "scenarios" / "llama3_8b-h100.toml")
+AUTOSCALED = {"autoscaling.target_ongoing_requests": 4.0}
+
+
+class OneSecondSteps:
+    """Every step takes exactly 1 s, so request times are step counts (the engine test's pricer)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Any, int] = {}
+
+    def price(self, plan: StepPlan) -> float:
+        return 1.0
+
+    def key(self, plan: StepPlan) -> tuple[()]:
+        return ()
+
+
+def _sim(spec: AutoscalingSpec, slots: int, router: str = "least_loaded") -> AutoscaledSimulation:
+    scheds = [VllmV1Scheduler(kv=KVCacheManager(num_blocks=1000, block_size=16, enable_prefix_caching=False),
+                              max_num_seqs=8, max_num_batched_tokens=512, enable_chunked_prefill=True,
+                              long_prefill_token_threshold=0, bulk_decodes=False) for _ in range(slots)]
+    return AutoscaledSimulation(replicas=scheds, pricer=cast(StepPricer, OneSecondSteps()), router=router,  # type: ignore[arg-type]
+                                max_concurrency=None, limits=SimLimits(bulk_decode=False),
+                                spec=spec.resolved(slots), max_num_seqs=8)
+
+
+def _req(rid: int, arrival_s: float, output: int) -> RequestState:
+    return RequestState(request_id=rid, prompt_tokens=8, output_tokens=output, arrival_s=arrival_s, keys=())
+
+
+def _obs(now_s: float, active: int, ongoing: int, starting: int = 0) -> FleetObservation:
+    return FleetObservation(now_s=now_s, num_active=active, num_starting=starting, ongoing_requests=ongoing,
+                            waiting_requests=0, kv_usage=0.0, running_frac=0.0)
+
+
+def test_policy_asks_ceil_total_over_target_within_bounds_and_tolerance() -> None:
+    spec = AutoscalingSpec(min_replicas=2, max_replicas=5, target_ongoing_requests=4.0, tolerance=0.1).resolved(8)
+    assert desired_replicas(spec, _obs(0, 2, 13)) == 4          # ceil(13 / 4)
+    assert desired_replicas(spec, _obs(0, 2, 8)) == 2           # exactly on target
+    assert desired_replicas(spec, _obs(0, 3, 13)) == 3          # 13 / 12 = 1.083: within 10%: stay
+    assert desired_replicas(spec, _obs(0, 2, 100)) == 5         # max_replicas
+    assert desired_replicas(spec, _obs(0, 4, 0)) == 2           # min_replicas
+    assert desired_replicas(spec, _obs(0, 2, 13, starting=2)) == 4  # starting replicas count as current
+    both = AutoscalingSpec(target_ongoing_requests=4.0, target_running_frac=0.5, tolerance=0.0).resolved(8)
+    obs = FleetObservation(now_s=0, num_active=2, num_starting=0, ongoing_requests=4, waiting_requests=0,
+                           kv_usage=0.0, running_frac=1.8)
+    assert desired_replicas(both, obs) == 4                     # max(ceil(4/4), ceil(1.8/0.5))
+
+
+def test_policy_waits_for_the_up_and_down_delays() -> None:
+    spec = AutoscalingSpec(target_ongoing_requests=1.0, tolerance=0.0, upscale_delay_s=20.0,
+                           downscale_delay_s=30.0).resolved(8)
+    state = PolicyState()
+    seen = []
+    for t in (10.0, 20.0, 30.0):
+        n, state = decide(spec, _obs(t, 1, 3), state)
+        seen.append(n)
+    assert seen == [1, 1, 3]  # wanted since t=10; 30 - 10 >= 20
+    assert state == PolicyState()
+    n, state = decide(spec, _obs(40.0, 3, 0), state)
+    assert (n, state) == (3, PolicyState(down_since_s=40.0))
+    n, state = decide(spec, _obs(50.0, 3, 3), state)  # load came back: the count-down restarts
+    assert (n, state) == (3, PolicyState())
+    for t in (60.0, 70.0, 80.0):
+        n, state = decide(spec, _obs(t, 3, 0), state)
+    assert n == 3
+    n, state = decide(spec, _obs(90.0, 3, 0), state)
+    assert n == 1
+
+
+def test_a_new_replica_takes_traffic_only_after_its_start_up_delay() -> None:
+    # 1 replica holding 6 requests at the tick t=10 with a target of 2 per replica: 2 more start at
+    # 10 and are active at 15. A request at t=12 can only go to replica 0; one at t=16 goes to the
+    # least-loaded new replica (1).
+    spec = AutoscalingSpec(min_replicas=1, max_replicas=3, target_ongoing_requests=2.0, tolerance=0.0,
+                           interval_s=10.0, upscale_delay_s=0.0, downscale_delay_s=1e6, startup_delay_s=5.0)
+    sim = _sim(spec, slots=4)
+    reqs = [_req(i, 0.0, 40) for i in range(6)] + [_req(6, 12.0, 5), _req(7, 16.0, 5)]
+    records = {r.request_id: r for r in sim.run(reqs)}
+    assert sim.timeline[:3] == [(0.0, 1, 0, 0), (10.0, 1, 2, 0), (15.0, 3, 0, 0)]
+    assert [records[i].replica for i in range(8)] == [0] * 7 + [1]
+    assert sim.peak_replicas == 3 and sim.num_started == 2
+    # paid: replica 0 from 0, replicas 1 and 2 from 10 (their start-up included), to the last finish
+    end = max(r.finish_s for r in records.values())
+    assert sim.end_s == end
+    assert sim.replica_s == pytest.approx(end + 2 * (end - 10.0), abs=1e-12)
+    assert sim.startup_s == pytest.approx(2 * 5.0)
+
+
+def test_a_drained_replica_takes_no_new_requests_and_is_released_when_empty() -> None:
+    # Two replicas, each holding one request at the tick t=10; the target of 4 per replica asks for
+    # one: replica 1 (a tie on load; the highest index) drains, finishes its request at its own
+    # pace and is released then; the request at t=12 goes to replica 0.
+    spec = AutoscalingSpec(min_replicas=1, max_replicas=2, initial_replicas=2, target_ongoing_requests=4.0,
+                           tolerance=0.0, interval_s=10.0, upscale_delay_s=1e6, downscale_delay_s=0.0)
+    sim = _sim(spec, slots=2)
+    records = {r.request_id: r for r in sim.run([_req(0, 0.0, 50), _req(1, 1.0, 30), _req(2, 12.0, 5)])}
+    assert [records[i].replica for i in range(3)] == [0, 1, 0]
+    r1_finish = records[1].finish_s
+    assert sim.timeline == [(0.0, 2, 0, 0), (10.0, 1, 0, 1), (r1_finish, 1, 0, 0)]
+    assert r1_finish > 10.0 and sim.num_drained == 1
+    assert sim.replica_s == pytest.approx(sim.end_s + r1_finish, abs=1e-12)
+
+
+def test_bounds_hold_under_a_burst_and_a_lull() -> None:
+    spec = AutoscalingSpec(min_replicas=2, max_replicas=3, target_ongoing_requests=1.0, tolerance=0.0,
+                           interval_s=5.0, upscale_delay_s=0.0, downscale_delay_s=0.0, startup_delay_s=2.0)
+    sim = _sim(spec, slots=6)
+    reqs = [_req(i, 0.0, 30) for i in range(20)] + [_req(20 + i, 200.0 + i, 3) for i in range(3)]
+    records = sim.run(reqs)
+    assert len(records) == 23
+    provisioned = [a + s + d for _, a, s, d in sim.timeline]
+    assert max(provisioned) == 3 == sim.peak_replicas
+    assert min(a + s for _, a, s, _ in sim.timeline) >= 2
+    assert {r.replica for r in records} <= {0, 1, 2}
+
+
+def _fleet(**overrides: Any) -> dict[str, Any]:
+    return {"engine.data_parallel_size": 4, "workload.num_prompts": 200, "workload.request_rate": 20.0,
+            **overrides}
+
+
+def test_an_autoscaler_that_never_acts_changes_nothing() -> None:
+    # min = max = initial: the ticks are in the heap but the fleet is fixed; same records, exactly.
+    fixed = simulate(load_scenario(SCENARIO, _fleet()))
+    held = simulate(load_scenario(SCENARIO, _fleet(**{
+        "autoscaling.min_replicas": 4, "autoscaling.target_ongoing_requests": 1.0, "autoscaling.interval_s": 0.5})))
+    assert held.records == fixed.records
+    assert held.summary.ttft_p90_s == fixed.summary.ttft_p90_s
+    assert fixed.autoscaling is None and held.autoscaling is not None
+    assert held.autoscaling.peak_replicas == 4 and held.autoscaling.num_replicas_started == 0
+
+
+def test_gpu_hours_and_the_provisioned_cost() -> None:
+    scenario = load_scenario(SCENARIO, _fleet(**{
+        "engine.tensor_parallel_size": 2, "autoscaling.target_ongoing_requests": 2.0,
+        "autoscaling.interval_s": 1.0, "autoscaling.upscale_delay_s": 0.0, "autoscaling.startup_delay_s": 3.0}))
+    result = simulate(scenario)
+    a = result.autoscaling
+    assert a is not None and a.gpus_per_replica == 2 and a.num_replicas_started >= 1
+    assert a.peak_gpus == 2 * a.peak_replicas
+    # replica-seconds from the timeline, each provisioned replica paid until the run's end
+    timeline = [*a.timeline, (a.window_s, 0, 0, 0)]
+    replica_s = sum((t1 - t0) * (act + st + dr) for (t0, act, st, dr), (t1, *_) in itertools.pairwise(timeline))
+    assert a.replica_hours == pytest.approx(replica_s / 3600, rel=1e-9)
+    assert a.gpu_hours == pytest.approx(2 * a.replica_hours, rel=1e-12)
+    assert a.mean_replicas == pytest.approx(replica_s / a.window_s, rel=1e-9)
+    price = result.summary.price_per_gpu_hour_usd
+    assert price is not None and a.cost_usd == pytest.approx(a.gpu_hours * price, rel=1e-12)
+    assert a.cost_usd is not None
+    assert result.summary.cost_per_hour_usd == pytest.approx(a.cost_usd / (a.window_s / 3600), rel=1e-12)
+    good = result.summary.goodput_requests_per_s * result.summary.duration_s
+    assert a.slo_attainment == pytest.approx(good / result.summary.num_completed, rel=1e-12)
+
+
+def test_autoscaling_hashes_apart_and_leaves_other_hashes_alone() -> None:
+    base = load_scenario(SCENARIO)
+    scaled = load_scenario(SCENARIO, AUTOSCALED)
+    assert scaled.scenario_hash() != base.scenario_hash()
+    assert scaled.with_overrides({"autoscaling": None}).scenario_hash() == base.scenario_hash()
+    # defaults resolved: writing the defaults out hashes the same
+    assert load_scenario(SCENARIO, {**AUTOSCALED, "autoscaling.min_replicas": 1, "autoscaling.max_replicas": 1,
+                                    "autoscaling.interval_s": 10.0}).scenario_hash() == scaled.scenario_hash()
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ({"autoscaling.min_replicas": 1}, "autoscaling.target_ongoing_requests"),  # no target
+    ({**AUTOSCALED, "autoscaling.min_replicas": 0}, "autoscaling.min_replicas"),
+    ({**AUTOSCALED, "autoscaling.max_replicas": 2}, "autoscaling.max_replicas"),  # over data_parallel_size=1
+    ({**AUTOSCALED, "engine.data_parallel_size": 4, "autoscaling.min_replicas": 3, "autoscaling.max_replicas": 2},
+     "autoscaling.max_replicas"),
+    ({**AUTOSCALED, "autoscaling.target_kv_usage": 1.5}, "autoscaling.target_kv_usage"),
+    ({**AUTOSCALED, "autoscaling.interval_s": 0.0}, "autoscaling.interval_s"),
+    ({**AUTOSCALED, "autoscaling.startup_delay_s": -1.0}, "autoscaling.startup_delay_s"),
+    ({**AUTOSCALED, "autoscaling.tolerance": 1.0}, "autoscaling.tolerance"),
+    ({**AUTOSCALED, "autoscaling.cooldown_s": 5.0}, "autoscaling.cooldown_s"),  # unknown key
+    ({**AUTOSCALED, "disaggregation.prefill.num_workers": 1, "disaggregation.decode.num_workers": 1},
+     "autoscaling.min_replicas"),
+])
+def test_bad_autoscaling_keys_name_file_key_and_rule(overrides: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_scenario(SCENARIO, overrides)
+    assert info.value.key == key
+    assert "llama3_8b-h100.toml" in info.value.source and info.value.rule
+
+
+def test_the_disaggregated_rejection_says_why() -> None:
+    with pytest.raises(ConfigError, match="per-pool autoscaling is not simulated"):
+        load_scenario(SCENARIO, {**AUTOSCALED, "disaggregation.prefill.num_workers": 1,
+                                 "disaggregation.decode.num_workers": 1})
+
+
+def test_an_moe_lockstep_engine_is_not_autoscaled() -> None:
+    with pytest.raises(ConfigError, match="lockstep") as info:
+        load_scenario(str(REPO / "scenarios" / "deepseek_r1-h200-dp8ep8.toml"), AUTOSCALED)
+    assert info.value.key == "autoscaling.min_replicas"
