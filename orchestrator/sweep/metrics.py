@@ -71,8 +71,19 @@ def unknown_metric_rule(name: str) -> str:
     if ours is not None:
         unit = " (seconds here: divide a millisecond bound by 1000)" if name.endswith("_ms") else ""
         return f"unknown metric; vLLM bench name {name} is {ours} here{unit}"
-    return f"unknown metric; {did_you_mean(name, METRIC_NAMES)}known: {', '.join(METRIC_NAMES)}"
+    names = (*METRIC_NAMES, *AUTOSCALING_METRICS)
+    return f"unknown metric; {did_you_mean(name, names)}known: {', '.join(names)}"
 
+
+def is_metric_name(name: str) -> bool:
+    """A metric objectives and `[slo]` may name: every trial's, or an `[autoscaling]` trial's
+    (`needs_autoscaling`)."""
+    return name in METRIC_NAMES or name in AUTOSCALING_METRICS
+
+
+def needs_autoscaling(name: str) -> bool:
+    """Only trials of a base scenario with `[autoscaling]` report this metric."""
+    return name in AUTOSCALING_METRICS
 
 
 AUTOSCALING_METRICS: Final[dict[str, str]] = {

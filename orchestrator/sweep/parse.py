@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from orchestrator.sweep.keys import is_kind
-from orchestrator.sweep.metrics import METRIC_NAMES, unknown_metric_rule
+from orchestrator.sweep.metrics import is_metric_name, needs_autoscaling, unknown_metric_rule
 from orchestrator.sweep.parse_search import parse_search
 from orchestrator.sweep.parse_space import check_capacity_space, check_grid, is_entry, parse_param
 from orchestrator.sweep.spec import BoundSpec, CapacitySpec, Direction, ObjectiveSpec, ParamSpec, SamplerName, SweepSpec
@@ -99,6 +99,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if not scenario_path.exists():
         raise ConfigError(source=src, key="base.scenario", value=str(scenario_path), rule="file not found")
     base = spec_base.load_base()
+    if base.autoscaling is None:
+        _check_no_autoscaling_metrics(objectives, slo, src)
     raw_space = flatten(table(data, "space", src), src, "space", leaf=is_entry)
     if not raw_space:
         raise ConfigError(source=src, key="space", value={}, rule="must name at least one scenario key to vary")
@@ -121,6 +123,20 @@ def load_sweep(path: str | Path) -> SweepSpec:
                      slo=slo, base_scenario=spec_base.base_scenario, base_set=base_set, space=tuple(space),
                      sampler_options=options, capacity=capacity, search=search, text=text,
                      slo_confidence=slo_confidence, interval_runs=interval_runs)
+
+
+def _check_no_autoscaling_metrics(objectives: tuple[ObjectiveSpec, ...], slo: tuple[BoundSpec, ...],
+                                  src: str) -> None:
+    for i, o in enumerate(objectives):
+        if needs_autoscaling(o.metric):
+            raise ConfigError(source=src, key=f"study.objectives[{i}].metric", value=o.metric,
+                              rule="only trials of a base scenario with [autoscaling] report it; add [autoscaling] "
+                                   "to the base scenario")
+    for b in slo:
+        if needs_autoscaling(b.metric):
+            raise ConfigError(source=src, key=f"slo.{b.metric}", value=b.max_value if b.min_value is None
+                              else b.min_value, rule="only trials of a base scenario with [autoscaling] report it; "
+                                                     "add [autoscaling] to the base scenario")
 
 
 def _confidence(study: Mapping[str, Any], src: str) -> tuple[float | None, int]:
@@ -166,7 +182,7 @@ def _objectives(study: Mapping[str, Any], src: str, *, required: bool) -> tuple[
     out: list[ObjectiveSpec] = []
     for where, metric, direction in items:
         key = f"{where}.metric" if where != "study" else "study.objective"
-        if metric not in METRIC_NAMES:
+        if not is_metric_name(metric):
             raise ConfigError(source=src, key=key, value=metric, rule=unknown_metric_rule(str(metric)))
         if direction not in get_args(Direction):
             raise ConfigError(source=src, key=f"{where}.direction", value=direction,
@@ -183,7 +199,7 @@ def _slo(table: Mapping[str, Any], src: str) -> tuple[BoundSpec, ...]:
     out = []
     for metric, value in table.items():
         where = f"slo.{metric}"
-        if metric not in METRIC_NAMES:
+        if not is_metric_name(metric):
             raise ConfigError(source=src, key=where, value=value, rule=unknown_metric_rule(metric))
         if isinstance(value, dict):
             known_keys(value, ("max", "min"), src, where)

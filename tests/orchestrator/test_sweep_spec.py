@@ -344,3 +344,59 @@ def test_bare_postgresql_url_uses_the_installed_driver() -> None:
     assert sqlalchemy_url(url) == expected
     assert sqlalchemy_url("postgresql+psycopg2://h/db") == "postgresql+psycopg2://h/db"
     assert sqlalchemy_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+AUTOSCALED_BASE = """
+seed = 0
+[hardware]
+name = "h100_sxm"
+[model]
+name = "meta-llama/Llama-3.1-8B"
+[engine]
+data_parallel_size = 4
+[workload]
+num_prompts = 40
+request_rate = 8.0
+random_input_len = 128
+random_output_len = 8
+[autoscaling]
+min_replicas = 1
+target_ongoing_requests = 8
+interval_s = 1.0
+startup_delay_s = 1.0
+"""
+
+AUTOSCALING_OBJECTIVE = """
+[study]
+name = "autoscaled"
+n_trials = 2
+objectives = [{{ metric = "gpu_hours", direction = "minimize" }}]
+
+[slo]
+slo_attainment = {{ min = 0.5 }}
+
+[base]
+scenario = "{base}"
+
+[space]
+"engine.max_num_seqs" = {{ choices = [16, 64] }}
+"""
+
+
+def test_autoscaling_metrics_are_objectives_only_with_an_autoscaled_base(tmp_path: Path) -> None:
+    base = tmp_path / "autoscaled.toml"
+    base.write_text(AUTOSCALED_BASE)
+    spec = load_sweep(write(tmp_path, AUTOSCALING_OBJECTIVE.format(base=base)))
+    assert spec.objectives[0].metric == "gpu_hours" and spec.slo[0].metric == "slo_attainment"
+    result = TrialEvaluator(spec.load_base()).evaluate(TrialInput(number=0, params={"engine.max_num_seqs": 16}))
+    assert result.status is TrialStatus.OK and result.metrics["gpu_hours"] > 0
+    assert 0.0 <= result.metrics["slo_attainment"] <= 1.0
+    assert list(objective_values(result.metrics, spec.objectives)) == [result.metrics["gpu_hours"]]
+    assert len(constraint_values(result.metrics, spec.slo)) == 1
+    with pytest.raises(ConfigError) as err:
+        load_sweep(write(tmp_path, AUTOSCALING_OBJECTIVE.format(base=SCENARIO), name="plain.toml"))
+    assert err.value.key == "study.objectives[0].metric" and "[autoscaling]" in err.value.rule
+    with pytest.raises(ConfigError) as err:
+        load_sweep(write(tmp_path, AUTOSCALING_OBJECTIVE.format(base=SCENARIO).replace(
+            'metric = "gpu_hours"', 'metric = "ttft_p90_s"'), name="slo.toml"))
+    assert err.value.key == "slo.slo_attainment"
