@@ -185,7 +185,9 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
         "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
         "max_row_s": args.max_row_s,
-        "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s},
+        "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s,
+                       "per_plain_request_step_s": cost.per_plain_request_step_s,
+                       "request_by_request": sorted(cost.request_by_request)},
     }
     full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
     write_doc = not args.no_doc and (full_run or args.doc is not None)
