@@ -17,11 +17,13 @@ import tempfile
 import time
 from argparse import Namespace
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from orchestrator.progress import ProgressBar
+from sim.calibration.select import EfficiencyModels
+from sim.engine.part_prices import SCHEDULING_ONLY_FIELDS, PriceCache
 from sim.errors import ConfigError
 from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
@@ -47,30 +49,78 @@ def _profiles() -> dict[str, EngineProfile]:
     return {b: load_engine_profile(b) for b in BACKENDS}
 
 
-def _evaluate(task: tuple[ValidationRow, Tier, Path, EngineProfile | None]) -> RowResult:
+Task = tuple[ValidationRow, Tier, Path, EngineProfile | None]
+
+
+def _evaluate(task: Task) -> RowResult:
     row, tier, work_dir, profile = task
     return evaluate_row(row, tier, work_dir, profile=profile)
 
 
-def run_pool(tasks: Sequence[tuple[ValidationRow, Tier, Path, EngineProfile | None]], jobs: int,
+def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
+    """Evaluate tasks of one pricing group with one set of kernel models and priced step parts:
+    rows of the same hardware, model, precision, layout and tier price the same step parts (the
+    results are those of pricing each row afresh, `sim.engine.part_prices`)."""
+    models, prices = EfficiencyModels(), PriceCache()
+    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices)
+            for row, tier, work_dir, profile in batch]
+
+
+def pricing_group(row: ValidationRow, tier: Tier) -> str:
+    """What decides a row's step prices, from its scenario sections (the engine fields that only shape
+    the schedule left out): rows with the same group share kernel models and priced parts in a
+    worker. A coarser or finer key only changes how much is shared, never a result."""
+    sec = row.sections or {}
+
+    def graph_fields(engine: Any) -> dict[str, Any]:
+        return {k: v for k, v in dict(engine or {}).items() if k not in SCHEDULING_ONLY_FIELDS}
+
+    pools = {name: graph_fields(pool.get("engine")) for name, pool in dict(sec.get("disaggregation") or {}).items()
+             if isinstance(pool, dict)}
+    return json.dumps([tier, sec.get("hardware"), sec.get("model"), graph_fields(sec.get("engine")), pools],
+                      sort_keys=True, default=str)
+
+
+def _batches(tasks: Sequence[Task], cost: CostModel | None) -> list[list[int]]:
+    """Task indices grouped by pricing group, dearest group first (by the cost model) for an even finish."""
+    groups: dict[str, list[int]] = {}
+    for i, (row, tier, _, _) in enumerate(tasks):
+        groups.setdefault(pricing_group(row, tier), []).append(i)
+    batches = list(groups.values())
+    if cost is not None:
+        batches.sort(key=lambda b: -sum(cost.estimate_s(tasks[i][0]) for i in b))
+    return batches
+
+
+def run_pool(tasks: Sequence[Task], jobs: int,
              cost: CostModel | None = None, progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
-    """Evaluate tasks in `jobs` processes, longest first (by the cost model) for an even finish."""
+    """Evaluate tasks in `jobs` processes, in batches of one pricing group each (`_evaluate_batch`),
+    dearest first (by the cost model) for an even finish. Results come back in task order, longest
+    first when a cost model is given."""
     if cost is not None:
         tasks = sorted(tasks, key=lambda t: -cost.estimate_s(t[0]))
+    batches = _batches(tasks, cost)
+    results: list[RowResult | None] = [None] * len(tasks)
+    done = 0
+
+    def place(batch: list[int], out: list[RowResult]) -> None:
+        nonlocal done
+        for i, r in zip(batch, out, strict=True):
+            results[i] = r
+        done += len(batch)
+        if progress:
+            progress(done, len(tasks))
+
     if jobs <= 1:
-        out = []
-        for i, t in enumerate(tasks):
-            out.append(_evaluate(t))
-            if progress:
-                progress(i + 1, len(tasks))
-        return out
-    results: list[RowResult] = []
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for i, r in enumerate(pool.map(_evaluate, tasks, chunksize=1)):
-            results.append(r)
-            if progress:
-                progress(i + 1, len(tasks))
-    return results
+        for batch in batches:
+            place(batch, _evaluate_batch([tasks[i] for i in batch]))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_evaluate_batch, [tasks[i] for i in batch]): batch for batch in batches}
+            for fut in as_completed(futures):
+                place(futures[fut], fut.result())
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
 
 
 def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:
@@ -135,7 +185,9 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
         "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
         "max_row_s": args.max_row_s,
-        "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s},
+        "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s,
+                       "per_plain_request_step_s": cost.per_plain_request_step_s,
+                       "request_by_request": sorted(cost.request_by_request)},
     }
     full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
     write_doc = not args.no_doc and (full_run or args.doc is not None)

@@ -1,8 +1,10 @@
 """Which rows fit a time budget: a cost model of the simulator and a deterministic selection.
 
 Simulation time is close to `per_step_s x steps + per_request_step_s x (running requests summed
-over steps)`; `measure_cost_model` times two small runs on this machine to get both constants,
-so the selection follows the simulator's speed wherever it runs. `select_rows` then keeps
+over steps)`, where a scheduler that plans request by request (SGLang's prefill priority keeps no
+bulk decodes, `sim.serving.vllm_v1`) pays `per_plain_request_step_s` per running request per step
+instead (about 30x more); `measure_cost_model` times three small runs on this machine to get the
+constants, so the selection follows the simulator's speed wherever it runs. `select_rows` then keeps
 (1) every trace and static-batch row (they are few and cheap), (2) closed-loop and offline rows
 of each (suite, source) in a fixed hash order, while the estimated wall time over `jobs` workers
 stays within `budget_s`. A row whose own estimate exceeds
@@ -21,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.api import simulate
+from sim.api import load_engine_profile, simulate
 from sim.specs.scenario import scenario_from_dict
 from sim.validation.rows import ValidationRow
 
@@ -33,10 +35,17 @@ EVAL_WEIGHT = 2.0
 class CostModel:
     per_step_s: float
     per_request_step_s: float
+    per_plain_request_step_s: float = 0.0
+    """Per running request per step where the scheduler plans request by request (0: as bulk)."""
+    request_by_request: frozenset[str] = frozenset()
+    """Backends whose engine profile plans every step request by request (no bulk decodes)."""
 
     def estimate_s(self, row: ValidationRow) -> float:
         steps, request_steps = work_of(row)
-        return self.per_step_s * steps + self.per_request_step_s * request_steps
+        per_request = self.per_request_step_s
+        if row.backend in self.request_by_request and self.per_plain_request_step_s > 0:
+            per_request = self.per_plain_request_step_s
+        return self.per_step_s * steps + per_request * request_steps
 
 
 def work_of(row: ValidationRow) -> tuple[float, float]:
@@ -63,25 +72,35 @@ def work_of(row: ValidationRow) -> tuple[float, float]:
     return n * osl / running + n * isl / budget, n * osl
 
 
+def _timed_run(conc: int, n: int, backend: str) -> tuple[float, int, int]:
+    """(seconds, steps, request-steps) of a decode-heavy Llama-3.1-8B run on h100_sxm (the second of two)."""
+    sc = scenario_from_dict({
+        "hardware": {"name": "h100_sxm"}, "model": {"name": "meta-llama/Llama-3.1-8B"},
+        "engine": {"max_model_len": 2048, "enable_prefix_caching": False, "backend": backend},
+        "workload": {"dataset_name": "fixed", "random_input_len": 256, "random_output_len": 512,
+                     "num_prompts": n, "max_concurrency": conc},
+        "perf": {"tier": "cross-generation"}}, source="<cost model>")
+    simulate(sc)  # warm the per-process memos out of the timing
+    start = time.perf_counter()
+    res = simulate(sc)
+    return time.perf_counter() - start, res.summary.num_steps, n * 512
+
+
 def measure_cost_model() -> CostModel:
-    """Time a small and a wide decode-heavy run of Llama-3.1-8B on h100_sxm; solve for both constants."""
-    points = []
-    for conc, n in ((2, 4), (64, 128)):
-        sc = scenario_from_dict({
-            "hardware": {"name": "h100_sxm"}, "model": {"name": "meta-llama/Llama-3.1-8B"},
-            "engine": {"max_model_len": 2048, "enable_prefix_caching": False},
-            "workload": {"dataset_name": "fixed", "random_input_len": 256, "random_output_len": 512,
-                         "num_prompts": n, "max_concurrency": conc},
-            "perf": {"tier": "cross-generation"}}, source="<cost model>")
-        simulate(sc)  # warm the per-process memos out of the timing
-        start = time.perf_counter()
-        res = simulate(sc)
-        points.append((time.perf_counter() - start, res.summary.num_steps, n * 512))
+    """Time a small and a wide decode-heavy run of Llama-3.1-8B on h100_sxm; solve for both constants;
+    a third, wide run with a backend that plans request by request gives that backend's per-request cost."""
+    points = [_timed_run(conc, n, "vllm") for conc, n in ((2, 4), (64, 128))]
     (t1, s1, r1), (t2, s2, r2) = points
     det = s1 * r2 - s2 * r1
     per_step = max((t1 * r2 - t2 * r1) / det, 1e-6) if det else t1 / s1
     per_request_step = max((s1 * t2 - s2 * t1) / det, 1e-7) if det else 0.0
-    return CostModel(per_step_s=per_step, per_request_step_s=per_request_step)
+    plain = frozenset(b for b in ("vllm", "sglang", "trtllm") if load_engine_profile(b).policy.prefill_priority)
+    per_plain = 0.0
+    if plain:
+        t3, s3, r3 = _timed_run(64, 128, min(plain))
+        per_plain = max((t3 - per_step * s3) / r3, per_request_step)
+    return CostModel(per_step_s=per_step, per_request_step_s=per_request_step, per_plain_request_step_s=per_plain,
+                     request_by_request=plain)
 
 
 def _hash_key(row_id: str) -> str:

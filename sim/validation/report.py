@@ -286,6 +286,15 @@ def _generic(reason: str) -> str:
     return reason
 
 
+def _plain_rate(cost: dict[str, Any]) -> str:
+    """The request-by-request rate of the cost model, where the run recorded one."""
+    rate = float(cost.get("per_plain_request_step_s", 0.0))
+    backends = ", ".join(cost.get("request_by_request", ()))
+    if not (rate and backends):
+        return ""
+    return f" ({rate * 1e6:.2f} us for {backends}, whose scheduler plans request by request)"
+
+
 def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], results: Sequence[RowResult],
                    groups: Sequence[GroupScore], deferred: Mapping[str, str], plots: Sequence[str]) -> str:
     out = [HEADING, "",
@@ -301,8 +310,10 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            "",
            f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker "
            f"(cost model {result['cost_model']['per_step_s'] * 1e6:.1f} us per step + "
-           f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step, measured at "
-           f"start), per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
+           f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step"
+           f"{_plain_rate(result['cost_model'])}, measured at start; rows of one pricing group share kernel models "
+           f"and priced step parts in a worker), per-row cap {result['max_row_s']:.0f} s. "
+           "Every simulated row replays all requests of its "
            "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
            "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
            "order, so a deferred row is a random "

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sim.api import simulate
-from sim.calibration.select import shipped_calibration
+from sim.api import scenario_efficiency, simulate
+from sim.calibration.select import EfficiencyModels, shipped_calibration
+from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError
 from sim.metrics.summary import SimSummary
 from sim.perf.profile import EngineProfile
@@ -70,8 +71,13 @@ def write_trace(path: Path, replay: Replay) -> None:
 
 
 def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
-                 profile: EngineProfile | None = None) -> RowResult:
-    """Simulate `row` with the `tier` kernel model; `profile` overrides the backend's shipped profile."""
+                 profile: EngineProfile | None = None, models: EfficiencyModels | None = None,
+                 prices: PriceCache | None = None) -> RowResult:
+    """Simulate `row` with the `tier` kernel model; `profile` overrides the backend's shipped profile.
+
+    `models` and `prices` are a long-lived caller's kernel models and priced step parts (a validate
+    worker's, shared by the rows it simulates of the same hardware, model, precision, layout and
+    tier): the same results as building and pricing them afresh for each row, at less cost."""
     reason = tier_skip_reason(row, tier)
     if reason is not None:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=reason)
@@ -79,7 +85,10 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     start = time.perf_counter()
     try:
         scenario = scenario_from_dict(scenario_sections(row, tier, work_dir), source=row.row_id)
-        result = simulate(scenario, profile=profile)
+        # A disaggregated row's pools select their own kernel models (simulate does it per pool).
+        efficiency = (scenario_efficiency(scenario, profile, models=models)
+                      if models is not None and scenario.disaggregation is None else None)
+        result = simulate(scenario, profile=profile, efficiency=efficiency, prices=prices)
     except ConfigError as exc:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=f"{exc.key}={exc.value}: {exc.rule}")
     s = result.summary

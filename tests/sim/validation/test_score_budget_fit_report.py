@@ -62,6 +62,15 @@ def test_work_of_closed_loop() -> None:
     assert steps == pytest.approx(10 * 100 / 5 + 10 * 500 / 1000)
 
 
+def test_request_by_request_backends_pay_their_own_rate_per_running_request() -> None:
+    cost = CostModel(per_step_s=1e-3, per_request_step_s=1e-6, per_plain_request_step_s=1e-5,
+                     request_by_request=frozenset({"sglang"}))
+    vllm = _row("a", n=10, osl=100, conc=5)  # 205 steps, 1,000 request-steps
+    sglang = dataclasses.replace(vllm, backend="sglang")
+    assert cost.estimate_s(vllm) == pytest.approx(205e-3 + 1000e-6)
+    assert cost.estimate_s(sglang) == pytest.approx(205e-3 + 1000e-5)
+
+
 def test_select_rows_respects_the_budget_weights_eval_groups_and_is_deterministic() -> None:
     cost = CostModel(per_step_s=0.0, per_request_step_s=1e-3)  # a row of 10 x 100 costs 1 s
     rows = ([_row(f"dev{i}") for i in range(10)] + [_row(f"ev{i}", suite="eval") for i in range(10)]
