@@ -61,6 +61,15 @@ SemiAnalysisAI/InferenceX) turn on TRT-LLM batch waiting for ISL = OSL = 1024 be
 improve the performance"): a prompt that arrives while decodes run waits up to 20 iterations. It is
 part of the measured deployment, not a fitted number; without it those rows' TTFT is under-predicted
 by about 20 decode steps."""
+TRTLLM_DEEPSEEK_ADP_BALANCE: Final = {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+                                      "attention_dp_batching_wait_iters": 0}
+"""InferenceX's TensorRT-LLM DeepSeek-R1 recipes (`benchmarks/dsr1_fp8_{h200,b200}_trt.sh`,
+`dsr1_fp4_b200_trt.sh` and their `_slurm` / `_mtp` variants, SemiAnalysisAI/InferenceX) write
+`attention_dp_config: {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}` whenever
+`DP_ATTENTION` is true: a context request waits until every attention-DP rank has one, 60
+iterations pass, or a rank has no generation request (`sim.serving.adp_balance`). Part of the
+measured deployment, not a fitted number."""
+_DEEPSEEK: Final = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
 DP_ROUTER: Final = {"vllm": "least_outstanding", "sglang": "round_robin", "trtllm": "least_outstanding"}
 """How each engine spreads requests over attention-DP ranks: vLLM's DP coordinator and TensorRT-LLM's
 attention-DP scheduler send a request to the least-loaded rank; SGLang's default
@@ -254,6 +263,10 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         base["notes"] = (*base["notes"], "InferenceX TensorRT-LLM Llama-70B 1k/1k TP<8 recipe: "
                          "batch_wait_timeout_iters 20, batch_wait_max_tokens_ratio 0.9, max_num_tokens 16384 "
                          "(B200) / max_model_len (H100, H200)")
+    if inferencex and backend == "trtllm" and arch in _DEEPSEEK and layout.dp > 1 and not disagg:
+        engine.update(TRTLLM_DEEPSEEK_ADP_BALANCE)
+        base["notes"] = (*base["notes"], "InferenceX TensorRT-LLM DeepSeek-R1 attention-DP recipe: attention_dp_config "
+                         "enable_balance true, timeout_iters 60, batching_wait_iters 0")
     num_requests = REQUESTS_PER_CONCURRENCY * conc
     if inferencex:
         centre = round(0.9 * isl), round(0.9 * osl)
