@@ -200,3 +200,21 @@ def test_inferencex_trtllm_llama70b_1k_rows_below_tp8_run_with_the_recipes_batch
     assert any("batch_wait_timeout_iters 20" in n for n in waiting.notes)
     for row in (full_tp, long_prompt):
         assert "batch_wait_timeout_iters" not in _engine(row)
+
+
+def test_inferencex_trtllm_deepseek_attention_dp_rows_run_with_the_recipes_adp_balance(tmp_path: Path) -> None:
+    # dsr1_fp8_h200_trt.sh: DP_ATTENTION=true writes attention_dp_config {enable_balance: true,
+    # timeout_iters: 60, batching_wait_iters: 0}; the same deployment without attention DP (TP 8)
+    # and the same layout on another backend do not get it.
+    tp8 = {**DSR1_DEP8, "attention_dp_size": "1", "tp_size": "64"}
+    sglang = {**DSR1_DEP8, "backend": "sglang", "backend_version": "0.5.10"}
+    balanced, no_dp, other = _read(tmp_path, DSR1_DEP8, tp8, sglang)
+    e = _engine(balanced)
+    assert e["data_parallel_size"] == 8
+    assert (e["attention_dp_enable_balance"], e["attention_dp_timeout_iters"],
+            e["attention_dp_batching_wait_iters"]) == (True, 60, 0)
+    assert any("enable_balance true, timeout_iters 60" in n for n in balanced.notes)
+    assert _engine(no_dp)["data_parallel_size"] == 1
+    for row in (no_dp, other):
+        assert row.skip_reason is None
+        assert "attention_dp_enable_balance" not in _engine(row)
