@@ -46,7 +46,7 @@ from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.engine_args import memory_utilization_for, profile_engine
 from sim.validation.names import CHECKPOINT_QUANTIZED, GPU_NAMES, MODEL_NAMES, QUANTIZATION
-from sim.validation.rows import Family, Replay, ValidationRow, suite_of
+from sim.validation.rows import DUPLICATE_PREFIX, Family, Replay, ValidationRow, suite_of
 from sim.validation.specs_cache import SpecCache
 
 FILE = "aiconfigurator_silicon_sample.csv"
@@ -169,7 +169,59 @@ def weight_format(r: Mapping[str, str], *, arch: str, checkpoint: str | None,
 
 def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache: SpecCache) -> list[ValidationRow]:
     with open_text(path) as f:
-        return [_row(r, profiles, cache) for r in csv.DictReader(f)]
+        raw = list(csv.DictReader(f))
+    return drop_duplicates(raw, [_row(r, profiles, cache) for r in raw])
+
+
+_ID_MODEL: Final = {"dsr1": "deepseek-ai/DeepSeek-R1"}
+"""InferenceX short model names that start `db-dump` row ids: that export labels its `dsr1_*` runs
+(InferenceX's DeepSeek-R1 recipes, the same measurements as the R1 rows of the dated exports) as
+DeepSeek-V3."""
+
+
+def _measurement(r: Mapping[str, str], row: ValidationRow) -> tuple[str, ...]:
+    """What identifies one measurement: the deployment (system, backend and version, precision and
+    weight formats, mode, lengths, client concurrency; the parallel layout as simulated where the row
+    is an aggregated one that could be read) and the measured mean TTFT and TPOT to 10 significant
+    digits (exports differ in the last bits of the same float). The layout columns themselves are
+    left out: the exports encode one deployment differently (`layout_of`; the db-dump export writes
+    disaggregated pools as attention DP where the dated exports write TP)."""
+    measured = tuple(f"{_num(r[k]):.10g}" for k in ("silicon_ttft_ms", "silicon_tpot_ms"))
+    layout: tuple[str, ...] = ()
+    if row.sections is not None and "disaggregation" not in row.sections:
+        engine = row.sections["engine"]
+        layout = tuple(str(engine.get(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                       "data_parallel_size", "moe_tensor_parallel_size",
+                                                       "moe_expert_parallel_size"))
+    return (r["system"], r["backend"], r["backend_version"], r["precision"], r["gemm_quant_mode"],
+            r["moe_quant_mode"], r["mode"], r["isl"], r["osl"], r["src_concurrency"], *layout, *measured)
+
+
+def _label_disagrees(r: Mapping[str, str]) -> bool:
+    named = _ID_MODEL.get(r["id"].split("_", 1)[0])
+    return named is not None and named != r["model_path"]
+
+
+def drop_duplicates(raw: list[dict[str, str]], rows: list[ValidationRow]) -> list[ValidationRow]:
+    """Score each measurement once: the InferenceX exports (`2026-03-25.csv`, `2026-04-06.csv`,
+    `db-dump/...`) carry many runs two or three times (and one export some twice). Of each set of
+    rows with the same `_measurement` one is kept: the one whose model label agrees with its id,
+    then one that can be simulated, then the first in the file; the others are skipped, naming it."""
+    first: dict[tuple[str, ...], list[int]] = {}
+    for i, r in enumerate(raw):
+        if not any(math.isnan(_num(r[k])) for k in ("silicon_ttft_ms", "silicon_tpot_ms")):
+            first.setdefault(_measurement(r, rows[i]), []).append(i)
+    out = list(rows)
+    for same in first.values():
+        if len(same) < 2:
+            continue
+        keep = min(same, key=lambda i: (_label_disagrees(raw[i]), rows[i].skipped, i))
+        for i in same:
+            if i != keep:
+                why = ("same measurement, model label disagrees with the row id" if _label_disagrees(raw[i])
+                       else "same deployment, concurrency and measured TTFT / TPOT")
+                out[i] = rows[i].with_skip(f"{DUPLICATE_PREFIX}{rows[keep].row_id}: {why}")
+    return out
 
 
 def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCache) -> ValidationRow:

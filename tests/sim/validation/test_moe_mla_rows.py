@@ -13,7 +13,7 @@ from sim.api import load_engine_profile
 from sim.validation.aiconfigurator import read_aiconfigurator
 from sim.validation.budget import work_of
 from sim.validation.finalize import finalize
-from sim.validation.report import family_table, per_model_table
+from sim.validation.report import family_table, per_model_table, skipped_table
 from sim.validation.rows import Replay, ValidationRow
 from sim.validation.runner import RowResult
 from sim.validation.specs_cache import SpecCache
@@ -218,3 +218,31 @@ def test_inferencex_trtllm_deepseek_attention_dp_rows_run_with_the_recipes_adp_b
     for row in (no_dp, other):
         assert row.skip_reason is None
         assert "attention_dp_enable_balance" not in _engine(row)
+
+
+def test_a_measurement_in_two_exports_is_scored_once_keeping_the_row_whose_label_matches_its_id(
+        tmp_path: Path) -> None:
+    # The db-dump export carries the same DeepSeek-R1 run (id `dsr1_...`) labelled DeepSeek-V3; it
+    # comes first in the file, yet the R1 row is kept. Another run of the deployment (its own TPOT)
+    # and the same numbers at another concurrency are separate measurements.
+    v3 = {**DSR1_DEP8, "id": "dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg700", "model_path": "deepseek-ai/DeepSeek-V3",
+          "src_file": "db-dump/2026-04-27"}
+    rerun = {**DSR1_DEP8, "id": DSR1_DEP8["id"].replace("_941", "_942"), "silicon_tpot_ms": "41.0"}
+    other_load = {**DSR1_DEP8, "id": DSR1_DEP8["id"].replace("_c64_", "_c128_").replace("_941", "_943"),
+                  "src_concurrency": "128", "batch_size": "2"}
+    rows = _read(tmp_path, v3, DSR1_DEP8, rerun, other_load)
+    dup, kept, *others = rows
+    assert dup.skip_reason == (f"duplicate of aiconfigurator:{DSR1_DEP8['id']}: same measurement, model label "
+                               "disagrees with the row id")
+    assert [r.skip_reason for r in (kept, *others)] == [None, None, None]
+    # Reported once in the skipped table (grouped, without the row id), left out of the coverage tables.
+    skipped = skipped_table(rows, [], {})
+    assert ("| dev | aiconfigurator | skipped | duplicate of another row (scored once): same measurement, model "
+            "label disagrees with the row id | 1 |") in skipped
+    (line,) = [ln for ln in family_table(rows, [], tiers=["cross-generation"], deferred={}) if ln.startswith("| mla")]
+    assert line.startswith("| mla | dev | cross-generation | 3 | 0 | 0 |")
+    # Without a label disagreement the first row in the file is kept.
+    again = _read(tmp_path, {**DSR1_DEP8, "id": "x_1"}, {**DSR1_DEP8, "id": "x_2"})
+    assert again[0].skip_reason is None
+    assert again[1].skip_reason == ("duplicate of aiconfigurator:x_1: same deployment, concurrency and measured "
+                                    "TTFT / TPOT")
