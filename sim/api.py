@@ -43,6 +43,7 @@ from sim.perf.profile import (
 )
 from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
+from sim.serving.adp_balance import AdpBalance
 from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.kv_transfer import transfer_path
@@ -276,7 +277,11 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
     # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
     lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
-    replicas: list[VllmV1Scheduler | DataParallelGroup] = [DataParallelGroup(ranks)] if lockstep else list(ranks)
+    balance = (AdpBalance(timeout_iters=engine.attention_dp_timeout_iters,
+                          batching_wait_iters=engine.attention_dp_batching_wait_iters)
+               if engine.attention_dp_enable_balance else None)
+    replicas: list[VllmV1Scheduler | DataParallelGroup] = (
+        [DataParallelGroup(ranks, balance)] if lockstep else list(ranks))
     states = request_states(specs, ranks[0].kv)
     efficiency = efficiency or scenario_efficiency(scenario, profile)
     host = host or profile.host

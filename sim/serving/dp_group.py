@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.serving.adp_balance import AdpBalance, apply_adp_balance
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.scheduler import ScheduledChunk, StepPlan
@@ -35,10 +36,12 @@ WAITING_WEIGHT = 4
 
 
 class DataParallelGroup:
-    def __init__(self, ranks: Sequence[VllmV1Scheduler]) -> None:
+    def __init__(self, ranks: Sequence[VllmV1Scheduler], balance: AdpBalance | None = None) -> None:
         assert ranks, "a data-parallel group has at least one rank"
         self.ranks = list(ranks)
         self._step_id = 0
+        self._balance = balance
+        """TensorRT-LLM's attention-DP balance (`sim.serving.adp_balance`); None = off."""
 
     @property
     def kv(self) -> KVCacheManager:
@@ -86,6 +89,8 @@ class DataParallelGroup:
     def schedule(self) -> StepPlan | None:
         """Every rank's plan for the next group step, merged; None when no rank has work."""
         step = self._step_id
+        if self._balance is not None:
+            apply_adp_balance(self._balance, self.ranks)
         plans: list[StepPlan | None] = []
         busy = False
         for rank in self.ranks:

@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 from typing import cast
 
+from sim.serving.adp_balance import RankLoad
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
 from sim.serving.request import RequestState
 from sim.serving.scheduler import ScheduledChunk, StepPlan
@@ -114,6 +115,9 @@ class VllmV1Scheduler:
         self._next_seq = 0
         self._in_flight = False
         self.num_preemptions = 0
+        self.hold_new = False
+        """Admit no waiting request while set (TensorRT-LLM's attention-DP balance holds them;
+        `sim.serving.dp_group`)."""
 
     @property
     def kv(self) -> KVCacheManager:
@@ -144,6 +148,20 @@ class VllmV1Scheduler:
 
     def kv_usage_frac(self) -> float:
         return self._kv.usage_frac()
+
+    def adp_load(self) -> RankLoad:
+        """This rank's counts for TensorRT-LLM's attention-DP balance (`sim.serving.adp_balance`):
+        context requests it would run (ongoing prefills, and waiting prompts it has batch slots
+        and reserved KV room for) and generation requests (1, TRT-LLM's dummy, if it has none at all)."""
+        prefilling = sum(1 for r in self._active if r.num_pending() > 1 or r.num_computed < r.prompt_tokens)
+        slots = self._max_num_seqs - len(self._running)
+        new = 0
+        if self._waiting and slots > 0 and not self._no_room_reserved(self._waiting[0]):
+            new = min(len(self._waiting), slots)
+        generation = len(self._running) - prefilling
+        if not self._running and not self._waiting:
+            generation = 1
+        return RankLoad(num_context=prefilling + new, num_generation=generation, max_batch=self._max_num_seqs)
 
     def skip_to_step(self, step_id: int) -> None:
         """Number the next step `step_id + 1` (a data-parallel rank that sat out group steps in a
@@ -390,6 +408,8 @@ class VllmV1Scheduler:
         """Admit waiting requests FCFS into the remaining budget; returns (prefix hit tokens, budget)."""
         hits = 0
         kv = self._kv
+        if self.hold_new and self._waiting:
+            return hits, budget
         if self._batch_wait and self._waiting and self._holds_waiting(chunks, budget):
             return hits, budget
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:

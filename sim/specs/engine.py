@@ -107,6 +107,16 @@ class EngineParams:
     batch_wait_max_tokens_ratio: float = 0.0
     """TensorRT-LLM: stop holding prefills early once the step's tokens (waiting prompts + decodes)
     reach this fraction of `max_num_batched_tokens` (TRT-LLM `max_num_tokens`); 0 disables the test."""
+    attention_dp_enable_balance: bool = False
+    """TensorRT-LLM `attention_dp_config.enable_balance` (`backend = "trtllm"`, attention-DP MoE engines
+    only): hold new context requests until every DP rank can take one, `attention_dp_timeout_iters`
+    iterations pass, or a rank has no generation request (`sim.serving.adp_balance`)."""
+    attention_dp_timeout_iters: int = 50
+    """TensorRT-LLM `attention_dp_config.timeout_iters` (its default 50): iterations the balance waits
+    for every rank to have a context request before it lets the waiting ones run."""
+    attention_dp_batching_wait_iters: int = 10
+    """TensorRT-LLM `attention_dp_config.batching_wait_iters` (its default 10): once every rank has a
+    context request and a generation request, iterations to keep holding them so more contexts batch up."""
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding (vLLM's `speculative_config`; `sim.specs.speculative`); None = off."""
 
@@ -120,6 +130,9 @@ class EngineParams:
             require(value is None or value >= 1, key, value, "must be >= 1")
         require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
                 self.long_prefill_token_threshold, "must be >= 0")
+        for key in ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"):
+            value = getattr(self, key)
+            require(value >= 0, key, value, "must be >= 0")
         require(self.batch_wait_timeout_iters >= 0, "batch_wait_timeout_iters", self.batch_wait_timeout_iters,
                 "must be >= 0")
         require(0.0 <= self.batch_wait_max_tokens_ratio <= 1.0, "batch_wait_max_tokens_ratio",

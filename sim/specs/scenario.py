@@ -24,7 +24,7 @@ overrides (`with_overrides`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -179,7 +179,8 @@ class Disaggregation:
 
 LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "engine": ("enable_eplb", "num_redundant_experts", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
-               "speculative_config"),
+               "speculative_config", "attention_dp_enable_balance", "attention_dp_timeout_iters",
+               "attention_dp_batching_wait_iters"),
     "hardware": ("nvlink_domain_size", "nvlink"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
@@ -319,6 +320,13 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
     for name, pool in named:
         pools[name] = Pool(name=name, num_workers=pool.num_workers,
                            scenario=_pool_scenario(data, name, pool, source))
+    for name, pool in named:
+        if pools[name].scenario.engine.attention_dp_enable_balance:
+            own = "attention_dp_enable_balance" in pool.engine
+            raise ConfigError(
+                source=source, key=(f"disaggregation.{name}." if own else "") + "engine.attention_dp_enable_balance",
+                value=True, rule=(f"attention-DP balancing is not simulated in disaggregated pools (the {name} "
+                                  "pool's ranks are stepped independently)"))
     prefill, decode = pools["prefill"].scenario, pools["decode"].scenario
     where = "disaggregation.decode.engine."
     if prefill.precision.kv_cache_dtype != decode.precision.kv_cache_dtype:
@@ -369,6 +377,30 @@ def _resolve(loader: Any, name: str, source: str, key: str) -> Any:
         raise ConfigError(source=source, key=key, value=name, rule=exc.rule) from None
 
 
+_ADP_BALANCE_KEYS: Final = ("attention_dp_enable_balance", "attention_dp_timeout_iters",
+                             "attention_dp_batching_wait_iters")
+
+
+def _check_adp_balance(fail: Callable[[str, object, str], None], model: ModelSpec, engine: EngineParams) -> None:
+    """TensorRT-LLM's attention-DP balance: its backend, and an engine whose DP ranks step together."""
+    defaults = EngineParams()
+    for key in _ADP_BALANCE_KEYS:
+        value = getattr(engine, key)
+        if engine.backend != "trtllm" and value != getattr(defaults, key):
+            fail(f"engine.{key}", value, f"attention-DP balancing is TensorRT-LLM's scheduler feature "
+                 f"(attention_dp_config): needs backend = \"trtllm\" (backend is {engine.backend!r})")
+    if not engine.attention_dp_enable_balance:
+        return
+    if engine.data_parallel_size < 2:
+        fail("engine.attention_dp_enable_balance", True,
+             f"balances context requests over attention-DP ranks: needs data_parallel_size >= 2 "
+             f"(is {engine.data_parallel_size})")
+    if model.moe is None:
+        fail("engine.attention_dp_enable_balance", True,
+             "needs a MoE model: the simulator steps attention-DP ranks together only where they meet at "
+             "the MoE layers (a dense model's DP ranks are independent replicas)")
+
+
 def _check_combination(
     source: str, model: ModelSpec, asked: EngineParams, engine: EngineParams, workload: WorkloadSpec
 ) -> None:
@@ -379,6 +411,7 @@ def _check_combination(
         fail("engine.batch_wait_timeout_iters", engine.batch_wait_timeout_iters,
              f"batch waiting is TensorRT-LLM's scheduler feature: needs backend = \"trtllm\" (backend is "
              f"{engine.backend!r})")
+    _check_adp_balance(fail, model, engine)
     tp = engine.tensor_parallel_size
     if model.num_attention_heads % tp:
         fail("engine.tensor_parallel_size", tp,

@@ -46,7 +46,7 @@ from sim.measured import open_text
 from sim.perf.profile import EngineProfile
 from sim.validation.engine_args import memory_utilization_for, profile_engine
 from sim.validation.names import CHECKPOINT_QUANTIZED, GPU_NAMES, MODEL_NAMES, QUANTIZATION
-from sim.validation.rows import Family, Replay, ValidationRow, suite_of
+from sim.validation.rows import DUPLICATE_PREFIX, Family, Replay, ValidationRow, suite_of
 from sim.validation.specs_cache import SpecCache
 
 FILE = "aiconfigurator_silicon_sample.csv"
@@ -61,6 +61,15 @@ SemiAnalysisAI/InferenceX) turn on TRT-LLM batch waiting for ISL = OSL = 1024 be
 improve the performance"): a prompt that arrives while decodes run waits up to 20 iterations. It is
 part of the measured deployment, not a fitted number; without it those rows' TTFT is under-predicted
 by about 20 decode steps."""
+TRTLLM_DEEPSEEK_ADP_BALANCE: Final = {"attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+                                      "attention_dp_batching_wait_iters": 0}
+"""InferenceX's TensorRT-LLM DeepSeek-R1 recipes (`benchmarks/dsr1_fp8_{h200,b200}_trt.sh`,
+`dsr1_fp4_b200_trt.sh` and their `_slurm` / `_mtp` variants, SemiAnalysisAI/InferenceX) write
+`attention_dp_config: {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}` whenever
+`DP_ATTENTION` is true: a context request waits until every attention-DP rank has one, 60
+iterations pass, or a rank has no generation request (`sim.serving.adp_balance`). Part of the
+measured deployment, not a fitted number."""
+_DEEPSEEK: Final = ("deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3")
 DP_ROUTER: Final = {"vllm": "least_outstanding", "sglang": "round_robin", "trtllm": "least_outstanding"}
 """How each engine spreads requests over attention-DP ranks: vLLM's DP coordinator and TensorRT-LLM's
 attention-DP scheduler send a request to the least-loaded rank; SGLang's default
@@ -162,7 +171,8 @@ def read_aiconfigurator(path: Path, profiles: Mapping[str, EngineProfile], cache
     with open_text(path) as f:
         raw = list(csv.DictReader(f))
     twins = recorded_twins(raw)
-    return [_row(twins.get(r["id"], r), profiles, cache) for r in raw]
+    rows = [twins.get(r["id"], r) for r in raw]
+    return drop_duplicates(rows, [_row(r, profiles, cache) for r in rows])
 
 
 _TWIN_KEY: Final = ("system", "backend", "isl", "osl", "src_concurrency", "silicon_ttft_ms", "silicon_tpot_ms")
@@ -194,6 +204,57 @@ def recorded_twins(raw: list[dict[str, str]]) -> dict[str, dict[str, str]]:
         twin = dumps.get(tuple(r[k] for k in _TWIN_KEY))
         if twin is not None:
             out[r["id"]] = {**r, **{c: twin[c] for c in _POOL_COLUMNS}, TWIN_FIELD: twin["id"]}
+    return out
+
+
+_ID_MODEL: Final = {"dsr1": "deepseek-ai/DeepSeek-R1"}
+"""InferenceX short model names that start `db-dump` row ids: that export labels its `dsr1_*` runs
+(InferenceX's DeepSeek-R1 recipes, the same measurements as the R1 rows of the dated exports) as
+DeepSeek-V3."""
+
+
+def _measurement(r: Mapping[str, str], row: ValidationRow) -> tuple[str, ...]:
+    """What identifies one measurement: the deployment (system, backend and version, precision and
+    weight formats, mode, lengths, client concurrency; the parallel layout as simulated where the row
+    is an aggregated one that could be read) and the measured mean TTFT and TPOT to 10 significant
+    digits (exports differ in the last bits of the same float). The layout columns themselves are
+    left out: the exports encode one deployment differently (`layout_of`; the db-dump export writes
+    disaggregated pools as attention DP where the dated exports write TP)."""
+    measured = tuple(f"{_num(r[k]):.10g}" for k in ("silicon_ttft_ms", "silicon_tpot_ms"))
+    layout: tuple[str, ...] = ()
+    if row.sections is not None and "disaggregation" not in row.sections:
+        engine = row.sections["engine"]
+        layout = tuple(str(engine.get(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                       "data_parallel_size", "moe_tensor_parallel_size",
+                                                       "moe_expert_parallel_size"))
+    return (r["system"], r["backend"], r["backend_version"], r["precision"], r["gemm_quant_mode"],
+            r["moe_quant_mode"], r["mode"], r["isl"], r["osl"], r["src_concurrency"], *layout, *measured)
+
+
+def _label_disagrees(r: Mapping[str, str]) -> bool:
+    named = _ID_MODEL.get(r["id"].split("_", 1)[0])
+    return named is not None and named != r["model_path"]
+
+
+def drop_duplicates(raw: list[dict[str, str]], rows: list[ValidationRow]) -> list[ValidationRow]:
+    """Score each measurement once: the InferenceX exports (`2026-03-25.csv`, `2026-04-06.csv`,
+    `db-dump/...`) carry many runs two or three times (and one export some twice). Of each set of
+    rows with the same `_measurement` one is kept: the one whose model label agrees with its id,
+    then one that can be simulated, then the first in the file; the others are skipped, naming it."""
+    first: dict[tuple[str, ...], list[int]] = {}
+    for i, r in enumerate(raw):
+        if not any(math.isnan(_num(r[k])) for k in ("silicon_ttft_ms", "silicon_tpot_ms")):
+            first.setdefault(_measurement(r, rows[i]), []).append(i)
+    out = list(rows)
+    for same in first.values():
+        if len(same) < 2:
+            continue
+        keep = min(same, key=lambda i: (_label_disagrees(raw[i]), rows[i].skipped, i))
+        for i in same:
+            if i != keep:
+                why = ("same measurement, model label disagrees with the row id" if _label_disagrees(raw[i])
+                       else "same deployment, concurrency and measured TTFT / TPOT")
+                out[i] = rows[i].with_skip(f"{DUPLICATE_PREFIX}{rows[keep].row_id}: {why}")
     return out
 
 
@@ -291,6 +352,10 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
         base["notes"] = (*base["notes"], "InferenceX TensorRT-LLM Llama-70B 1k/1k TP<8 recipe: "
                          "batch_wait_timeout_iters 20, batch_wait_max_tokens_ratio 0.9, max_num_tokens 16384 "
                          "(B200) / max_model_len (H100, H200)")
+    if inferencex and backend == "trtllm" and arch in _DEEPSEEK and layout.dp > 1 and not disagg:
+        engine.update(TRTLLM_DEEPSEEK_ADP_BALANCE)
+        base["notes"] = (*base["notes"], "InferenceX TensorRT-LLM DeepSeek-R1 attention-DP recipe: attention_dp_config "
+                         "enable_balance true, timeout_iters 60, batching_wait_iters 0")
     num_requests = REQUESTS_PER_CONCURRENCY * conc
     if inferencex:
         centre = round(0.9 * isl), round(0.9 * osl)

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from sim.validation.rows import HEADLINE_METRICS, ValidationRow
+from sim.validation.rows import DUPLICATE_PREFIX, HEADLINE_METRICS, ValidationRow
 from sim.validation.runner import RowResult
 from sim.validation.score import DISTRIBUTION_METRICS, GroupScore, metric_stats
 
@@ -83,9 +83,10 @@ def _cells(items: Sequence[tuple[ValidationRow, RowResult | None]], deferred: Ma
 
 
 def _aggregated(rows: Sequence[ValidationRow]) -> list[ValidationRow]:
-    """AIConfigurator rows of aggregated serving (disaggregated rows are counted in the skipped table)."""
+    """AIConfigurator rows of aggregated serving (disaggregated rows, and duplicates of another row's
+    measurement, are counted in the skipped table)."""
     return [r for r in rows if r.source == "aiconfigurator" and not r.disaggregated
-            and not (r.skip_reason or "").startswith(DISAGG_PREFIX)]
+            and not (r.skip_reason or "").startswith((DISAGG_PREFIX, DUPLICATE_PREFIX))]
 
 
 def disaggregated_table(rows: Sequence[ValidationRow], results: Sequence[RowResult], *, tiers: Sequence[str],
@@ -95,7 +96,8 @@ def disaggregated_table(rows: Sequence[ValidationRow], results: Sequence[RowResu
     groups: dict[tuple[str, str, str, str], dict[bool, list[tuple[ValidationRow, RowResult | None]]]] = {}
     disagg_keys = {(r.hardware, r.model) for r in rows if r.source == "aiconfigurator" and r.disaggregated}
     for row in rows:
-        if row.source != "aiconfigurator" or (row.hardware, row.model) not in disagg_keys:
+        if (row.source != "aiconfigurator" or (row.hardware, row.model) not in disagg_keys
+                or (row.skip_reason or "").startswith(DUPLICATE_PREFIX)):
             continue
         for tier in tiers:
             key = (row.hardware, row.model, row.suite, tier)
@@ -262,8 +264,8 @@ def skipped_table(rows: Sequence[ValidationRow], results: Sequence[RowResult],
     by_id = {r.row_id: r for r in rows}
     for row in rows:
         if row.skip_reason is not None:
-            counts[(row.suite, row.source, "skipped", row.skip_reason)] = counts.get(
-                (row.suite, row.source, "skipped", row.skip_reason), 0) + 1
+            key = (row.suite, row.source, "skipped", _generic(row.skip_reason))
+            counts[key] = counts.get(key, 0) + 1
         elif row.row_id in deferred:
             key = (row.suite, row.source, "deferred", _generic(deferred[row.row_id]))
             counts[key] = counts.get(key, 0) + 1
@@ -283,6 +285,8 @@ def _generic(reason: str) -> str:
     """Per-row numbers out of a reason so identical causes group together."""
     if reason.startswith("estimated"):
         return "estimated simulation time over the per-row cap"
+    if reason.startswith(DUPLICATE_PREFIX):  # "duplicate of <row id>: <why>"
+        return "duplicate of another row (scored once): " + reason.partition(": ")[2]
     return reason
 
 

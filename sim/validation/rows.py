@@ -58,6 +58,9 @@ def suite_of(model: str, hardware: str) -> Suite:
     return "eval" if is_eval(model, hardware) else "dev"
 
 
+DUPLICATE_PREFIX: Final = "duplicate of "
+"""Skip reason of a row that repeats another row's measurement: `duplicate of <row id>: <why>`."""
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceRequest:
     arrival_s: float

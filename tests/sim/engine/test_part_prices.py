@@ -125,7 +125,8 @@ _OTHER_VALUES: dict[str, Any] = {
     "gpu_memory_utilization": 0.5, "block_size": 32, "max_model_len": 4096, "enforce_eager": True,
     "max_cudagraph_capture_size": 8, "async_scheduling": True, "launch_mode": "megakernel",
     "scheduler": "vllm_v1", "router": "least_outstanding", "batch_wait_timeout_iters": 20,
-    "batch_wait_max_tokens_ratio": 0.9,
+    "batch_wait_max_tokens_ratio": 0.9, "attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
+    "attention_dp_batching_wait_iters": 0,
 }
 
 

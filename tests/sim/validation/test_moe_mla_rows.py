@@ -13,7 +13,7 @@ from sim.api import load_engine_profile
 from sim.validation.aiconfigurator import read_aiconfigurator
 from sim.validation.budget import work_of
 from sim.validation.finalize import finalize
-from sim.validation.report import family_table, per_model_table
+from sim.validation.report import family_table, per_model_table, skipped_table
 from sim.validation.rows import Replay, ValidationRow
 from sim.validation.runner import RowResult
 from sim.validation.specs_cache import SpecCache
@@ -200,3 +200,49 @@ def test_inferencex_trtllm_llama70b_1k_rows_below_tp8_run_with_the_recipes_batch
     assert any("batch_wait_timeout_iters 20" in n for n in waiting.notes)
     for row in (full_tp, long_prompt):
         assert "batch_wait_timeout_iters" not in _engine(row)
+
+
+def test_inferencex_trtllm_deepseek_attention_dp_rows_run_with_the_recipes_adp_balance(tmp_path: Path) -> None:
+    # dsr1_fp8_h200_trt.sh: DP_ATTENTION=true writes attention_dp_config {enable_balance: true,
+    # timeout_iters: 60, batching_wait_iters: 0}; the same deployment without attention DP (TP 8)
+    # and the same layout on another backend do not get it.
+    tp8 = {**DSR1_DEP8, "attention_dp_size": "1", "tp_size": "64"}
+    sglang = {**DSR1_DEP8, "backend": "sglang", "backend_version": "0.5.10"}
+    balanced, no_dp, other = _read(tmp_path, DSR1_DEP8, tp8, sglang)
+    e = _engine(balanced)
+    assert e["data_parallel_size"] == 8
+    assert (e["attention_dp_enable_balance"], e["attention_dp_timeout_iters"],
+            e["attention_dp_batching_wait_iters"]) == (True, 60, 0)
+    assert any("enable_balance true, timeout_iters 60" in n for n in balanced.notes)
+    assert _engine(no_dp)["data_parallel_size"] == 1
+    for row in (no_dp, other):
+        assert row.skip_reason is None
+        assert "attention_dp_enable_balance" not in _engine(row)
+
+
+def test_a_measurement_in_two_exports_is_scored_once_keeping_the_row_whose_label_matches_its_id(
+        tmp_path: Path) -> None:
+    # The db-dump export carries the same DeepSeek-R1 run (id `dsr1_...`) labelled DeepSeek-V3; it
+    # comes first in the file, yet the R1 row is kept. Another run of the deployment (its own TPOT)
+    # and the same numbers at another concurrency are separate measurements.
+    v3 = {**DSR1_DEP8, "id": "dsr1_h200_trtllm_fp8_agg_8192x1024_c64_cfg700", "model_path": "deepseek-ai/DeepSeek-V3",
+          "src_file": "db-dump/2026-04-27"}
+    rerun = {**DSR1_DEP8, "id": DSR1_DEP8["id"].replace("_941", "_942"), "silicon_tpot_ms": "41.0"}
+    other_load = {**DSR1_DEP8, "id": DSR1_DEP8["id"].replace("_c64_", "_c128_").replace("_941", "_943"),
+                  "src_concurrency": "128", "batch_size": "2"}
+    rows = _read(tmp_path, v3, DSR1_DEP8, rerun, other_load)
+    dup, kept, *others = rows
+    assert dup.skip_reason == (f"duplicate of aiconfigurator:{DSR1_DEP8['id']}: same measurement, model label "
+                               "disagrees with the row id")
+    assert [r.skip_reason for r in (kept, *others)] == [None, None, None]
+    # Reported once in the skipped table (grouped, without the row id), left out of the coverage tables.
+    skipped = skipped_table(rows, [], {})
+    assert ("| dev | aiconfigurator | skipped | duplicate of another row (scored once): same measurement, model "
+            "label disagrees with the row id | 1 |") in skipped
+    (line,) = [ln for ln in family_table(rows, [], tiers=["cross-generation"], deferred={}) if ln.startswith("| mla")]
+    assert line.startswith("| mla | dev | cross-generation | 3 | 0 | 0 |")
+    # Without a label disagreement the first row in the file is kept.
+    again = _read(tmp_path, {**DSR1_DEP8, "id": "x_1"}, {**DSR1_DEP8, "id": "x_2"})
+    assert again[0].skip_reason is None
+    assert again[1].skip_reason == ("duplicate of aiconfigurator:x_1: same deployment, concurrency and measured "
+                                    "TTFT / TPOT")
