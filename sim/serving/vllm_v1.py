@@ -60,6 +60,8 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 from typing import cast
 
+import numpy as np
+
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
 from sim.serving.request import RequestState
 from sim.serving.scheduler import ScheduledChunk, StepPlan
@@ -188,33 +190,49 @@ class VllmV1Scheduler:
             return None
         return self._num_bulk, self._bulk_context_base + self._num_bulk * u, self._finish_steps[0] - u
 
-    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+    def bulk_decode_block_steps(self, num_steps: int) -> int:
+        """How many of the next `num_steps` steps `next_bulk_decode_steps` described find the KV
+        blocks they take free (the count `run_bulk_decode_steps(num_steps)` runs, before it stops
+        at a finish)."""
+        free = self._kv.num_free_blocks()
+        due = self._due_counts(num_steps)
+        if not len(due) or int(due[-1]) <= free:
+            return num_steps
+        return int(np.searchsorted(due, free, side="right"))
+
+    def _due_counts(self, num_steps: int) -> np.ndarray:
+        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step): the
+        block-crossing buckets repeat with period `block_size`."""
+        u, bs, due = self._step_id, self._block_size, self._due
+        period = np.array([len(due[(u + r) % bs]) for r in range(bs)], dtype=np.int64)
+        return np.cumsum(np.resize(period, num_steps) if num_steps != bs else period)
+
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
         `schedule()` and then `finish_step()` of its plan; stop before a step whose blocks are not
         free and after one in which a decode finishes.
 
         Returns the steps run, the requests that finished in the last one, and the free blocks
-        after each step.
+        after each step (int64). The work is O(block_size + blocks taken), not per step: the
+        requests crossing into a new block repeat with period `block_size`.
         """
         u = self._step_id
         bs = self._block_size
         free = self._kv.num_free_blocks()
-        request_ids: list[int] = []
-        free_after: list[int] = []
-        steps = 0
         last = self._finish_steps[0] - u
         if num_steps > last:
             num_steps = last
-        while steps < num_steps:
-            due = self._due[(u + steps) % bs]
-            if len(due) > free:
-                break
-            if due:
-                free -= len(due)
-                request_ids += [r.request_id for r in due]
-            free_after.append(free)
-            steps += 1
-        if request_ids:
+        taken = self._due_counts(num_steps)
+        steps = num_steps
+        if num_steps and int(taken[-1]) > free:
+            steps = int(np.searchsorted(taken, free, side="right"))
+        free_after = free - taken[:steps]
+        if steps and int(taken[steps - 1]):
+            due = self._due
+            rows = [[r.request_id for r in due[(u + r_off) % bs]] for r_off in range(min(steps, bs))]
+            period = [rid for row in rows for rid in row]
+            q, rem = divmod(steps, bs)
+            request_ids = period * q + [rid for row in rows[:rem] for rid in row] if q else period
             self._kv.append_one_block(request_ids)
         self._step_id = u + steps
         finished: list[RequestState] = []
