@@ -188,8 +188,10 @@ class StepPricer:
         a run prices of each family is priced count by count; see `_new_part`).
         """
         bucket = self._bucket
-        b = np.rint((context_tokens + np.arange(max_steps, dtype=np.int64) * num_decode) / num_decode / bucket)
-        b = np.maximum(b, 1.0).astype(np.int64)  # the mean context in buckets: max(bucket, round(...) * bucket)
+        b = np.rint((context_tokens + np.arange(max_steps, dtype=np.int64) * num_decode) / num_decode / bucket
+                    ).astype(np.int64)
+        if max_steps and b[0] < 1:
+            b = np.maximum(b, 1)  # the mean context in buckets: max(bucket, round(...) * bucket)
         table = self._decode_tables.get(num_decode)
         if table is None:
             table = self._decode_tables[num_decode] = _DecodeTable(num_decode)
@@ -198,30 +200,64 @@ class StepPricer:
             table.grow(top + 1)
         step_s = table.step_s
         d = step_s[b]
-        now = np.array([now_s])
+        now = (now_s,)
         n = max_steps
-        while True:
-            missing = np.isnan(d)
-            if not missing.any():
-                break
-            p = int(missing.argmax())
-            if p and not price_ahead:
-                n = p
-                break
-            if p:
-                ends = np.cumsum(np.concatenate((now, d[:p])))[1:]
-                if ends[-1] >= horizon_s or ends[-1] > max_time_s:
-                    n = p  # the run ends before the first unpriced step: it is not priced here
+        if max_steps and np.isnan(step_s[int(b[0]):top + 1]).any():
+            while True:
+                missing = np.isnan(d)
+                if not missing.any():
                     break
-            key: StepKey = ((), num_decode, int(b[p]) * bucket)
-            cached = self._memo.get(key)
-            seconds = self._memo[key] = self.step_s(key) if cached is None else cached
-            step_s[b[p]] = seconds
-            d[p:][b[p:] == b[p]] = seconds
+                p = int(missing.argmax())
+                if p and not price_ahead:
+                    n = p
+                    break
+                if p:
+                    ends = np.cumsum(np.concatenate((now, d[:p])))[1:]
+                    if ends[-1] >= horizon_s or ends[-1] > max_time_s:
+                        n = p  # the run ends before the first unpriced step: it is not priced here
+                        break
+                key: StepKey = ((), num_decode, int(b[p]) * bucket)
+                cached = self._memo.get(key)
+                seconds = self._memo[key] = self.step_s(key) if cached is None else cached
+                step_s[b[p]] = seconds
+                d[p:][b[p:] == b[p]] = seconds
         ends = np.cumsum(np.concatenate((now, d[:n])))[1:]
-        k = min(int(np.searchsorted(ends, horizon_s, side="left")),
-                int(np.searchsorted(ends, max_time_s, side="right")))
+        k = n
+        if n and (ends[-1] >= horizon_s or ends[-1] > max_time_s):
+            k = min(int(np.searchsorted(ends, horizon_s, side="left")),
+                    int(np.searchsorted(ends, max_time_s, side="right")))
         return DecodeRun(table, b, d, ends, k, now_s)
+
+    def decode_steps(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
+                   max_time_s: float) -> tuple[list[tuple[StepKey, float, int]], list[float]]:
+        """Consecutive decode-only steps of `num_decode` requests whose total context is
+        `context_tokens` at the first and grows by `num_decode` per step, from `now_s`: at most
+        `max_steps`, each ending before `horizon_s` and not after `max_time_s`.
+
+        Returns (key, seconds, index of its first step) for each run of steps with one key (the
+        bucketed mean context changes every few steps) and the end time of every step. Keys and
+        seconds are those `price` gives such plans; nothing is counted in the breakdown. The same
+        steps and pricing as `decode_run`, step by step in Python: cheaper for a few steps.
+        """
+        bucket, memo = self._bucket, self._memo
+        groups: list[tuple[StepKey, float, int]] = []
+        ends: list[float] = []
+        last_mean = -1
+        step_s = 0.0
+        for j in range(max_steps):
+            mean = max(bucket, round((context_tokens + j * num_decode) / num_decode / bucket) * bucket)
+            if mean != last_mean:
+                last_mean = mean
+                key: StepKey = ((), num_decode, mean)
+                cached = memo.get(key)
+                step_s = memo[key] = self.step_s(key) if cached is None else cached
+                groups.append((key, step_s, j))
+            end_s = now_s + step_s
+            if end_s >= horizon_s or end_s > max_time_s:
+                break
+            ends.append(end_s)
+            now_s = end_s
+        return groups, ends
 
     def run_key(self, run: DecodeRun, step: int) -> StepKey:
         """The key of step `step` of `run`."""

@@ -44,6 +44,9 @@ from sim.workload.requests import RequestSpec
 
 _MAX_RUN_STEPS = 256
 """Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
+_SHORT_RUN_STEPS = 24
+"""Below about this many steps to the next event, bulk steps are priced and counted one by one in
+Python (`StepPricer.decode_steps`); above, in arrays (`StepPricer.decode_run`). Same results."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -357,22 +360,65 @@ class Simulation:
             max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
             if max_steps <= 0:
                 return []
-            run = replica.pricer.decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
-                                            limits.max_sim_time_s)
-            if not run.num_steps:
-                return []  # _start_step plans this step and queues its end
-            steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)
-            self._account_run(idx, run, steps, free_after)
-            self.now_s = float(run.ends[steps - 1])
+            if horizon_s - self.now_s < _SHORT_RUN_STEPS * replica.step_s:
+                # A few steps before the next event: step by step in Python is cheaper.
+                num_priced, steps, finished = self._run_few_bulk_decodes(idx, num_decode, context_tokens, max_steps,
+                                                                         horizon_s)
+                if not num_priced:
+                    return []
+            else:
+                run = replica.pricer.decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
+                                                limits.max_sim_time_s)
+                num_priced = run.num_steps
+                if not num_priced:
+                    return []  # _start_step plans this step and queues its end
+                steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)
+                self._account_run(idx, run, steps, np.asarray(free_after))
+                self.now_s = float(run.ends[steps - 1])
             for req in finished:
                 self._record(req)
             if finished and self._held:
                 return finished
             self._in_flight -= len(finished)
-            if not finished and (steps < run.num_steps or steps < max_steps):
+            if not finished and (steps < num_priced or steps < max_steps):
                 # Blocks ran out (the next step preempts), or the next step, the same as the one
                 # `decode_run` stopped at, ends at or past the horizon: `_start_step` plans it.
                 return []
+
+    def _run_few_bulk_decodes(self, idx: int, num_decode: int, context_tokens: int, max_steps: int,
+                              horizon_s: float) -> tuple[int, int, list[RequestState]]:
+        """`_run_bulk_decodes`' steps priced and counted one by one (`StepPricer.decode_steps`):
+        (steps priced to run, steps run, requests that finished)."""
+        replica = self._replicas[idx]
+        scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)
+        groups, ends = replica.pricer.decode_steps(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
+                                                   self._limits.max_sim_time_s)
+        if not ends:
+            return 0, 0, []
+        steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
+        counts = replica.pricer.counts
+        itl = self.itl
+        busy_s = replica.busy_s
+        step_log = self.step_log
+        for g, (key, step_s, first) in enumerate(groups):
+            last = groups[g + 1][2] if g + 1 < len(groups) else steps
+            n = min(last, steps) - first
+            if n <= 0:
+                break
+            counts[key] = counts.get(key, 0) + n
+            itl[step_s] = itl.get(step_s, 0) + num_decode * n
+            for _ in range(n):
+                busy_s += step_s
+            if step_log is not None:
+                step_log.add(replica=idx, start_s=ends[first - 1] if first else self.now_s, step_s=step_s,
+                             num_steps=n, end_s=ends[first + n - 1], key=key, num_preempted=0)
+        replica.busy_s = busy_s
+        num_blocks = scheduler.kv.num_blocks
+        replica.trace.extend_values(ends[:steps], [(num_blocks - free) / num_blocks for free in free_after])
+        self.now_s = ends[steps - 1]
+        self.num_steps += steps
+        return len(ends), steps, finished
 
     def _account_run(self, idx: int, run: DecodeRun, steps: int, free_after: np.ndarray) -> None:
         """Count `steps` bulk steps of `run` just run on the replica: breakdown, busy time, KV
@@ -451,7 +497,7 @@ class Simulation:
         assert isinstance(scheduler, VllmV1Scheduler)
         steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)
         assert steps == run.num_steps, "a run's blocks were counted when it started"
-        self._account_run(idx, run, steps, free_after)
+        self._account_run(idx, run, steps, np.asarray(free_after))
         for req in finished:
             self._record(req)
         return finished

@@ -72,6 +72,21 @@ class KvUsageTrace:
         if time_s > self._last_s[b]:
             self._last_s[b] = time_s
 
+    def extend_values(self, time_s: list[float], frac: list[float]) -> None:
+        """`extend` for a few samples given as lists."""
+        if self.bucket_s or not time_s:
+            for t, f in zip(time_s, frac, strict=True):
+                self.add(t, f)
+            return
+        self.num_steps += len(time_s)
+        top = max(frac)
+        if top > self._max:
+            self._max = top
+        self._time_s.extend(time_s)
+        self._frac.extend(frac)
+        if len(self._time_s) > self._max_samples:
+            self._to_buckets()
+
     def extend(self, time_s: np.ndarray, frac: np.ndarray) -> None:
         """Samples of consecutive steps (float64 arrays of one length, times nondecreasing)."""
         n = len(time_s)
@@ -98,8 +113,22 @@ class KvUsageTrace:
             self._bmax[b0] = max(self._bmax[b0], top)
             self._last_s[b0] = max(self._last_s[b0], last)
             return
-        idx = (time_s // w).astype(np.int64)
-        self._merge(idx, time_s, frac)
+        # Split at the bucket boundaries the steps cross (a run of steps spans a few buckets).
+        starts = np.searchsorted(time_s, np.arange(b0 + 1, b1 + 1) * w, side="left")
+        firsts = [0, *starts.tolist()]
+        lasts = [*starts.tolist(), n]
+        sums = np.add.reduceat(frac, firsts).tolist()
+        maxes = np.maximum.reduceat(frac, firsts).tolist()
+        for b, i, j, total, top_b in zip(range(b0, b1 + 1), firsts, lasts, sums, maxes, strict=True):
+            if j <= i:
+                continue
+            self._count[b] += j - i
+            self._sum[b] += total
+            if top_b > self._bmax[b]:
+                self._bmax[b] = top_b
+            t = float(time_s[j - 1])
+            if t > self._last_s[b]:
+                self._last_s[b] = t
 
     def _merge(self, idx: np.ndarray, time_s: np.ndarray, frac: np.ndarray) -> None:
         buckets, first = np.unique(idx, return_index=True)

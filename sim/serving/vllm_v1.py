@@ -195,34 +195,49 @@ class VllmV1Scheduler:
         blocks they take free (the count `run_bulk_decode_steps(num_steps)` runs, before it stops
         at a finish)."""
         free = self._kv.num_free_blocks()
-        due = self._due_counts(num_steps)
-        if not len(due) or int(due[-1]) <= free:
+        prefix = self._due_prefix()
+        q, r = divmod(num_steps, self._block_size)
+        if q * prefix[-1] + (prefix[r - 1] if r else 0) <= free:
             return num_steps
-        return int(np.searchsorted(due, free, side="right"))
+        return int(np.searchsorted(self._due_counts(num_steps, prefix), free, side="right"))
 
-    def _due_counts(self, num_steps: int) -> np.ndarray:
-        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step): the
-        block-crossing buckets repeat with period `block_size`."""
+    def _due_prefix(self) -> list[int]:
+        """Blocks taken by the next 1, 2, ..., block_size bulk steps (each bulk decode crosses into
+        a new block once per `block_size` steps, so the pattern repeats with that period)."""
         u, bs, due = self._step_id, self._block_size, self._due
-        period = np.array([len(due[(u + r) % bs]) for r in range(bs)], dtype=np.int64)
-        return np.cumsum(np.resize(period, num_steps) if num_steps != bs else period)
+        prefix = []
+        total = 0
+        for r in range(bs):
+            total += len(due[(u + r) % bs])
+            prefix.append(total)
+        return prefix
 
-    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray]:
+    def _due_counts(self, num_steps: int, prefix: list[int]) -> np.ndarray:
+        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step)."""
+        bs = self._block_size
+        j = np.arange(num_steps, dtype=np.int64)
+        return (j // bs) * prefix[-1] + np.asarray(prefix, dtype=np.int64)[j % bs]
+
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
         `schedule()` and then `finish_step()` of its plan; stop before a step whose blocks are not
         free and after one in which a decode finishes.
 
         Returns the steps run, the requests that finished in the last one, and the free blocks
-        after each step (int64). The work is O(block_size + blocks taken), not per step: the
-        requests crossing into a new block repeat with period `block_size`.
+        after each step (an int64 array; a list for up to `block_size` steps, run one by one).
+        The work is O(block_size + blocks taken), not per step: the requests crossing into a new
+        block repeat with period `block_size`.
         """
+        if num_steps <= self._block_size:
+            return self._run_bulk_steps_one_by_one(num_steps)
         u = self._step_id
         bs = self._block_size
         free = self._kv.num_free_blocks()
         last = self._finish_steps[0] - u
         if num_steps > last:
             num_steps = last
-        taken = self._due_counts(num_steps)
+        prefix = self._due_prefix()
+        taken = self._due_counts(num_steps, prefix)
         steps = num_steps
         if num_steps and int(taken[-1]) > free:
             steps = int(np.searchsorted(taken, free, side="right"))
@@ -233,6 +248,36 @@ class VllmV1Scheduler:
             period = [rid for row in rows for rid in row]
             q, rem = divmod(steps, bs)
             request_ids = period * q + [rid for row in rows[:rem] for rid in row] if q else period
+            self._kv.append_one_block(request_ids)
+        self._step_id = u + steps
+        finished: list[RequestState] = []
+        if steps == last:
+            finished = self._finish_bulk(u + steps)
+            self._release(finished)
+            free_after[-1] = self._kv.num_free_blocks()
+        return steps, finished, free_after
+
+    def _run_bulk_steps_one_by_one(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+        """`run_bulk_decode_steps` a step at a time (cheaper for a few steps)."""
+        u = self._step_id
+        bs = self._block_size
+        free = self._kv.num_free_blocks()
+        request_ids: list[int] = []
+        free_after: list[int] = []
+        steps = 0
+        last = self._finish_steps[0] - u
+        if num_steps > last:
+            num_steps = last
+        while steps < num_steps:
+            due = self._due[(u + steps) % bs]
+            if len(due) > free:
+                break
+            if due:
+                free -= len(due)
+                request_ids += [r.request_id for r in due]
+            free_after.append(free)
+            steps += 1
+        if request_ids:
             self._kv.append_one_block(request_ids)
         self._step_id = u + steps
         finished: list[RequestState] = []
