@@ -188,8 +188,12 @@ class StepPricer:
         a run prices of each family is priced count by count; see `_new_part`).
         """
         bucket = self._bucket
-        b = np.rint((context_tokens + np.arange(max_steps, dtype=np.int64) * num_decode) / num_decode / bucket
-                    ).astype(np.int64)
+        x = np.arange(max_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
+        x *= num_decode
+        x += context_tokens
+        x /= num_decode
+        x /= bucket
+        b = np.rint(x, out=x).astype(np.int64)
         if max_steps and b[0] < 1:
             b = np.maximum(b, 1)  # the mean context in buckets: max(bucket, round(...) * bucket)
         table = self._decode_tables.get(num_decode)

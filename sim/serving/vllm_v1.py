@@ -58,6 +58,7 @@ from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 from heapq import heappop, heappush
+from itertools import accumulate
 from typing import cast
 
 import numpy as np
@@ -195,6 +196,8 @@ class VllmV1Scheduler:
         blocks they take free (the count `run_bulk_decode_steps(num_steps)` runs, before it stops
         at a finish)."""
         free = self._kv.num_free_blocks()
+        if (num_steps // self._block_size + 1) * self._num_bulk <= free:
+            return num_steps  # each bulk decode takes at most one block per block_size steps
         prefix = self._due_prefix()
         q, r = divmod(num_steps, self._block_size)
         if q * prefix[-1] + (prefix[r - 1] if r else 0) <= free:
@@ -204,19 +207,19 @@ class VllmV1Scheduler:
     def _due_prefix(self) -> list[int]:
         """Blocks taken by the next 1, 2, ..., block_size bulk steps (each bulk decode crosses into
         a new block once per `block_size` steps, so the pattern repeats with that period)."""
-        u, bs, due = self._step_id, self._block_size, self._due
-        prefix = []
-        total = 0
-        for r in range(bs):
-            total += len(due[(u + r) % bs])
-            prefix.append(total)
-        return prefix
+        r = self._step_id % self._block_size
+        sizes = list(map(len, self._due))
+        return list(accumulate(sizes[r:] + sizes[:r]))
 
     def _due_counts(self, num_steps: int, prefix: list[int]) -> np.ndarray:
         """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step)."""
-        bs = self._block_size
-        j = np.arange(num_steps, dtype=np.int64)
-        return (j // bs) * prefix[-1] + np.asarray(prefix, dtype=np.int64)[j % bs]
+        per_step = np.zeros(num_steps, dtype=np.int64)
+        previous = 0
+        for r, total in enumerate(prefix):
+            if total != previous:
+                per_step[r::self._block_size] = total - previous
+                previous = total
+        return np.cumsum(per_step)
 
     def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
