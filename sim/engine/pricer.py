@@ -19,6 +19,7 @@ prices are the same either way.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -58,7 +59,7 @@ class _DecodeTable:
     """Seconds (NaN: not priced yet) and uncounted bulk steps of decode-only steps of one batch
     size, by mean context in buckets (`mean // decode_context_bucket_tokens`)."""
 
-    __slots__ = ("counts", "num_decode", "seen", "step_s")
+    __slots__ = ("counts", "first_start", "num_decode", "seen", "step_s")
 
     def __init__(self, num_decode: int) -> None:
         self.num_decode = num_decode
@@ -66,6 +67,8 @@ class _DecodeTable:
         self.counts = np.zeros(0, dtype=np.int64)
         self.seen = np.zeros(0, dtype=bool)
         """Keys already in `StepPricer.counts`."""
+        self.first_start = np.full(0, np.inf)
+        """Start of the earliest step counted of each key (kept with `StepPricer.first_s`)."""
 
     def grow(self, size: int) -> None:
         size = max(size, 2 * len(self.step_s), 64)
@@ -73,6 +76,7 @@ class _DecodeTable:
         self.step_s = np.concatenate((self.step_s, np.full(size - old, np.nan)))
         self.counts = np.concatenate((self.counts, np.zeros(size - old, dtype=np.int64)))
         self.seen = np.concatenate((self.seen, np.zeros(size - old, dtype=bool)))
+        self.first_start = np.concatenate((self.first_start, np.full(size - old, np.inf)))
 
 
 class DecodeRun:
@@ -280,15 +284,16 @@ class StepPricer:
         seen = table.seen
         if not seen[first:last + 1].all():
             bucket, n = self._bucket, table.num_decode
-            first_s = self.first_s
             for j in np.unique(b[~seen[b]]).tolist():
                 key: StepKey = ((), n, j * bucket)
                 if key not in self.counts:
                     self.counts[key] = 0
-                    if first_s is not None:
-                        at = int(np.searchsorted(b, j))
-                        first_s[key] = float(run.ends[at - 1]) if at else run.start_s
                 seen[j] = True
+        if self.first_s is not None:
+            # The start of each key's first step in this run (the keys are first..last, in order).
+            at = np.searchsorted(b, np.arange(first + 1, last + 1))
+            starts = np.concatenate(((run.start_s,), run.ends[at - 1]))
+            np.minimum(table.first_start[first:last + 1], starts, out=table.first_start[first:last + 1])
 
     def fold_runs(self) -> list[tuple[StepKey, float, int]]:
         """Move the steps counted by `count_run` into `counts`; returns (key, seconds, steps) of
@@ -297,10 +302,14 @@ class StepPricer:
         bucket = self._bucket
         for n, table in self._decode_tables.items():
             nz = np.flatnonzero(table.counts)
-            for j, c, sec in zip(nz.tolist(), table.counts[nz].tolist(), table.step_s[nz].tolist(), strict=True):
+            first_start = table.first_start[nz].tolist()
+            for j, c, sec, start in zip(nz.tolist(), table.counts[nz].tolist(), table.step_s[nz].tolist(),
+                                        first_start, strict=True):
                 key: StepKey = ((), n, j * bucket)
                 self.counts[key] += c
                 out.append((key, sec, c))
+                if self.first_s is not None and start < self.first_s.get(key, math.inf):
+                    self.first_s[key] = start
             table.counts[:] = 0
         if self.first_s is not None:
             # Keys in the order of their first step's start (ties: the order they were counted).
