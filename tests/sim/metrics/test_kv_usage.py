@@ -45,6 +45,6 @@ def test_adding_one_by_one_or_in_arrays_gives_the_same_buckets() -> None:
         b.extend(times[i:i + 37], fracs[i:i + 37])
     assert a.bucket_s == b.bucket_s and a.num_steps == b.num_steps == 500
     assert [t for t, _ in a.series()] == [t for t, _ in b.series()]
-    assert [m for m in a.bucket_max()] == [m for m in b.bucket_max()]
+    assert a.bucket_max() == b.bucket_max()
     for (_, x), (_, y) in zip(a.series(), b.series(), strict=True):
         assert x == pytest.approx(y, rel=1e-12)
