@@ -167,7 +167,12 @@ class SimResult:
     breakdown: KernelBreakdown
     records: tuple[RequestRecord, ...]
     kv_usage: tuple[tuple[float, float], ...]
-    """(time_s, used fraction of replica 0..n KV blocks) after each step."""
+    """(time_s, used fraction of the KV blocks of the replica that ran the step) after each step,
+    in time order; for long runs (over `sim.metrics.kv_usage.MAX_SAMPLES` steps) one pair per time
+    bucket of `kv_usage_bucket_s` seconds instead: its last step's end and its steps' mean
+    fraction (disaggregated runs: the prefill ranks' pairs, then the decode ranks')."""
+    kv_usage_bucket_s: float = 0.0
+    """Width of the time buckets of `kv_usage`; 0.0 when it holds one pair per step."""
     memory: MemoryBreakdown
     scenario_hash: str
     sim_version: str
@@ -306,7 +311,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
     price = scenario_price_per_gpu_hour_usd(scenario)
     summary = summarize(
-        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
+        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_trace,
         num_preemptions=sim.num_preemptions(),
         prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in ranks),
         prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in ranks),
@@ -329,7 +334,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         summary=summary, classes=classes, autoscaling=scaled,
         breakdown=KernelBreakdown(seconds_by_kind=by_kind, seconds_by_name=by_name, host_s=host_s,
                                   launch_floor_s=floor_s),
-        records=tuple(records), kv_usage=tuple(sim.kv_usage), memory=mem,
+        records=tuple(records), kv_usage=sim.kv_usage, kv_usage_bucket_s=sim.kv_trace.bucket_s, memory=mem,
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
@@ -452,7 +457,7 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                     if p is not None) / num_gpus
     worst = max(p_pricer.worst_provenance, d_pricer.worst_provenance)
     summary = summarize(
-        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_usage_frac,
+        records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_trace,
         num_preemptions=sim.num_preemptions(),
         prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in prefill),
         prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in prefill),
@@ -466,13 +471,14 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                      num_ranks=pool.num_ranks(), num_gpus=pool.num_gpus(), busy_s=busy,
                      duration_s=summary.duration_s, queue_delay_s=queue, kv_usage=usage, num_preemptions=pre)
         for pool, busy, queue, usage, pre in (
-            (disagg.prefill, p_busy, sim.prefill_queue_s, sim.prefill_kv_usage_frac, p_pre),
-            (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_usage_frac, d_pre)))
+            (disagg.prefill, p_busy, sim.prefill_queue_s, sim.prefill_kv_trace, p_pre),
+            (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_trace, d_pre)))
     breakdowns = (("prefill", _breakdown(p_pricer)), ("decode", _breakdown(d_pricer)))
-    kv_usage = tuple(sorted(zip(sim.prefill_kv_time_s, sim.prefill_kv_usage_frac, strict=True))) + tuple(sim.kv_usage)
+    kv_usage = tuple(sorted(sim.prefill_kv_trace.series())) + sim.kv_usage
     return SimResult(
         summary=summary, breakdown=_sum_breakdowns([bd for _, bd in breakdowns]),
         records=tuple(records), kv_usage=kv_usage, memory=decode_mem,
+        kv_usage_bucket_s=max(sim.prefill_kv_trace.bucket_s, sim.kv_trace.bucket_s),
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from sim.engine.pricer import StepPricer
 from sim.engine.simulation import Scheduler, SimLimits, Simulation
 from sim.engine.step_log import StepLog
+from sim.metrics.kv_usage import KvUsageTrace
 from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_transfer import TransferPath
 from sim.serving.request import RequestState
@@ -41,6 +42,9 @@ from sim.specs.engine import RouterName
 
 
 class DisaggregatedSimulation(Simulation):
+    RUN_AHEAD = False
+    """KV transfers route requests to decode ranks outside `_send`: runs are not cut for them."""
+
     def __init__(self, *, prefill: Sequence[Scheduler], decode: Sequence[Scheduler],
                  prefill_pricer: StepPricer, decode_pricer: StepPricer, prefill_router: RouterName,
                  decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
@@ -69,10 +73,11 @@ class DisaggregatedSimulation(Simulation):
         """Per request: send to first scheduled on a prefill rank."""
         self.decode_queue_s = array("d")
         """Per request: transfer end to admission on a decode rank."""
-        self.prefill_kv_time_s = array("d")
-        self.prefill_kv_usage_frac = array("d")
-        """After each prefill step: its end and the used KV fraction of its rank (`kv_usage_frac`
+        self.prefill_kv_trace = KvUsageTrace()
+        """After each prefill step: its end and the used KV fraction of its rank (`kv_trace`
         holds the decode ranks')."""
+        for replica in self._replicas[:self._num_prefill]:
+            replica.trace = self.prefill_kv_trace
 
     def _route(self, req: RequestState) -> int:
         return self._route_in(req, range(self._num_prefill), self._router, 0)
@@ -82,8 +87,6 @@ class DisaggregatedSimulation(Simulation):
             self._on_transfer_done(idx)
         elif idx < self._num_prefill:
             self._finish_step(idx)  # finished prefills start their transfers (`_record`)
-            self.prefill_kv_time_s.append(self.kv_time_s.pop())
-            self.prefill_kv_usage_frac.append(self.kv_usage_frac.pop())
             end_s = self._start_step(idx)
             if end_s is not None:
                 self._push(end_s, idx)

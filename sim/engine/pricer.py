@@ -19,6 +19,7 @@ prices are the same either way.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -54,6 +55,50 @@ NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
 
+class _DecodeTable:
+    """Seconds (NaN: not priced yet) and uncounted bulk steps of decode-only steps of one batch
+    size, by mean context in buckets (`mean // decode_context_bucket_tokens`)."""
+
+    __slots__ = ("counts", "first_start", "num_decode", "seen", "step_s")
+
+    def __init__(self, num_decode: int) -> None:
+        self.num_decode = num_decode
+        self.step_s = np.full(0, np.nan)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.seen = np.zeros(0, dtype=bool)
+        """Keys already in `StepPricer.counts`."""
+        self.first_start = np.full(0, np.inf)
+        """Start of the earliest step counted of each key (kept with `StepPricer.first_s`)."""
+
+    def grow(self, size: int) -> None:
+        size = max(size, 2 * len(self.step_s), 64)
+        old = len(self.step_s)
+        self.step_s = np.concatenate((self.step_s, np.full(size - old, np.nan)))
+        self.counts = np.concatenate((self.counts, np.zeros(size - old, dtype=np.int64)))
+        self.seen = np.concatenate((self.seen, np.zeros(size - old, dtype=bool)))
+        self.first_start = np.concatenate((self.first_start, np.full(size - old, np.inf)))
+
+
+class DecodeRun:
+    """Steps of decodes only, priced ahead (`StepPricer.decode_run`): per step its mean-context
+    bucket, seconds and end time; `num_steps` of them are to run (a caller may cut it shorter)."""
+
+    __slots__ = ("bucket_idx", "ends", "num_steps", "start_s", "step_s", "table")
+
+    def __init__(self, table: _DecodeTable, bucket_idx: np.ndarray, step_s: np.ndarray, ends: np.ndarray,
+                 num_steps: int, start_s: float) -> None:
+        self.table = table
+        self.start_s = start_s
+        self.bucket_idx = bucket_idx
+        self.step_s = step_s
+        self.ends = ends
+        self.num_steps = num_steps
+
+    @property
+    def num_decode(self) -> int:
+        return self.table.num_decode
+
+
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
                  decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True,
@@ -86,6 +131,13 @@ class StepPricer:
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
         self._async = scenario.engine.async_scheduling
+        self.first_s: dict[AnyKey, float] | None = None
+        """When set (a caller that counts steps out of time order): the start of each key's first
+        step, so that `fold_runs` puts `counts` in the order the step-by-step loop counts them."""
+        self.clock_s = 0.0
+        """The start of the step `price` prices (read only when `first_s` is set)."""
+        self._decode_tables: dict[int, _DecodeTable] = {}
+        """Decode-only steps run in bulk, by batch size (`decode_run`, `count_run`)."""
         self.counts: Counter[AnyKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
@@ -123,6 +175,68 @@ class StepPricer:
         return tuple(prefills), num_decode, mean
 
     def decode_run(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
+                   max_time_s: float, *, price_ahead: bool = True) -> DecodeRun:
+        """Consecutive decode-only steps of `num_decode` requests whose total context is
+        `context_tokens` at the first and grows by `num_decode` per step, from `now_s`: at most
+        `max_steps`, each ending before `horizon_s` and not after `max_time_s`.
+
+        The steps' keys, seconds and end times are those `price` gives such plans, one after
+        another (the end times are the same running float sums); keys are priced in step order up
+        to the first step that ends at or past the horizon, as step-by-step pricing would. The
+        work is a few array operations per call, whatever the number of steps. Nothing is counted
+        in the breakdown until `count_run`.
+
+        `price_ahead=False` prices at most the first step's key: the run stops before the next
+        step whose key is not priced yet, so that a caller running steps ahead of other replicas
+        prices each key when its first step starts, as the step-by-step loop does (the first part
+        a run prices of each family is priced count by count; see `_new_part`).
+        """
+        bucket = self._bucket
+        x = np.arange(max_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
+        x *= num_decode
+        x += context_tokens
+        x /= num_decode
+        x /= bucket
+        b = np.rint(x, out=x).astype(np.int64)
+        if max_steps and b[0] < 1:
+            b = np.maximum(b, 1)  # the mean context in buckets: max(bucket, round(...) * bucket)
+        table = self._decode_tables.get(num_decode)
+        if table is None:
+            table = self._decode_tables[num_decode] = _DecodeTable(num_decode)
+        top = int(b[-1]) if max_steps else 0
+        if top >= len(table.step_s):
+            table.grow(top + 1)
+        step_s = table.step_s
+        d = step_s[b]
+        now = (now_s,)
+        n = max_steps
+        if max_steps and np.isnan(step_s[int(b[0]):top + 1]).any():
+            while True:
+                missing = np.isnan(d)
+                if not missing.any():
+                    break
+                p = int(missing.argmax())
+                if p and not price_ahead:
+                    n = p
+                    break
+                if p:
+                    ends = np.cumsum(np.concatenate((now, d[:p])))[1:]
+                    if ends[-1] >= horizon_s or ends[-1] > max_time_s:
+                        n = p  # the run ends before the first unpriced step: it is not priced here
+                        break
+                key: StepKey = ((), num_decode, int(b[p]) * bucket)
+                cached = self._memo.get(key)
+                seconds = self._memo[key] = self.step_s(key) if cached is None else cached
+                step_s[b[p]] = seconds
+                d[p:][b[p:] == b[p]] = seconds
+        ends = np.cumsum(np.concatenate((now, d[:n])))[1:]
+        k = n
+        if n and (ends[-1] >= horizon_s or ends[-1] > max_time_s):
+            k = min(int(np.searchsorted(ends, horizon_s, side="left")),
+                    int(np.searchsorted(ends, max_time_s, side="right")))
+        return DecodeRun(table, b, d, ends, k, now_s)
+
+    def decode_steps(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
                    max_time_s: float) -> tuple[list[tuple[StepKey, float, int]], list[float]]:
         """Consecutive decode-only steps of `num_decode` requests whose total context is
         `context_tokens` at the first and grows by `num_decode` per step, from `now_s`: at most
@@ -130,7 +244,8 @@ class StepPricer:
 
         Returns (key, seconds, index of its first step) for each run of steps with one key (the
         bucketed mean context changes every few steps) and the end time of every step. Keys and
-        seconds are those `price` gives such plans; nothing is counted in the breakdown.
+        seconds are those `price` gives such plans; nothing is counted in the breakdown. The same
+        steps and pricing as `decode_run`, step by step in Python: cheaper for a few steps.
         """
         bucket, memo = self._bucket, self._memo
         groups: list[tuple[StepKey, float, int]] = []
@@ -152,6 +267,58 @@ class StepPricer:
             now_s = end_s
         return groups, ends
 
+    def run_key(self, run: DecodeRun, step: int) -> StepKey:
+        """The key of step `step` of `run`."""
+        return (), run.num_decode, int(run.bucket_idx[step]) * self._bucket
+
+    def count_run(self, run: DecodeRun, num_steps: int) -> None:
+        """Count the first `num_steps` steps of `run` in the breakdown (a key's first count keeps
+        its place in `counts`, as `price` gives it)."""
+        table, b = run.table, run.bucket_idx[:num_steps]
+        counts = table.counts
+        first, last = int(b[0]), int(b[-1])
+        if first == last:
+            counts[first] += num_steps
+        else:
+            counts[first:last + 1] += np.bincount(b - first, minlength=last - first + 1)
+        seen = table.seen
+        if not seen[first:last + 1].all():
+            bucket, n = self._bucket, table.num_decode
+            for j in np.unique(b[~seen[b]]).tolist():
+                key: StepKey = ((), n, j * bucket)
+                if key not in self.counts:
+                    self.counts[key] = 0
+                seen[j] = True
+        if self.first_s is not None:
+            # The start of each key's first step in this run (the keys are first..last, in order).
+            at = np.searchsorted(b, np.arange(first + 1, last + 1))
+            starts = np.concatenate(((run.start_s,), run.ends[at - 1]))
+            np.minimum(table.first_start[first:last + 1], starts, out=table.first_start[first:last + 1])
+
+    def fold_runs(self) -> list[tuple[StepKey, float, int]]:
+        """Move the steps counted by `count_run` into `counts`; returns (key, seconds, steps) of
+        each key they held, for the caller's per-step tallies (inter-token latencies)."""
+        out: list[tuple[StepKey, float, int]] = []
+        bucket = self._bucket
+        for n, table in self._decode_tables.items():
+            nz = np.flatnonzero(table.counts)
+            first_start = table.first_start[nz].tolist()
+            for j, c, sec, start in zip(nz.tolist(), table.counts[nz].tolist(), table.step_s[nz].tolist(),
+                                        first_start, strict=True):
+                key: StepKey = ((), n, j * bucket)
+                self.counts[key] += c
+                out.append((key, sec, c))
+                if self.first_s is not None and start < self.first_s.get(key, math.inf):
+                    self.first_s[key] = start
+            table.counts[:] = 0
+        if self.first_s is not None:
+            # Keys in the order of their first step's start (ties: the order they were counted).
+            first_s = self.first_s
+            items = list(self.counts.items())
+            order = sorted(range(len(items)), key=lambda i: first_s[items[i][0]])
+            self.counts = Counter(dict(items[i] for i in order))
+        return out
+
     def group_key(self, plan: StepPlan) -> GroupKey:
         """Key of a data-parallel group's step (`plan.ranks`; see `sim.serving.dp_group`)."""
         return GroupKey(tuple(sorted(self.key(p) for p in plan.ranks if p is not None)))
@@ -160,7 +327,13 @@ class StepPricer:
         """Seconds the plan's step takes; counted in the breakdown."""
         key: AnyKey = self.group_key(plan) if plan.ranks else self.key(plan)
         counts = self.counts
-        counts[key] = counts.get(key, 0) + 1  # (Counter's += calls __missing__ for a new key)
+        count = counts.get(key)  # (Counter's += calls __missing__ for a new key)
+        if count is None:
+            counts[key] = 1
+            if self.first_s is not None:
+                self.first_s[key] = self.clock_s
+        else:
+            counts[key] = count + 1
         step_s = self._memo.get(key)
         if step_s is None:
             step_s = self._memo[key] = self.step_s(key)

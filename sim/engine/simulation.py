@@ -23,15 +23,17 @@ import gc
 import heapq
 import itertools
 import math
-from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sim.engine.pricer import StepPricer
+import numpy as np
+
+from sim.engine.pricer import DecodeRun, StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.step_log import StepLog
+from sim.metrics.kv_usage import KvUsageTrace
 from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -42,12 +44,15 @@ from sim.workload.requests import RequestSpec
 
 _MAX_RUN_STEPS = 256
 """Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
+_SHORT_RUN_STEPS = 24
+"""Below about this many steps to the next event, bulk steps are priced and counted one by one in
+Python (`StepPricer.decode_steps`); above, in arrays (`StepPricer.decode_run`). Same results."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimLimits:
     max_sim_time_s: float = 7 * 24 * 3600.0
-    max_num_steps: int = 50_000_000
+    max_num_steps: int = 1_000_000_000
     bulk_decode: bool = True
     """Advance running decodes in bulk (same results, cost per step independent of the batch);
     False runs the request-by-request reference path."""
@@ -110,10 +115,16 @@ class _Replica:
     pricer: StepPricer
     """Prices this replica's steps (one pricer for all replicas of an aggregated run; one per pool
     in a disaggregated run)."""
+    trace: KvUsageTrace
+    """Where this replica's KV usage after each step goes."""
     busy: bool = False
     plan: StepPlan | None = None
     step_s: float = 0.0
     busy_s: float = 0.0
+    run: DecodeRun | None = None
+    """A run of decode-only steps in flight (run-ahead; `plan` is None then)."""
+    event_seq: int = -1
+    """Sequence number of this replica's live heap entry (older entries of it are stale)."""
 
 
 class Simulation:
@@ -123,13 +134,22 @@ class Simulation:
                  pricers: Sequence[StepPricer] | None = None) -> None:
         """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`."""
         pricers = pricers or [pricer] * len(replicas)
-        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p)
+        self.kv_trace = KvUsageTrace()
+        """After each step: its end time and the used fraction of its replica's KV blocks."""
+        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p, self.kv_trace)
                           for s, p in zip(replicas, pricers, strict=True)]
+        self._pricers = list({id(p): p for p in pricers}.values())
         self._pricer = pricer
         self._router = router
         self._max_concurrency = max_concurrency
         self._limits = limits
         self._inline = limits.bulk_decode
+        self._run_ahead = (self.RUN_AHEAD and limits.bulk_decode and step_log is None and len(replicas) > 1
+                           and router != "prefix_aware")
+        """Replicas run their decode-only steps ahead of other replicas' events (see `_start_run`)."""
+        if self._run_ahead:
+            for p in self._pricers:
+                p.first_s = {}
         self._progress = progress
         self.step_log = step_log
         """Steps run, when given (for a Chrome trace); None keeps the loop free of logging."""
@@ -145,20 +165,27 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self.itl: dict[float, int] = {}
         """Inter-token latency in seconds -> number of token gaps with exactly that value."""
-        self.kv_time_s = array("d")
-        self.kv_usage_frac = array("d")
-        """After each step: its end time and the used fraction of its replica's KV blocks."""
         self.truncated = False
         """The run stopped at a limit, or ended with requests that could not be scheduled."""
 
     @property
-    def kv_usage(self) -> list[tuple[float, float]]:
-        """(time_s, used KV fraction of the replica that just finished a step), one per step."""
-        return list(zip(self.kv_time_s, self.kv_usage_frac, strict=True))
+    def kv_usage(self) -> tuple[tuple[float, float], ...]:
+        """(time_s, used KV fraction of the replica that just finished a step), one per step, or
+        per time bucket once the trace is long (`KvUsageTrace.series`)."""
+        return self.kv_trace.series()
+
+    RUN_AHEAD = True
+    """Whether this loop may run a replica's decode steps ahead (a subclass with other events
+    between replicas turns it off)."""
 
     def run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         with gc_paused():
-            return self._run(requests)
+            records = self._run(requests)
+        itl = self.itl
+        for pricer in self._pricers:
+            for key, step_s, count in pricer.fold_runs():
+                itl[step_s] = itl.get(step_s, 0) + key[1] * count
+        return records
 
     def _run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         arrivals = list(requests)
@@ -170,7 +197,9 @@ class Simulation:
         while i < n or heap:
             self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
             if heap and heap[0][0] <= self._next_arrival_s:
-                time_s, _, idx = heapq.heappop(heap)
+                time_s, seq, idx = heapq.heappop(heap)
+                if idx < len(self._replicas) and self._replicas[idx].event_seq != seq:
+                    continue  # a run cut short since: its new end is queued
                 req = None
             else:
                 time_s, req = self._next_arrival_s, arrivals[i]
@@ -202,6 +231,8 @@ class Simulation:
         req.sent_s = self.now_s
         idx = self._route(req)
         req.replica = idx
+        if self._replicas[idx].run is not None:
+            self._cut_run(idx)
         self._replicas[idx].scheduler.add(req)
         self._wake(idx)
 
@@ -213,7 +244,22 @@ class Simulation:
                 self._push(end_s, idx)
 
     def _push(self, time_s: float, idx: int) -> None:
-        heapq.heappush(self._heap, (time_s, next(self._seq), idx))
+        seq = next(self._seq)
+        if idx < len(self._replicas):
+            self._replicas[idx].event_seq = seq
+        heapq.heappush(self._heap, (time_s, seq, idx))
+
+    def _heap_top_s(self) -> float:
+        """Time of the next live heap entry (stale entries at the top are dropped)."""
+        heap = self._heap
+        replicas = self._replicas
+        while heap:
+            time_s, seq, idx = heap[0]
+            if idx < len(replicas) and replicas[idx].event_seq != seq:
+                heapq.heappop(heap)
+                continue
+            return time_s
+        return math.inf
 
     def _route(self, req: RequestState) -> int:
         return self._route_in(req, range(len(self._replicas)), self._router, 0)
@@ -249,6 +295,7 @@ class Simulation:
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
+        replica.pricer.clock_s = now
         step_s = replica.pricer.price(plan)
         if self.step_log is not None:
             self.step_log.add(replica=idx, start_s=now, step_s=step_s, num_steps=1, end_s=now + step_s,
@@ -260,20 +307,27 @@ class Simulation:
 
     def _can_finish_inline(self, end_s: float) -> bool:
         """True when nothing else happens before `end_s`, so the step may end without the heap."""
-        if not self._inline or end_s >= self._next_arrival_s or (self._heap and end_s >= self._heap[0][0]):
+        if not self._inline or end_s >= self._next_arrival_s or end_s >= self._heap_top_s():
             return False
         limits = self._limits
         return end_s <= limits.max_sim_time_s and self.num_steps < limits.max_num_steps
 
     def _on_step_done(self, idx: int) -> None:
-        finished = self._finish_step(idx)
+        replica = self._replicas[idx]
+        finished = self._finish_run(idx) if replica.run is not None else self._finish_step(idx)
         while True:
-            if self._replicas[idx].bulk and not (finished and self._held):
+            if replica.bulk and not (finished and self._held):
                 # Nothing to send for the finished requests: only their slots are released.
                 self._in_flight -= len(finished)
-                finished = self._run_bulk_decodes(idx)
+                if self._run_ahead:
+                    finished = []
+                    if self._start_run(idx):
+                        return
+                else:
+                    finished = self._run_bulk_decodes(idx)
             end_s = self._start_step(idx)
             seq = next(self._seq)  # this replica's step is queued before the steps the sends start
+            replica.event_seq = seq
             for _ in finished:
                 self._in_flight -= 1
                 if self._held:
@@ -297,10 +351,6 @@ class Simulation:
         replica = self._replicas[idx]
         scheduler = replica.scheduler
         assert isinstance(scheduler, VllmV1Scheduler)  # a group is not a BulkDecodeScheduler
-        num_blocks = scheduler.kv.num_blocks
-        decode_run = replica.pricer.decode_run
-        counts = replica.pricer.counts
-        itl = self.itl
         limits = self._limits
         while True:
             shape = scheduler.next_bulk_decode_steps()
@@ -309,39 +359,149 @@ class Simulation:
             num_decode, context_tokens, until_finish = shape
             horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
             max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
-            groups, ends = decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
-                                      limits.max_sim_time_s)
-            if not ends:
-                return []  # _start_step plans this step and queues its end
-            steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
-            busy_s = replica.busy_s
-            step_log = self.step_log
-            for g, (key, step_s, first) in enumerate(groups):
-                last = groups[g + 1][2] if g + 1 < len(groups) else steps
-                n = min(last, steps) - first
-                if n <= 0:
-                    break
-                counts[key] = counts.get(key, 0) + n
-                itl[step_s] = itl.get(step_s, 0) + num_decode * n
-                for _ in range(n):
-                    busy_s += step_s
-                if step_log is not None:
-                    step_log.add(replica=idx, start_s=ends[first - 1] if first else self.now_s, step_s=step_s,
-                                 num_steps=n, end_s=ends[first + n - 1], key=key, num_preempted=0)
-            replica.busy_s = busy_s
-            self.kv_time_s.extend(ends[:steps])
-            self.kv_usage_frac.extend([(num_blocks - free) / num_blocks for free in free_after])
-            self.now_s = ends[steps - 1]
-            self.num_steps += steps
+            if max_steps <= 0:
+                return []
+            if horizon_s - self.now_s < _SHORT_RUN_STEPS * replica.step_s:
+                # A few steps before the next event: step by step in Python is cheaper.
+                num_priced, steps, finished = self._run_few_bulk_decodes(idx, num_decode, context_tokens, max_steps,
+                                                                         horizon_s)
+                if not num_priced:
+                    return []
+            else:
+                run = replica.pricer.decode_run(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
+                                                limits.max_sim_time_s)
+                num_priced = run.num_steps
+                if not num_priced:
+                    return []  # _start_step plans this step and queues its end
+                steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)
+                self._account_run(idx, run, steps, np.asarray(free_after))
+                self.now_s = float(run.ends[steps - 1])
             for req in finished:
                 self._record(req)
             if finished and self._held:
                 return finished
             self._in_flight -= len(finished)
-            if not finished and (steps < len(ends) or steps < max_steps):
+            if not finished and (steps < num_priced or steps < max_steps):
                 # Blocks ran out (the next step preempts), or the next step, the same as the one
                 # `decode_run` stopped at, ends at or past the horizon: `_start_step` plans it.
                 return []
+
+    def _run_few_bulk_decodes(self, idx: int, num_decode: int, context_tokens: int, max_steps: int,
+                              horizon_s: float) -> tuple[int, int, list[RequestState]]:
+        """`_run_bulk_decodes`' steps priced and counted one by one (`StepPricer.decode_steps`):
+        (steps priced to run, steps run, requests that finished)."""
+        replica = self._replicas[idx]
+        scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)
+        groups, ends = replica.pricer.decode_steps(num_decode, context_tokens, self.now_s, max_steps, horizon_s,
+                                                   self._limits.max_sim_time_s)
+        if not ends:
+            return 0, 0, []
+        steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
+        counts = replica.pricer.counts
+        itl = self.itl
+        busy_s = replica.busy_s
+        step_log = self.step_log
+        for g, (key, step_s, first) in enumerate(groups):
+            last = groups[g + 1][2] if g + 1 < len(groups) else steps
+            n = min(last, steps) - first
+            if n <= 0:
+                break
+            counts[key] = counts.get(key, 0) + n
+            itl[step_s] = itl.get(step_s, 0) + num_decode * n
+            for _ in range(n):
+                busy_s += step_s
+            if step_log is not None:
+                step_log.add(replica=idx, start_s=ends[first - 1] if first else self.now_s, step_s=step_s,
+                             num_steps=n, end_s=ends[first + n - 1], key=key, num_preempted=0)
+        replica.busy_s = busy_s
+        num_blocks = scheduler.kv.num_blocks
+        replica.trace.extend_values(ends[:steps], [(num_blocks - free) / num_blocks for free in free_after])
+        self.now_s = ends[steps - 1]
+        self.num_steps += steps
+        return len(ends), steps, finished
+
+    def _account_run(self, idx: int, run: DecodeRun, steps: int, free_after: np.ndarray) -> None:
+        """Count `steps` bulk steps of `run` just run on the replica: breakdown, busy time, KV
+        usage, step log."""
+        replica = self._replicas[idx]
+        step_s = run.step_s[:steps]
+        ends = run.ends[:steps]
+        replica.pricer.count_run(run, steps)
+        # The same running float sum as adding each step's seconds in turn.
+        replica.busy_s = float(np.cumsum(np.concatenate(((replica.busy_s,), step_s)))[-1])
+        num_blocks = replica.scheduler.kv.num_blocks
+        replica.trace.extend(ends, (num_blocks - free_after) / num_blocks)
+        self.num_steps += steps
+        if self.step_log is not None:
+            b = run.bucket_idx[:steps]
+            firsts = [0, *(np.flatnonzero(np.diff(b)) + 1).tolist(), steps]
+            for first, nxt in itertools.pairwise(firsts):
+                key = replica.pricer.run_key(run, first)
+                self.step_log.add(replica=idx, start_s=float(ends[first - 1]) if first else self.now_s,
+                                  step_s=float(step_s[first]), num_steps=nxt - first, end_s=float(ends[nxt - 1]),
+                                  key=key, num_preempted=0)
+
+    def _start_run(self, idx: int) -> bool:
+        """Run-ahead: when the replica's next steps are decodes only, price them up to the first
+        step in which a decode finishes (or blocks run out, or a limit) and queue the run's end as
+        one event; False (nothing started) otherwise.
+
+        Nothing but a request routed to this replica can change these steps: other replicas'
+        events do not touch its scheduler or KV cache, and the round-robin or least-outstanding
+        router reads only its request count, which no step of the run changes before the last. So
+        the steps are the ones the step-by-step loop runs; the scheduler runs them when the run
+        ends (`_finish_run`), or a request that arrives during the run cuts it after the step in
+        flight (`_cut_run`).
+        """
+        replica = self._replicas[idx]
+        scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)
+        shape = scheduler.next_bulk_decode_steps()
+        if shape is None:
+            return False
+        num_decode, context_tokens, until_finish = shape
+        limits = self._limits
+        max_steps = min(until_finish, limits.max_num_steps - 1 - self.num_steps)
+        if max_steps <= 0:
+            return False
+        max_steps = scheduler.bulk_decode_block_steps(max_steps)
+        if max_steps <= 0:
+            return False
+        run = replica.pricer.decode_run(num_decode, context_tokens, self.now_s, max_steps, math.inf,
+                                        limits.max_sim_time_s, price_ahead=False)
+        if not run.num_steps:
+            return False
+        replica.busy, replica.plan, replica.run = True, None, run
+        self._push(float(run.ends[run.num_steps - 1]), idx)
+        return True
+
+    def _cut_run(self, idx: int) -> None:
+        """A request reaches a replica in a run at `now_s`: the run ends with the step in flight
+        (the first that ends after now; one that ends at now ended before this event)."""
+        replica = self._replicas[idx]
+        run = replica.run
+        assert run is not None
+        k = int(np.searchsorted(run.ends[:run.num_steps], self.now_s, side="right")) + 1
+        assert k <= run.num_steps, "a run's end is handled before later events"
+        if k < run.num_steps:
+            run.num_steps = k
+            self._push(float(run.ends[k - 1]), idx)
+
+    def _finish_run(self, idx: int) -> list[RequestState]:
+        """The end of a run-ahead run: the scheduler runs its steps; the requests that finished."""
+        replica = self._replicas[idx]
+        run = replica.run
+        assert run is not None
+        replica.run = None
+        scheduler = replica.scheduler
+        assert isinstance(scheduler, VllmV1Scheduler)
+        steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)
+        assert steps == run.num_steps, "a run's blocks were counted when it started"
+        self._account_run(idx, run, steps, np.asarray(free_after))
+        for req in finished:
+            self._record(req)
+        return finished
 
     def _finish_step(self, idx: int) -> list[RequestState]:
         replica = self._replicas[idx]
@@ -367,8 +527,7 @@ class Simulation:
         finished = scheduler.finish_step(plan)
         for req in finished:
             self._record(req)
-        self.kv_time_s.append(now)
-        self.kv_usage_frac.append(scheduler.kv_usage_frac())
+        replica.trace.add(now, scheduler.kv_usage_frac())
         return finished
 
     def _record(self, req: RequestState) -> None:

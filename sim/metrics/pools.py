@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.metrics.kv_usage import KvUsageTrace
+from sim.metrics.summary import kv_usage_stats
+
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float, float]:
     a = np.asarray(values, dtype=np.float64)
@@ -58,15 +61,15 @@ class TransferSummary:
 
 def pool_summary(*, pool: str, hardware: str, num_workers: int, num_ranks: int, num_gpus: int,
                  busy_s: Sequence[float], duration_s: float, queue_delay_s: Sequence[float],
-                 kv_usage: Sequence[float], num_preemptions: int) -> PoolSummary:
+                 kv_usage: Sequence[float] | KvUsageTrace, num_preemptions: int) -> PoolSummary:
     q_mean, q_p50, q_p90, q_p99 = _stats(queue_delay_s)
-    usage = np.asarray(kv_usage, dtype=np.float64) if len(kv_usage) else np.zeros(1)
+    kv_mean, kv_max = kv_usage_stats(kv_usage)
     util = sum(busy_s) / (num_ranks * duration_s) if duration_s > 0 else math.nan
     return PoolSummary(
         pool=pool, hardware=hardware, num_workers=num_workers, num_ranks=num_ranks, num_gpus=num_gpus,
         utilization_frac=util, queue_delay_mean_s=q_mean, queue_delay_median_s=q_p50,
-        queue_delay_p90_s=q_p90, queue_delay_p99_s=q_p99, kv_usage_mean_frac=float(usage.mean()),
-        kv_usage_max_frac=float(usage.max()), num_preemptions=num_preemptions,
+        queue_delay_p90_s=q_p90, queue_delay_p99_s=q_p99, kv_usage_mean_frac=kv_mean,
+        kv_usage_max_frac=kv_max, num_preemptions=num_preemptions,
     )
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from sim.engine.records import RequestRecord
 from sim.metrics.histogram import counted_stats
+from sim.metrics.kv_usage import KvUsageTrace
 from sim.specs.slo import SloSpec
 
 
@@ -99,9 +100,17 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
     return float(values.mean()), float(p50), float(p90), float(p99)
 
 
+def kv_usage_stats(kv_usage: Sequence[float] | np.ndarray | KvUsageTrace) -> tuple[float, float]:
+    """Step-weighted mean and maximum used KV fraction (0.0, 0.0 without steps)."""
+    if isinstance(kv_usage, KvUsageTrace):
+        return kv_usage.mean_frac(), kv_usage.max_frac()
+    usage = np.asarray(kv_usage, dtype=np.float64) if len(kv_usage) else np.zeros(1)
+    return float(usage.mean()), float(usage.max())
+
+
 def summarize(
     records: Sequence[RequestRecord], *, num_requests: int, itl: Mapping[float, int], slo: SloSpec,
-    kv_usage: Sequence[float] | np.ndarray, num_preemptions: int, prefix_query_tokens: int,
+    kv_usage: Sequence[float] | np.ndarray | KvUsageTrace, num_preemptions: int, prefix_query_tokens: int,
     prefix_hit_tokens: int, num_gpus: int, price_per_gpu_hour_usd: float | None, num_steps: int,
     truncated: bool, worst_provenance: str,
 ) -> SimSummary:
@@ -128,7 +137,7 @@ def summarize(
     cost_per_million: float | None = None
     if cost_per_hour is not None:
         cost_per_million = cost_per_hour / (out_rate * 3600.0) * 1e6 if out_rate > 0 else math.inf
-    usage = np.asarray(kv_usage, dtype=np.float64) if len(kv_usage) else np.zeros(1)
+    kv_mean, kv_max = kv_usage_stats(kv_usage)
     i_mean, i_p50, i_p90, i_p99 = counted_stats(itl)
     t_mean, t_p50, t_p90, t_p99 = _stats(ttft)
     p_mean, p_p50, p_p90, p_p99 = _stats(tpot[out_tok > 1])
@@ -144,7 +153,7 @@ def summarize(
         e2el_p99_s=e_p99, goodput_requests_per_s=float(good.sum()) * per_s,
         num_preemptions=num_preemptions,
         prefix_hit_frac=prefix_hit_tokens / prefix_query_tokens if prefix_query_tokens else 0.0,
-        kv_usage_mean_frac=float(usage.mean()), kv_usage_max_frac=float(usage.max()),
+        kv_usage_mean_frac=kv_mean, kv_usage_max_frac=kv_max,
         num_gpus=num_gpus, price_per_gpu_hour_usd=price_per_gpu_hour_usd, cost_per_hour_usd=cost_per_hour,
         cost_per_million_output_tokens_usd=cost_per_million,
         num_steps=num_steps, truncated=truncated or n < num_requests, worst_provenance=worst_provenance,

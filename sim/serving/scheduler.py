@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, runtime_checkable
 
+import numpy as np
+
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.serving.request import RequestState
 
@@ -91,4 +93,5 @@ class BulkDecodeScheduler(ReplicaScheduler, Protocol):
     """
 
     def next_bulk_decode_steps(self) -> tuple[int, int, int] | None: ...
-    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]: ...
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]: ...
+    def bulk_decode_block_steps(self, num_steps: int) -> int: ...

@@ -58,7 +58,10 @@ from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 from heapq import heappop, heappush
+from itertools import accumulate
 from typing import cast
+
+import numpy as np
 
 from sim.serving.adp_balance import RankLoad
 from sim.serving.kv_cache import KVCacheManager, SegmentLike
@@ -210,14 +213,77 @@ class VllmV1Scheduler:
             return None
         return self._num_bulk, self._bulk_context_base + self._num_bulk * u, self._finish_steps[0] - u
 
-    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+    def bulk_decode_block_steps(self, num_steps: int) -> int:
+        """How many of the next `num_steps` steps `next_bulk_decode_steps` described find the KV
+        blocks they take free (the count `run_bulk_decode_steps(num_steps)` runs, before it stops
+        at a finish)."""
+        free = self._kv.num_free_blocks()
+        if (num_steps // self._block_size + 1) * self._num_bulk <= free:
+            return num_steps  # each bulk decode takes at most one block per block_size steps
+        prefix = self._due_prefix()
+        q, r = divmod(num_steps, self._block_size)
+        if q * prefix[-1] + (prefix[r - 1] if r else 0) <= free:
+            return num_steps
+        return int(np.searchsorted(self._due_counts(num_steps, prefix), free, side="right"))
+
+    def _due_prefix(self) -> list[int]:
+        """Blocks taken by the next 1, 2, ..., block_size bulk steps (each bulk decode crosses into
+        a new block once per `block_size` steps, so the pattern repeats with that period)."""
+        r = self._step_id % self._block_size
+        sizes = list(map(len, self._due))
+        return list(accumulate(sizes[r:] + sizes[:r]))
+
+    def _due_counts(self, num_steps: int, prefix: list[int]) -> np.ndarray:
+        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step)."""
+        per_step = np.zeros(num_steps, dtype=np.int64)
+        previous = 0
+        for r, total in enumerate(prefix):
+            if total != previous:
+                per_step[r::self._block_size] = total - previous
+                previous = total
+        return np.cumsum(per_step)
+
+    def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
         `schedule()` and then `finish_step()` of its plan; stop before a step whose blocks are not
         free and after one in which a decode finishes.
 
         Returns the steps run, the requests that finished in the last one, and the free blocks
-        after each step.
+        after each step (an int64 array; a list for up to `block_size` steps, run one by one).
+        The work is O(block_size + blocks taken), not per step: the requests crossing into a new
+        block repeat with period `block_size`.
         """
+        if num_steps <= self._block_size:
+            return self._run_bulk_steps_one_by_one(num_steps)
+        u = self._step_id
+        bs = self._block_size
+        free = self._kv.num_free_blocks()
+        last = self._finish_steps[0] - u
+        if num_steps > last:
+            num_steps = last
+        prefix = self._due_prefix()
+        taken = self._due_counts(num_steps, prefix)
+        steps = num_steps
+        if num_steps and int(taken[-1]) > free:
+            steps = int(np.searchsorted(taken, free, side="right"))
+        free_after = free - taken[:steps]
+        if steps and int(taken[steps - 1]):
+            due = self._due
+            rows = [[r.request_id for r in due[(u + r_off) % bs]] for r_off in range(min(steps, bs))]
+            period = [rid for row in rows for rid in row]
+            q, rem = divmod(steps, bs)
+            request_ids = period * q + [rid for row in rows[:rem] for rid in row] if q else period
+            self._kv.append_one_block(request_ids)
+        self._step_id = u + steps
+        finished: list[RequestState] = []
+        if steps == last:
+            finished = self._finish_bulk(u + steps)
+            self._release(finished)
+            free_after[-1] = self._kv.num_free_blocks()
+        return steps, finished, free_after
+
+    def _run_bulk_steps_one_by_one(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
+        """`run_bulk_decode_steps` a step at a time (cheaper for a few steps)."""
         u = self._step_id
         bs = self._block_size
         free = self._kv.num_free_blocks()

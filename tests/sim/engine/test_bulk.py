@@ -149,11 +149,13 @@ def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     assert kv.blocks_of(0) == (0,) and kv.blocks_of(1) == (1, 2)
     # Both decode from now on: contexts 4 and 6 tokens; both sample their last token 8 steps on.
     assert sched.next_bulk_decode_steps() == (2, 10, 8)
-    assert sched.run_bulk_decode_steps(1) == (1, [], [16])  # a's context 4 fills block 0: it takes 3
+    steps, done, free_after = sched.run_bulk_decode_steps(1)
+    assert (steps, done, [int(f) for f in free_after]) == (1, [], [16])  # a's context 4 fills block 0: it takes 3
     assert kv.blocks_of(0) == (0, 3) and kv.blocks_of(1) == (1, 2)
     assert sched.next_bulk_decode_steps() == (2, 12, 7)
     # Contexts (5, 7): nothing; (6, 8): b takes 4; (7, 9); (8, 10): a takes 5; (9, 11); (10, 12): b takes 6.
-    assert sched.run_bulk_decode_steps(6) == (6, [], [16, 15, 15, 14, 14, 13])
+    steps, done, free_after = sched.run_bulk_decode_steps(6)
+    assert (steps, done, [int(f) for f in free_after]) == (6, [], [16, 15, 15, 14, 14, 13])
     assert kv.blocks_of(0) == (0, 3, 5) and kv.blocks_of(1) == (1, 2, 4, 6)
     assert sched.next_bulk_decode_steps() == (2, 11 + 13, 1)  # both sample their last token in it
     plan = sched.schedule()
