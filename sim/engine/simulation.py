@@ -198,7 +198,7 @@ class Simulation:
             self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
             if heap and heap[0][0] <= self._next_arrival_s:
                 time_s, seq, idx = heapq.heappop(heap)
-                if idx < len(self._replicas) and self._replicas[idx].event_seq != seq:
+                if 0 <= idx < len(self._replicas) and self._replicas[idx].event_seq != seq:
                     continue  # a run cut short since: its new end is queued
                 req = None
             else:
@@ -245,7 +245,7 @@ class Simulation:
 
     def _push(self, time_s: float, idx: int) -> None:
         seq = next(self._seq)
-        if idx < len(self._replicas):
+        if 0 <= idx < len(self._replicas):  # negative indices are a subclass's own events
             self._replicas[idx].event_seq = seq
         heapq.heappush(self._heap, (time_s, seq, idx))
 
@@ -255,7 +255,7 @@ class Simulation:
         replicas = self._replicas
         while heap:
             time_s, seq, idx = heap[0]
-            if idx < len(replicas) and replicas[idx].event_seq != seq:
+            if 0 <= idx < len(replicas) and replicas[idx].event_seq != seq:
                 heapq.heappop(heap)
                 continue
             return time_s

@@ -36,6 +36,9 @@ class OneSecondSteps:
     def key(self, plan: StepPlan) -> tuple[()]:
         return ()
 
+    def fold_runs(self) -> list[tuple[Any, float, int]]:
+        return []  # no bulk runs (`SimLimits(bulk_decode=False)`)
+
 
 def _sim(spec: AutoscalingSpec, slots: int, router: str = "least_loaded") -> AutoscaledSimulation:
     scheds = [VllmV1Scheduler(kv=KVCacheManager(num_blocks=1000, block_size=16, enable_prefix_caching=False),
