@@ -17,18 +17,21 @@ Which families there are and how each is built: `sim.engine.step_parts`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sim.graph.kernels import KernelWork
+from sim.graph.kernels import KernelKind, KernelWork
 from sim.perf.efficiency import KernelColumns
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 
 NodeList = list[tuple[KernelWork, int]]
 """Kernel nodes of a part: (work, repeat) in step order."""
+Rebuild = Callable[[KernelWork, tuple[int, ...]], KernelWork]
+"""A kernel of a table-keyed kind rebuilt at another shape from its count-1 node (MoE: the fused
+layer's work follows the routed load, not a polynomial of the count)."""
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
 _MIN_BLOCK = 128
 _PROVENANCE = {int(p): p for p in Provenance}
@@ -58,6 +61,9 @@ class NodeTemplate:
         self.nodes = [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), w.variant, r) for w, r in first]
         self.row_of: list[int] = list(range(len(first)))
         self.num_rows = len(first)
+        self.deferred: frozenset[int] = frozenset()
+        """Rows priced only at the counts a caller asks for (a rebuilt MoE row costs ~0.5 ms a count,
+        the routing draw twice; the other rows cost microseconds and are priced for a whole window)."""
 
     def groups(self) -> list[list[int]]:
         """Rows by (kind, dtype, group size, shape length, variant): one kernel-model call each (the
@@ -96,22 +102,33 @@ class PolynomialNodes(NodeTemplate):
     evaluated exactly: the fields are integer-valued floats. Columns without building nodes per
     count."""
 
-    def __init__(self, one: NodeList, two: NodeList, three: NodeList) -> None:
+    def __init__(self, one: NodeList, two: NodeList, three: NodeList,
+                 rebuild: Mapping[KernelKind, Rebuild] | None = None) -> None:
+        """`rebuild`: kinds whose nodes only the shape follows the form for; their numeric fields
+        come from `rebuild(count-1 node, shape)` at each count (checked by `of` like the form)."""
         super().__init__(one)
         rows: dict[tuple[object, ...], int] = {}
         self.row_of = []
         self.coef: list[tuple[list[tuple[float, float, float]], list[tuple[int, int, int]]]] = []
+        self.rebuilt: dict[int, tuple[KernelWork, Rebuild]] = {}
+        """Rows rebuilt per count: their count-1 node and the rebuild."""
+        rebuild = rebuild or {}
         for (w1, _), (w2, _), (w3, _) in zip(one, two, three, strict=True):
             f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
             floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
             shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
+            again = rebuild.get(w1.kind)
             # Kernels alike but for the name are one row (priced once, as `StepPricer._priced` does).
-            sig = (w1.kind, w1.dtype, w1.group_size, w1.variant, tuple(floats), tuple(shape))
+            sig = (w1.kind, w1.dtype, w1.group_size, w1.variant, tuple(shape), again is not None,
+                   () if again is not None else tuple(floats))
             if sig not in rows:
                 rows[sig] = len(self.coef)
+                if again is not None:
+                    self.rebuilt[len(self.coef)] = (w1, again)
                 self.coef.append((floats, shape))
             self.row_of.append(rows[sig])
         self.num_rows = len(self.coef)
+        self.deferred = frozenset(self.rebuilt)
 
     @staticmethod
     def checks(top: int) -> list[int]:
@@ -130,22 +147,32 @@ class PolynomialNodes(NodeTemplate):
         return sorted(c for c in points if 3 < c <= top)
 
     @staticmethod
-    def of(build: Callable[[int], NodeList], top: int) -> PolynomialNodes | None:
-        """The form of `build` on counts 1..top, or None if `build(n)` departs from it at any check."""
+    def of(build: Callable[[int], NodeList], top: int,
+           rebuild: Mapping[KernelKind, Rebuild] | None = None) -> PolynomialNodes | None:
+        """The form of `build` on counts 1..top, or None if `build(n)` departs from it at any check
+        (a rebuilt node: if its shape departs from the form or its rebuild from the real node)."""
         one, two, three = build(1), build(2), build(3)
-        poly = PolynomialNodes(one, two, three)
+        poly = PolynomialNodes(one, two, three, rebuild)
         if not (poly.same_nodes(two) and poly.same_nodes(three)):
             return None
-        for n in PolynomialNodes.checks(top):
-            real = build(n)
+        for n in ([2, 3] if poly.rebuilt else []) + PolynomialNodes.checks(top):
+            real = build(n) if n > 3 else (two if n == 2 else three)
             if not poly.same_nodes(real):
                 return None
             k, tri = n - 1, (n - 1) * (n - 2) // 2
             for (work, _), row in zip(real, poly.row_of, strict=True):
                 floats, shape = poly.coef[row]
-                if [getattr(work, f) for f in _FLOAT_FIELDS] != [a + d1 * k + d2 * tri for a, d1, d2 in floats]:
+                at = [a + d1 * k + d2 * tri for a, d1, d2 in shape]
+                if list(work.shape) != at:
                     return None
-                if list(work.shape) != [a + d1 * k + d2 * tri for a, d1, d2 in shape]:
+                again = poly.rebuilt.get(row)
+                if again is not None:
+                    made = again[1](again[0], tuple(at))
+                    if (made.kind, made.dtype, made.group_size, made.variant, made.shape) != \
+                            (work.kind, work.dtype, work.group_size, work.variant, work.shape) or \
+                            [getattr(made, f) for f in _FLOAT_FIELDS] != [getattr(work, f) for f in _FLOAT_FIELDS]:
+                        return None
+                elif [getattr(work, f) for f in _FLOAT_FIELDS] != [a + d1 * k + d2 * tri for a, d1, d2 in floats]:
                     return None
         return poly
 
@@ -153,6 +180,13 @@ class PolynomialNodes(NodeTemplate):
         kind, _, dtype, group, _, variant, _ = self.nodes[self.row_of.index(rows[0])]
         k = ns - 1
         tri = k * (k - 1) // 2
+        if rows[0] in self.rebuilt:  # a group is one kind: all its rows are rebuilt
+            made = []
+            for r in rows:
+                first, again = self.rebuilt[r]
+                shape = np.stack([a + d1 * k + d2 * tri for a, d1, d2 in self.coef[r][1]], axis=1).tolist()
+                made += [again(first, tuple(s)) for s in shape]
+            return KernelColumns.of(made)
         kf, trif = k.astype(float), tri.astype(float)
         floats = [np.concatenate([a + d1 * kf + d2 * trif for a, d1, d2 in (self.coef[r][0][i] for r in rows)])
                   for i in range(len(_FLOAT_FIELDS))]
@@ -176,6 +210,17 @@ class _Block:
     worst: list[Provenance]
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A window whose deferred rows (`NodeTemplate.deferred`) are priced per count on first use."""
+
+    times: np.ndarray
+    """Launch time per row and count (deferred rows unset)."""
+    provs: np.ndarray
+    groups: list[list[int]]
+    """The deferred rows' groups."""
+
+
 class BlockPricer:
     """Parts of counts 1..`max_count` priced in windows (see the module docstring). Which counts
     a caller prices alone (a run's first part of the family) is the caller's choice: a count's
@@ -188,7 +233,7 @@ class BlockPricer:
         self._cost = cost
         self._eager = eager_launch_s
         self._max = max_count
-        self._where: dict[int, tuple[_Block, int]] = {}
+        self._where: dict[int, tuple[_Block | _Pending, int]] = {}
         self._parts: dict[int, Part] = {}
         self._labels: tuple[tuple[str, str], ...] = ()
         self._launches = 0
@@ -213,6 +258,9 @@ class BlockPricer:
             self._price_window(n)
             at = self._where[n]
         block, j = at
+        if isinstance(block, _Pending):
+            part = self._parts[n] = self._complete(block, j, n)
+            return part
         part = self._parts[n] = Part(
             labels=self._labels, seconds=block.seconds[:, j], gpu_s=block.gpu_s[j], comm_s=block.comm_s[j],
             num_launches=self._launches, short_kernel_gap_s=block.short_kernel_gap_s[j],
@@ -223,20 +271,51 @@ class BlockPricer:
         size = _MIN_BLOCK
         while size < len(self._where):
             size *= 2
+        template = self._template
+        assert template is not None
         lo = (n - 1) // size * size + 1
         where = self._where
         ns = np.array([m for m in range(lo, min(lo + size, self._max + 1)) if m not in where], dtype=np.int64)
-        template = self._template
-        assert template is not None
         times = np.empty((template.num_rows, len(ns)))
         provs = np.empty((template.num_rows, len(ns)), dtype=np.int64)
+        deferred = template.deferred
+        later = []
         for rows in template.groups():
+            if rows[0] in deferred:  # a group is one kind: deferred as a whole
+                later.append(rows)
+                continue
             t, p = self._cost.estimate_columns(template.columns(rows, ns))
             times[rows] = t.reshape(len(rows), len(ns))
             provs[rows] = p.reshape(len(rows), len(ns))
-        seconds = np.empty((len(template.nodes), len(ns)))
-        gpu, comm, gap = np.zeros(len(ns)), np.zeros(len(ns)), np.zeros(len(ns))
-        worst = np.full(len(ns), int(Provenance.MEASURED), dtype=np.int64)
+        block: _Block | _Pending = _Pending(times=times, provs=provs, groups=later) if later else \
+            self._sums(times, provs)
+        for j, m in enumerate(ns.tolist()):
+            where[m] = (block, j)
+
+    def _complete(self, pending: _Pending, j: int, n: int) -> Part:
+        """The part of count `n` (column `j` of a window with deferred rows): its deferred rows priced
+        now, then summed as a window's columns are (elementwise, so the same numbers)."""
+        template = self._template
+        assert template is not None
+        one = np.array([n], dtype=np.int64)
+        times, provs = pending.times[:, j:j + 1].copy(), pending.provs[:, j:j + 1].copy()
+        for rows in pending.groups:
+            t, p = self._cost.estimate_columns(template.columns(rows, one))
+            times[rows] = t.reshape(len(rows), 1)
+            provs[rows] = p.reshape(len(rows), 1)
+        block = self._sums(times, provs)
+        return Part(labels=self._labels, seconds=block.seconds[:, 0], gpu_s=block.gpu_s[0], comm_s=block.comm_s[0],
+                    num_launches=self._launches, short_kernel_gap_s=block.short_kernel_gap_s[0],
+                    worst_provenance=block.worst[0])
+
+    def _sums(self, times: np.ndarray, provs: np.ndarray) -> _Block:
+        """Parts' totals from per-row launch times and provenance codes (rows x counts)."""
+        template = self._template
+        assert template is not None
+        k = times.shape[1]
+        seconds = np.empty((len(template.nodes), k))
+        gpu, comm, gap = np.zeros(k), np.zeros(k), np.zeros(k)
+        worst = np.full(k, int(Provenance.MEASURED), dtype=np.int64)
         # The sums run over the nodes in order, as `PartPrices.priced` adds them.
         for i, ((kind, *_, repeat), row) in enumerate(zip(template.nodes, template.row_of, strict=True)):
             time_s = times[row]
@@ -247,7 +326,5 @@ class BlockPricer:
                 gpu += sec
             gap += np.maximum(0.0, self._eager - time_s) * repeat
             np.maximum(worst, provs[row], out=worst)
-        block = _Block(seconds=seconds, gpu_s=gpu.tolist(), comm_s=comm.tolist(), short_kernel_gap_s=gap.tolist(),
-                       worst=[_PROVENANCE[w] for w in worst.tolist()])
-        for j, m in enumerate(ns.tolist()):
-            where[m] = (block, j)
+        return _Block(seconds=seconds, gpu_s=gpu.tolist(), comm_s=comm.tolist(), short_kernel_gap_s=gap.tolist(),
+                      worst=[_PROVENANCE[w] for w in worst.tolist()])

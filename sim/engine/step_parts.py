@@ -28,9 +28,10 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable
 
-from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes
+from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes, Rebuild
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.moe import as_decode_only
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.moe import as_decode_only, moe_work
 from sim.graph.transformer import (
     build_step_graph,
     decode_attention_nodes,
@@ -133,13 +134,25 @@ class PartNodes:
                                                   num_requests=num_decode, context_tokens=mean_context_tokens,
                                                   num_query_tokens=query_tokens))
 
+    def _moe_at(self, first: KernelWork, shape: tuple[int, ...]) -> KernelWork:
+        """The fused MoE node `first` at another shape (`PolynomialNodes` rebuilds it per count: its
+        work follows rank 0's routed load); `PolynomialNodes.of` checks it against the real nodes."""
+        precision = self._sc.precision
+        num_tokens, hidden, inter_size, topk, num_experts, moe_tp, moe_ep = shape
+        return moe_work(num_tokens=num_tokens, hidden=hidden, inter_size=inter_size, topk=topk,
+                        num_experts=num_experts, moe_tp=moe_tp, moe_ep=moe_ep, routing=first.variant,
+                        weight_dtype=precision.expert_weight_dtype, compute_dtype=first.dtype,
+                        act=precision.activation_dtype)
+
     def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float, top: int) -> BlockPricer:
         """The block pricer of one part family over counts 1..top (the run's token budget for token and
         prefill parts, its running-request cap for sampling and decode parts)."""
 
+        rebuild: dict[KernelKind, Rebuild] = {KernelKind.MOE: self._moe_at}
+
         def polynomial(build: Callable[[int], NodeList], fallback: bool = False) -> Callable[[], NodeTemplate | None]:
             def make() -> NodeTemplate | None:
-                poly = PolynomialNodes.of(build, top)
+                poly = PolynomialNodes.of(build, top, rebuild)
                 return poly if poly is not None or not fallback else BuiltNodes(build)
             return make
 

@@ -42,7 +42,7 @@ from sim.perf.learners import (
     mlp_forward,
 )
 from sim.perf.roofline import collective_wire_bytes, roofline
-from sim.perf.table_kernels import TABLE_FAMILY, table_batch, table_of, work_columns
+from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, table_batch, table_of, work_columns
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -148,7 +148,7 @@ class FittedEfficiency:
     # -- single kernel -------------------------------------------------------------------------
     def efficiency(self, work: KernelWork, hw: HardwareSpec) -> Efficiency:
         if work.kind in TABLE_KINDS:
-            values, codes = self._table_efficiency([work], hw)
+            values, codes = self._table_efficiency_columns(KernelColumns.of([work]), hw)
             return Efficiency(float(values[0]), Provenance(int(codes[0])))
         family = KIND_FAMILY.get(work.kind)
         params = self._families.get(family) if family else None
@@ -246,7 +246,7 @@ class FittedEfficiency:
         float32 hidden layers round the same way), to float64 rounding."""
         n = len(cols)
         if cols.kind in TABLE_KINDS and n:
-            return self._table_efficiency([cols.work(i) for i in range(n)], hw)
+            return self._table_efficiency_columns(cols, hw)
         family = KIND_FAMILY.get(cols.kind)
         params = self._families.get(family) if family else None
         if family is None or params is None or n == 0:
@@ -402,6 +402,45 @@ class FittedEfficiency:
             if family != "ep_a2a":
                 cols["backend"] = np.full(len(sel), self._backend or "", dtype=object)
             tb = table_batch(table, cols, np.arange(len(sel)), hw)
+            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
+            predicted = tb.roofline_s * np.exp(y)
+            eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)
+            prov[sel] = np.where(outside, int(Provenance.EXTRAPOLATED),
+                                 np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
+        return eff, prov
+
+    def _table_efficiency_columns(self, cols: KernelColumns, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+        """`_table_efficiency` of the rows of `cols` (one table-keyed kind), from the columns alone: the
+        table rows by `table_kernels.kernel_columns` and each kernel's own roofline as `roofline` computes
+        it, so the values are those of `_table_efficiency` of each row's `KernelWork`, bitwise (the
+        arithmetic is elementwise; the family's prediction runs row by row). One pass per table."""
+        n = len(cols)
+        kind = cols.kind
+        if kind.is_collective():
+            g = cols.group_size
+            # `collective_wire_bytes` with the same operations (table-keyed collectives: EP all-to-all).
+            wire = np.zeros(n) if g <= 1 else (g - 1) / g * cols.comm_bytes
+            own = np.maximum(wire / hw.link_for_group(g).bandwidth_bytes_per_s, 0.0)
+        else:
+            own = np.maximum(np.maximum(cols.flops / hw.peak_flops_for(cols.dtype),
+                                        cols.bytes_moved() / hw.hbm_bandwidth_bytes_per_s), 0.0)
+        variants = (np.asarray(cols.variants, dtype=object) if len(cols.variants)
+                    else np.full(n, "", dtype=object))
+        tables = np.array([table_of(kind, v) for v in dict.fromkeys(variants.tolist())], dtype=object)
+        eff = np.ones(n)
+        prov = np.full(n, int(Provenance.ROOFLINE), dtype=np.int64)
+        for table in sorted(set(tables.tolist())):
+            family = TABLE_FAMILY[table]
+            if family not in self._families:
+                continue
+            if len(tables) == 1:
+                sel = np.arange(n)
+            else:
+                sel = np.flatnonzero(np.array([table_of(kind, v) == table for v in variants.tolist()], dtype=bool))
+            rows = kernel_columns(kind, cols.dtype, [s[sel] for s in cols.shape], variants[sel], table)
+            if family != "ep_a2a":
+                rows["backend"] = np.full(len(sel), self._backend or "", dtype=object)
+            tb = table_batch(table, rows, np.arange(len(sel)), hw)
             y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
             predicted = tb.roofline_s * np.exp(y)
             eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)

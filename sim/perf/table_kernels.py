@@ -21,7 +21,7 @@ numpy only; pure (seeded generators per call).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -368,3 +368,33 @@ def work_columns(works: list[KernelWork]) -> dict[str, np.ndarray]:
         rows.append(row)
     names = sorted({c for r in rows for c in r})
     return {c: np.array([r.get(c, "") for r in rows], dtype=object) for c in names}
+
+
+_SHAPE_COLUMNS: Final[dict[KernelKind, tuple[str, ...]]] = {
+    KernelKind.MOE: ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"),
+    KernelKind.MLA_PREFILL: ("batch_size", "seq_len", "prefix_len", "num_heads"),
+    KernelKind.MLA_DECODE: ("batch_size", "kv_len", "", "num_heads"),
+    KernelKind.MLA_BMM: ("num_tokens", "num_heads"),
+    KernelKind.EP_ALL_TO_ALL: ("num_tokens_per_rank", "hidden_size", "topk", "num_experts", "num_gpus", "node_num"),
+}
+"""Table column of each shape entry of a table-keyed kind (`work_columns`; blank: not a column)."""
+
+
+def kernel_columns(kind: KernelKind, dtype: DType, shape: Sequence[np.ndarray], variants: np.ndarray,
+                   table: str) -> dict[str, np.ndarray]:
+    """`work_columns` of kernels of one table-keyed kind and dtype, all rows of `table`, from columns
+    of their shapes (int arrays) and variants (an object array of str, blank for none): the same
+    columns and values without a Python object per row (the simulator's block pricing)."""
+    n = len(variants)
+    cols: dict[str, np.ndarray] = {name: shape[i] for i, name in enumerate(_SHAPE_COLUMNS[kind]) if name}
+    if kind is KernelKind.MOE:
+        cols["distribution"] = np.where(variants == "", "balanced", variants).astype(object)
+        cols["moe_dtype"] = np.full(n, SIM_MOE_DTYPE.get(dtype, "bfloat16"), dtype=object)
+    elif kind is KernelKind.MLA_BMM:
+        cols["op_name"] = np.where(variants == "", "mla_gen_pre", variants).astype(object)
+        cols["bmm_dtype"] = np.full(n, "fp8" if dtype in (DType.FP8, DType.FP8_BLOCK) else "bfloat16", dtype=object)
+    if kind in (KernelKind.MLA_PREFILL, KernelKind.MLA_DECODE):
+        cols["kv_cache_dtype"] = np.full(n, "fp8" if dtype in (DType.FP8, DType.FP8_BLOCK) else "bfloat16",
+                                         dtype=object)
+    cols["kernel"] = np.full(n, table, dtype=object)
+    return cols

@@ -13,9 +13,10 @@ from sim.api import load_host_params, load_scenario, scenario_efficiency, step_g
 from sim.engine.block_pricing import BuiltNodes, PolynomialNodes
 from sim.engine.pricer import StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.kernels import KernelWork
+from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.moe import as_decode_only
 from sim.perf.efficiency import KernelColumns
-from sim.perf.fitted import FittedEfficiency
+from sim.perf.fitted import TABLE_KINDS, FittedEfficiency
 from sim.perf.step import StepCostModel
 from sim.specs.scenario import Scenario
 
@@ -85,14 +86,18 @@ def test_block_pricing_other_models_and_parallelism(overrides: dict[str, Any]) -
     _compare(load_scenario(LLAMA70, overrides), vectorised=True)
 
 
-def test_moe_token_part_is_not_polynomial_and_falls_back_to_count_by_count() -> None:
+def test_moe_token_part_is_block_priced_with_the_moe_rows_rebuilt_per_count() -> None:
     sc = load_scenario(MIXTRAL)
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
     for t in (100, 101):
         block.step_s((((t, 0, True),), t - 90, 64))
     assert block._blocks is not None
-    assert block._blocks[("token",)]._template is None  # expected active experts: not polynomial
+    template = block._blocks[("token",)]._template
+    # The routed load (expected active experts) is no polynomial of the count: the fused MoE row is
+    # rebuilt per count and priced only at the counts asked for; the other rows by window.
+    assert isinstance(template, PolynomialNodes) and template.rebuilt and template.deferred
+    assert {template.nodes[template.row_of.index(r)][0] for r in template.deferred} == {KernelKind.MOE}
     assert block._blocks[("sampling",)]._template is not None
 
 
@@ -171,3 +176,89 @@ def test_efficiency_columns_equal_one_kernel_calls(tier: str) -> None:
             one = model.efficiency(w, sc.hardware)
             assert value == pytest.approx(one.value, rel=REL, abs=0.0), w
             assert prov == int(one.provenance), w
+
+
+DEEPSEEK_DP8 = str(REPO / "scenarios" / "deepseek_r1-h200-dp8ep8.toml")
+_MOE_MLA = [
+    (DEEPSEEK_DP8, {}),
+    (DEEPSEEK_DP8, {"engine.moe_routing": "balanced", "engine.enable_eplb": True}),
+    (str(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml"), {}),
+    (LLAMA70, {"model.name": "Qwen/Qwen3-235B-A22B", "engine.tensor_parallel_size": 8}),
+    (LLAMA70, {"model.name": "openai/gpt-oss-120b", "engine.tensor_parallel_size": 4}),
+]
+
+
+@pytest.mark.parametrize(("path", "overrides"), _MOE_MLA)
+def test_moe_and_mla_parts_by_block_equal_count_by_count(path: str, overrides: dict[str, Any]) -> None:
+    """MoE / MLA / MLA-BMM / expert all-to-all rows are priced by the same column code either way, so
+    their per-node seconds are bitwise equal; the parts' totals differ only by the dense rows' float
+    rounding (1e-16 to 1e-14 relative)."""
+    sc = load_scenario(path, {**overrides, "perf.tier": "auto"})
+    block, scalar = _pricers(sc)
+    assert block._cost.prices_columns()
+    nodes = block._prices.nodes
+    top = sc.engine.max_num_batched_tokens or 8192
+    families = [(("token",), nodes.token, range(1, top + 1, 37)),
+                (("token", "decode_only"), nodes.decode_only_token, range(1, 600, 7)),
+                (("decode", 1024), lambda n: nodes.decode(n, 1024), range(1, 257, 5)),
+                (("prefill", 300, 1), lambda n: nodes.prefill(n, 300, 1), range(1, 2000, 41))]
+    table_rows = 0
+    for family, build, counts in families:
+        pricer = block._prices.block_pricer(family, top)
+        assert pricer is not None
+        for n in counts:
+            by_block = pricer.part(n)
+            assert by_block is not None, (family, n)
+            alone = scalar._prices.scalar_part(family, n, build)
+            assert by_block.labels == alone.labels
+            assert by_block.worst_provenance == alone.worst_provenance
+            for (kind, _), b, a in zip(by_block.labels, list(by_block.seconds), alone.seconds, strict=True):
+                if KernelKind(kind) in TABLE_KINDS:
+                    assert b == a, (family, n, kind)
+                    table_rows += 1
+                else:
+                    assert b == pytest.approx(a, rel=1e-12, abs=0.0), (family, n, kind)
+            for x, y in ((by_block.gpu_s, alone.gpu_s), (by_block.comm_s, alone.comm_s),
+                         (by_block.short_kernel_gap_s, alone.short_kernel_gap_s)):
+                assert x == pytest.approx(y, rel=1e-12, abs=1e-30), (family, n)
+    assert table_rows > 0
+
+
+def test_table_efficiency_from_columns_equals_the_per_kernel_path() -> None:
+    """`_table_efficiency_columns` (no `KernelWork` per row) gives `_table_efficiency`'s numbers bitwise,
+    for every table-keyed kind, mixed DeepEP modes in one call included."""
+    works: dict[tuple[Any, ...], list[KernelWork]] = {}
+    for path, overrides in _MOE_MLA:
+        sc = load_scenario(path, {**overrides, "perf.tier": "auto"})
+        for t in (1, 3, 17, 100, 513, 2048):
+            for decodes in ((), (5,) * 7, (40_000,)):
+                batch = BatchShape(prefills=(PrefillChunk(new_tokens=t, context_tokens=300),) if t > 1 else (),
+                                   decode_context_tokens=decodes or (64,))
+                for node in step_graph(sc, batch).nodes:
+                    w = node.work
+                    if w.kind in TABLE_KINDS:
+                        works.setdefault((id(sc), w.kind, w.dtype, w.group_size), []).append(w)
+        model = scenario_efficiency(sc)
+        assert isinstance(model, FittedEfficiency)
+        for (sid, *_), ws in works.items():
+            if sid != id(sc):
+                continue
+            ws = ws + [as_decode_only(w) for w in ws]
+            values, codes = model._table_efficiency_columns(KernelColumns.of(ws), sc.hardware)
+            old_values, old_codes = model._table_efficiency(ws, sc.hardware)
+            assert values.tolist() == old_values.tolist() and codes.tolist() == old_codes.tolist()
+    assert {k[1] for k in works} == set(TABLE_KINDS)
+
+
+def test_a_rebuild_that_departs_from_the_real_nodes_is_refused() -> None:
+    sc = load_scenario(MIXTRAL)
+    nodes = _pricers(sc)[0]._prices.nodes
+    top = 8192
+    assert PolynomialNodes.of(nodes.token, top) is None  # the MoE row alone is no polynomial
+    good = {KernelKind.MOE: nodes._moe_at}
+    assert PolynomialNodes.of(nodes.token, top, good) is not None
+
+    def off(first: KernelWork, shape: tuple[int, ...]) -> KernelWork:
+        work = nodes._moe_at(first, shape)
+        return dataclasses.replace(work, flops=work.flops * (1.0 + 1e-15 * (shape[0] > 700)))
+    assert PolynomialNodes.of(nodes.token, top, {KernelKind.MOE: off}) is None
