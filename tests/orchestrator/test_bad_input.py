@@ -162,7 +162,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
      ("kernelsight predict-kernels", "required: --in, --out")),
     ("bad choice", lambda t: [*rows(t, GOOD_ROWS), "--tier", "foo"], ("argument --tier", "invalid choice: 'foo'")),
     ("bad int flag", lambda t: ["sweep", "x.toml", "--trials", "ten"], ("kernelsight sweep", "--trials", "'ten'")),
-    ("unknown flag", lambda t: ["check", "x.toml", "--set", "a=1"], ("unrecognized arguments: --set a=1",)),
+    ("unknown flag", lambda t: ["check", "x.toml", "--frobnicate", "a=1"], ("unrecognized arguments: --frobnicate a=1",)),
 ]
 
 
