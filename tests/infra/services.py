@@ -64,6 +64,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_WORKER_PORTS = 201
+"""Worker ports per Ray node (`--min-worker-port` .. `--max-worker-port`)."""
+
+
+def worker_ports_base(num_nodes: int) -> int:
+    """First of `num_nodes` adjacent worker-port ranges, below the OS's ephemeral range: the other
+    ports (`free_port`) come from that range, and a worker range overlapping one of them makes
+    `ray start` refuse ("is trying to use a port number ... used by other components")."""
+    try:
+        ephemeral_lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_lo = 32_768  # the Linux default
+    lo, hi = 10_000, max(ephemeral_lo, 12_000) - num_nodes * _WORKER_PORTS
+    return lo + secrets.randbelow(max(hi - lo, 1))
+
+
 def port_is_open(port: int, host: str = LOCALHOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -338,10 +354,11 @@ class LocalServices:
         address = f"{LOCALHOST}:{gcs_port}"
         env = self.env({"PYTHONPATH": _join_path(self.pythonpath, os.environ.get("PYTHONPATH", "")), **RAY_NODE_ENV})
         resources: list[str] = []
+        workers_base = worker_ports_base(len(num_cpus_per_node))
         for index, num_cpus in enumerate(num_cpus_per_node):
             resource = f"ks_node_{index}"
             resources.append(resource)
-            worker_lo = 20_000 + secrets.randbelow(40_000)
+            worker_lo = workers_base + index * _WORKER_PORTS
             argv = [
                 _ray_cli(), "start", "--block", "--node-ip-address", LOCALHOST, "--temp-dir", str(temp_dir),
                 "--num-cpus", str(num_cpus), "--num-gpus", "0", "--resources", json.dumps({resource: 1}),
