@@ -96,14 +96,17 @@ class Design:
     prims: dict[str, np.ndarray]
     offset: np.ndarray | float = 0.0
     """Physics baseline log(time / roofline) already taken out of `y` (physics families)."""
+    num_sms: float = 1.0
+    sm_version: int = 0
+    """The GPU's SMs and compute capability x10 (the wave-quantised baseline of `physics_offset`)."""
 
 
 def design(fb: FamilyBatch, latency_s: np.ndarray, hw: HardwareSpec) -> Design:
-    cont = features(VECTOR, fb.family, fb.prims, float(hw.num_sms), float(hw.l2_cache_bytes))
+    cont = features(VECTOR, fb.family, fb.prims, float(hw.num_sms), float(hw.l2_cache_bytes), hw.sm_version or 0)
     n = len(fb.index)
     x = np.column_stack([np.broadcast_to(np.asarray(c, dtype=float), (n,)) for c in cont])
     y = np.log(latency_s / np.maximum(fb.roofline_s, 1e-15))
-    return Design(x, fb.cats, y, fb.prims)
+    return Design(x, fb.cats, y, fb.prims, num_sms=float(hw.num_sms), sm_version=hw.sm_version or 0)
 
 
 def _one_hot(cats: Mapping[str, np.ndarray], levels: tuple[tuple[str, tuple[str, ...]], ...],
@@ -152,7 +155,7 @@ def gpu_designs(rows_by_gpu: Mapping[str, pd.DataFrame], hw_by_gpu: Mapping[str,
 def _take(d: Design, idx: np.ndarray) -> Design:
     return Design(d.x[idx], {k: v[idx] for k, v in d.cats.items()}, d.y[idx],
                   {k: np.asarray(v)[idx] if np.ndim(v) else v for k, v in d.prims.items()},
-                  np.asarray(d.offset)[idx] if np.ndim(d.offset) else d.offset)
+                  np.asarray(d.offset)[idx] if np.ndim(d.offset) else d.offset, d.num_sms, d.sm_version)
 
 
 def _subsample(d: Design, limit: int) -> Design:
@@ -167,7 +170,8 @@ def fit_family(family: str, parts: list[Design], lam: float = CROSS_LAMBDA,
     """Cross-generation parameters of one family from several GPUs' designs."""
     learner = learner or LEARNER.get(family, "ridge")
     # Physics families: the learner fits the residual over the alpha-beta baseline.
-    parts = [replace(d, y=d.y - (off := physics_offset(VECTOR, family, d.prims)), offset=off) for d in parts]
+    parts = [replace(d, y=d.y - (off := physics_offset(VECTOR, family, d.prims, d.num_sms, d.sm_version)),
+                     offset=off) for d in parts]
     full = [d for d in parts if len(d.y)]
     parts = [_subsample(d, MAX_FIT_ROWS) for d in full]
     parts = [d for d in parts if len(d.y)]

@@ -165,7 +165,8 @@ class FittedEfficiency:
              hw: HardwareSpec) -> tuple[float, bool, bool]:
         """`predict_log_slowdown` for one kernel with python scalars (the simulator's path: ~20x
         fewer numpy calls than arrays of length one, same numbers)."""
-        x = np.array(features(SCALAR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes)))
+        x = np.array(features(SCALAR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes),
+                               hw.sm_version or 0))
         outside = False
         rng = self._ranges[family]
         if len(rng):
@@ -185,7 +186,7 @@ class FittedEfficiency:
                 if hot:
                     y += float(w[1 + p + j] + x[:NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
                                                                     inter + (j + 1) * NUM_INTERACTED])
-        y += float(physics_offset(SCALAR, family, prims))
+        y += float(physics_offset(SCALAR, family, prims, float(hw.num_sms), hw.sm_version or 0))
         corrected = False
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
@@ -275,7 +276,7 @@ class FittedEfficiency:
               hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`_one` for rows sharing their categoricals."""
         n = len(next(iter(prims.values())))
-        cont = features(VECTOR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes))
+        cont = features(VECTOR, family, prims, float(hw.num_sms), float(hw.l2_cache_bytes), hw.sm_version or 0)
         x = np.empty((n, len(cont)))
         for i, c in enumerate(cont):
             x[:, i] = c
@@ -300,7 +301,7 @@ class FittedEfficiency:
                 if hot:
                     y = y + (w[1 + p + j] + x[:, :NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
                                                                       inter + (j + 1) * NUM_INTERACTED])
-        y = y + physics_offset(VECTOR, family, prims)
+        y = y + physics_offset(VECTOR, family, prims, float(hw.num_sms), hw.sm_version or 0)
         corrected = np.zeros(n, dtype=bool)
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
@@ -477,7 +478,8 @@ class FittedEfficiency:
         against), and the extrapolation mask."""
         params = self._families[family]
         n = len(next(iter(prims.values())))
-        cont = features(VECTOR, family, dict(prims), float(hw.num_sms), float(hw.l2_cache_bytes))
+        cont = features(VECTOR, family, dict(prims), float(hw.num_sms), float(hw.l2_cache_bytes),
+                        hw.sm_version or 0)
         hots = [(values == level) if (values := cats.get(name)) is not None else np.zeros(n, dtype=bool)
                 for name, levels in params.categoricals for level in levels]
         p = len(cont)
@@ -499,7 +501,7 @@ class FittedEfficiency:
         if mlp is not None:
             # float32 hidden layers round differently in a matrix product than in a matrix-vector one.
             y: np.ndarray = mlp_forward(mlp, x_all[:, None, :])[:, 0] if rowwise else mlp_forward(mlp, x_all)
-            return y + physics_offset(VECTOR, family, dict(prims)), outside
+            return y + physics_offset(VECTOR, family, dict(prims), float(hw.num_sms), hw.sm_version or 0), outside
         w = self._coef[family]
         y = w[0] + x @ w[1:1 + p]
         lead = x[:, :NUM_INTERACTED]
@@ -508,4 +510,4 @@ class FittedEfficiency:
             if hot.any():
                 slopes = w[inter + j * NUM_INTERACTED: inter + (j + 1) * NUM_INTERACTED]
                 y = y + hot * (w[1 + p + j] + lead @ slopes)
-        return y + physics_offset(VECTOR, family, dict(prims)), outside
+        return y + physics_offset(VECTOR, family, dict(prims), float(hw.num_sms), hw.sm_version or 0), outside

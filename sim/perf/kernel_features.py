@@ -28,6 +28,11 @@ PHYSICS_FAMILIES: Final[frozenset[str]] = frozenset({"nccl", "custom_allreduce"}
 """Families whose learner predicts the residual over the alpha-beta physics baseline
 (`sim.perf.collective_model`) instead of the whole log slowdown over the link roofline."""
 
+LIBRARY_WAVES: Final[frozenset[str]] = frozenset()
+"""Families whose second wave-quantisation pair (occ_b, tail_b) counts the CTAs of the kernel the
+library picks on the GPU's SM generation (`library_units`) instead of a fixed second tile."""
+WAVE_PRIOR: Final[frozenset[str]] = frozenset()
+"""Families whose learner fits the residual over a wave-quantised roofline (`physics_offset`)."""
 _TIME_SCALE_S: Final = 1e-5
 _LAUNCH_FLOOR_S: Final = 5e-6
 _TINY: Final = 1e-30
@@ -55,6 +60,18 @@ class Ops:
 
     def clip(self, x: Any, lo: float, hi: float) -> Any:
         return np.clip(x, lo, hi) if self.vectorised else min(max(x, lo), hi)
+
+    def clip_array(self, x: Any, lo: Any, hi: Any) -> Any:
+        """clip with array bounds (hi wins over lo where they cross)."""
+        return np.minimum(np.maximum(x, lo), hi) if self.vectorised else min(max(x, lo), hi)
+
+    def floor(self, x: Any) -> Any:
+        return np.floor(x) if self.vectorised else float(math.floor(x))
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        if self.vectorised:
+            return np.where(cond, a, b)
+        return a if cond else b
 
 
 SCALAR: Final = Ops(False)
@@ -116,6 +133,52 @@ def feature_names(family: str) -> tuple[str, ...]:
     return (*COMPUTE_BASE, *SHAPE_NAMES[family])
 
 
+def gemm_work_units(xp: Ops, m: Any, n: Any, k: Any, num_sms: float, sm_version: int) -> Any:
+    """CTAs (output tiles x K splits) of the GEMM kernel the libraries pick on an SM generation.
+
+    Output tile: 64 rows at m <= 64 (the smallest WGMMA/UMMA M, and what cuBLAS/CUTLASS pick for
+    small m on Ampere/Ada too), else 128; 256 columns on Hopper/datacenter Blackwell at m > 128
+    (CUTLASS 3 / cuBLAS 128x256 warp-specialised tiles; Blackwell's 2-SM 256x256 UMMA is 128x256
+    per SM), else 128 (Ampere/Ada mma.sync 128x128; sm120 has no 2-SM MMA or clusters). When the
+    tiles fill less than one wave, split-K / stream-K spreads K over the idle SMs (at least 256 of K
+    per split)."""
+    wide = 90 <= sm_version < 120
+    tile_m = xp.where(m <= 64.0, 64.0, 128.0)
+    tile_n = xp.where(m > 128.0, 256.0, 128.0) if wide else 128.0
+    tiles = xp.ceil(m / tile_m) * xp.ceil(n / tile_n)
+    splits = xp.clip_array(xp.floor(num_sms / tiles), 1.0, xp.maximum(xp.floor(k / 256.0), 1.0))
+    return tiles * splits
+
+
+def prefill_ctas(xp: Ops, p: dict[str, Any], sm_version: int) -> Any:
+    """CTAs of the prefill attention kernel: batch x heads x query blocks (FlashAttention 2/3,
+    TRT-LLM FMHA, FlashInfer and Triton all tile queries per (sequence, head)). Query block 128,
+    except FA3 on Hopper at head_dim <= 64 (192) and Ada's FA2 at head_dim >= 256 (64: 100 KB of
+    shared memory per SM)."""
+    d = p["head_dim"]
+    block = xp.where((d <= 64.0) & (90 <= sm_version < 100), 192.0,
+                     xp.where((d >= 256.0) & (sm_version in (86, 89)), 64.0, 128.0))
+    return p["batch"] * p["heads"] * xp.ceil(p["seq"] / block)
+
+
+def decode_ctas(xp: Ops, p: dict[str, Any], num_sms: float) -> Any:
+    """CTAs of the split-KV decode kernel: batch x KV heads (query heads of a group share a CTA),
+    times the KV splits FlashAttention's `num_splits_heuristic` (FlashInfer's and TRT-LLM XQA's
+    multi-block mode follow the same rule) picks: none when batch x KV heads reach 0.8 of the SMs,
+    else about enough to fill one wave, at most 128 and at most one per KV block (128 tokens at
+    head_dim <= 128, else 64)."""
+    units = p["batch"] * p["kv_heads"]
+    blocks = xp.ceil(p["kv"] / xp.where(p["head_dim"] <= 128.0, 128.0, 64.0))
+    splits = xp.clip_array(xp.floor(num_sms / units), 1.0, xp.minimum(blocks, 128.0))
+    splits = xp.where(units >= 0.8 * num_sms, 1.0, splits)
+    return units * splits
+
+
+def wave_efficiency(xp: Ops, units: Any, num_sms: float) -> Any:
+    """units / (waves x SMs): the share of SM-time of the kernel's waves that does work."""
+    return units / (xp.ceil(xp.maximum(units / num_sms, 1e-9)) * num_sms)
+
+
 def _tiles(xp: Ops, family: str, p: dict[str, Any]) -> tuple[Any, Any]:
     if family == "gemm":
         m, n = p["m"], p["n"]
@@ -156,8 +219,17 @@ def _shape(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
     return [xp.log(p["tokens"]), xp.log(p["width"])]
 
 
+def library_units(xp: Ops, family: str, p: dict[str, Any], num_sms: float, sm_version: int) -> Any:
+    """CTAs of the kernel the library runs on this SM generation (GEMM, prefill, decode)."""
+    if family == "gemm":
+        return gemm_work_units(xp, p["m"], p["n"], p["k"], num_sms, sm_version)
+    if family == "attn_prefill":
+        return prefill_ctas(xp, p, sm_version)
+    return decode_ctas(xp, p, num_sms)
+
+
 def compute_features(xp: Ops, family: str, p: dict[str, Any], num_sms: float,
-                     l2_bytes: float) -> list[Any]:
+                     l2_bytes: float, sm_version: int = 0) -> list[Any]:
     """Continuous features of a compute kernel; `p` holds `compute_s`, `memory_s`, `bytes` and shape."""
     tc, tm = p["compute_s"], p["memory_s"]
     tr = xp.maximum(tc, tm)
@@ -166,6 +238,8 @@ def compute_features(xp: Ops, family: str, p: dict[str, Any], num_sms: float,
     fl = xp.maximum(xp.log(_LAUNCH_FLOOR_S / xp.maximum(tr, _TINY)), 0.0)
     l2 = xp.clip(xp.log(p["bytes"] / l2_bytes), -8.0, 8.0)
     t_a, t_b = _tiles(xp, family, p)
+    if family in LIBRARY_WAVES:
+        t_b = library_units(xp, family, p, num_sms, sm_version)
     occ_a, tail_a = _waves(xp, t_a, num_sms)
     occ_b, tail_b = _waves(xp, t_b, num_sms)
     return [a, r, fl, l2, occ_a, tail_a, occ_b, tail_b,
@@ -198,8 +272,14 @@ def physics_features(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
     return out
 
 
-def physics_offset(xp: Ops, family: str, p: dict[str, Any]) -> Any:
-    """log(physics time / link roofline) (>= 0) of a physics family; 0 for other families."""
+def physics_offset(xp: Ops, family: str, p: dict[str, Any], num_sms: float = 1.0, sm_version: int = 0) -> Any:
+    """log(physics time / roofline) (>= 0): the collectives' alpha-beta baseline over the link
+    roofline; for the wave-prior families, the compute time stretched by the wave quantisation of
+    the library's kernel (`library_units`) over the roofline; 0 for other families."""
+    if family in WAVE_PRIOR:
+        tc, tm = p["compute_s"], p["memory_s"]
+        eff = wave_efficiency(xp, library_units(xp, family, p, num_sms, sm_version), num_sms)
+        return xp.log(xp.maximum(tc / eff, tm) / xp.maximum(xp.maximum(tc, tm), _TINY))
     if family not in PHYSICS_FAMILIES:
         return 0.0
     return xp.maximum(xp.log(p["phys_s"] / xp.maximum(p["network_s"], 1e-15)), 0.0)
@@ -250,11 +330,12 @@ def correction_coordinates(family: str, p: dict[str, Any], xp: Ops = VECTOR) -> 
     return np.column_stack([np.broadcast_to(np.asarray(c, dtype=float), (n,)) for c in cols])
 
 
-def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float) -> list[Any]:
+def features(xp: Ops, family: str, p: dict[str, Any], num_sms: float, l2_bytes: float,
+             sm_version: int = 0) -> list[Any]:
     if family in PHYSICS_FAMILIES:
         return physics_features(xp, family, p)
     if family == "ep_a2a":
         return [*collective_features(xp, p), xp.log(p["sms_frac"])]
     if family in COLLECTIVE_FAMILIES:
         return collective_features(xp, p)
-    return compute_features(xp, family, p, num_sms, l2_bytes)
+    return compute_features(xp, family, p, num_sms, l2_bytes, sm_version)
