@@ -77,18 +77,17 @@ LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
 """RBF length scales of the correction per coordinate (log units), chosen by leave-one-GPU-out."""
 CORRECTION_NOISE: Final[dict[str, float]] = {
     "gemm": 0.05, "attn_prefill": 0.05, "attn_decode": 0.05, "pointwise": 0.05, "nccl": 0.01,
-    "custom_allreduce": 0.01, "moe": 0.05, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
+    "custom_allreduce": 0.01, "moe": 0.5, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
     "ep_a2a": 0.01,
 }
 """Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
-FALLBACK_GROUPS: Final[dict[str, tuple[str, ...]]] = {
-    "moe": ("backend", "all"), "mla_prefill": ("all",), "mla_decode": ("all",), "mla_bmm": ("backend", "all"),
-}
-"""Wider groups a family's correction also fits, for rows whose exact and backend-pooled groups the
-sweep did not measure (`sim.perf.learners.lookup_order`): "backend" keeps the first categorical
-(the backend) and pools the rest, "all" pools everything (the GPU's family-wide residual). Chosen
-by leave-one-GPU-out (docs/kernel-model.md); the families without an entry have every level the
-data hold measured by the plan."""
+FALLBACK_GROUPS: Final[dict[str, tuple[str, ...]]] = {}
+"""Wider groups a family's correction can also fit, for rows whose exact and backend-pooled groups
+the sweep did not measure (`sim.perf.learners.lookup_order`): "backend" keeps the first categorical
+(the backend) and pools the rest, "all" pools everything (the GPU's family-wide residual). None by
+default: leave-one-GPU-out found them neutral once the plan measures every format the tables hold,
+and harmful before (a module decode row took the attention kernels' residual), so such a row keeps
+the cross-generation prediction (docs/kernel-model.md)."""
 MAX_CENTERS: Final = 128
 """Kernel centres per correction group: bounds artifact size and prediction cost (each row is
 compared with its group's centres)."""
