@@ -78,7 +78,7 @@ LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
 CORRECTION_NOISE: Final[dict[str, float]] = {
     "gemm": 0.05, "attn_prefill": 0.05, "attn_decode": 0.05, "pointwise": 0.05, "nccl": 0.01,
     "custom_allreduce": 0.01, "moe": 0.5, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
-    "ep_a2a": 0.01,
+    "ep_a2a": 0.1,
 }
 """Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
 FALLBACK_GROUPS: Final[dict[str, tuple[str, ...]]] = {}
