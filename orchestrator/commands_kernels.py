@@ -379,10 +379,14 @@ def cmd_fit_cross_generation(args: Namespace) -> int:
     from sim.calibration.calibrate import cross_generation_artifact, shipped_calibration_artifact
 
     root = _data_root(args.data)
-    art = cross_generation_artifact(root)
-    art.save(Path(args.out))
-    sys.stderr.write(f"wrote cross-generation model fitted on {', '.join(art.fitted_on)} to {args.out}\n")
-    if args.calibrations:
+    if args.calibrations_only:
+        art = load_artifact(args.out)
+        sys.stderr.write(f"read cross-generation model fitted on {', '.join(art.fitted_on)} from {args.out}\n")
+    else:
+        art = cross_generation_artifact(root)
+        art.save(Path(args.out))
+        sys.stderr.write(f"wrote cross-generation model fitted on {', '.join(art.fitted_on)} to {args.out}\n")
+    if args.calibrations or args.calibrations_only:
         for gpu in TRAIN_GPUS:
             cal = shipped_calibration_artifact(root, gpu, art)
             path = Path(args.out).parent / f"{gpu}.json"
@@ -439,4 +443,7 @@ def register(sub: Any) -> None:
     fx.add_argument("--calibrations", action="store_true",
                     help="also refit the shipped target-measured calibrations of the training GPUs "
                          "(on their microbench-plan points), next to --out")
+    fx.add_argument("--calibrations-only", action="store_true",
+                    help="refit only the target-measured calibrations, against the cross-generation model "
+                         "already at --out (after a plan or correction change)")
     fx.set_defaults(func=cmd_fit_cross_generation)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.calibration.batch import family_batches, predict_latency_s
 from sim.calibration.fit import fit_correction, fit_cross_generation
-from sim.calibration.plan import DEFAULT_GRID, PLAN_KEYS, PlanGrid, microbench_plan, plan_key_family
+from sim.calibration.plan import DEFAULT_GRID, KEY_OFFSETS, PLAN_KEYS, PlanGrid, microbench_plan, plan_key_family
 from sim.calibration.tables import (
     FAMILY_OF_KERNEL,
     Exclusion,
@@ -97,6 +97,12 @@ def plan_mask(rows: pd.DataFrame, hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRI
             continue
         pk = set(_keys(plan[psel], cols))
         at[sel] = _keys(rows[sel], cols).isin(pk).to_numpy()
+        for kernel, (col, offset) in KEY_OFFSETS.items():
+            pos = np.flatnonzero(sel & (rows.kernel == kernel).to_numpy())
+            if len(pos) and col in rows:
+                shifted = rows.iloc[pos]
+                shifted = shifted.assign(**{col: pd.to_numeric(shifted[col], errors="coerce") - offset})
+                at[pos] |= _keys(shifted, cols).isin(pk).to_numpy()
     units = set(rows.loc[at, "kernel"].map(FAMILY_OF_KERNEL) + ":" + rows.loc[at, "unit"].astype(str))
     in_unit = (rows.kernel.map(FAMILY_OF_KERNEL) + ":" + rows.unit.astype(str)).isin(units).to_numpy()
     return at, in_unit

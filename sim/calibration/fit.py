@@ -77,10 +77,17 @@ LENGTH_SCALES: Final[dict[str, tuple[float, ...]]] = {
 """RBF length scales of the correction per coordinate (log units), chosen by leave-one-GPU-out."""
 CORRECTION_NOISE: Final[dict[str, float]] = {
     "gemm": 0.05, "attn_prefill": 0.05, "attn_decode": 0.05, "pointwise": 0.05, "nccl": 0.01,
-    "custom_allreduce": 0.01, "moe": 0.05, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
-    "ep_a2a": 0.01,
+    "custom_allreduce": 0.01, "moe": 0.5, "mla_prefill": 0.05, "mla_decode": 0.05, "mla_bmm": 0.05,
+    "ep_a2a": 0.1,
 }
 """Noise-to-signal ratio of the correction's kernel interpolation (smoothing), per family."""
+FALLBACK_GROUPS: Final[dict[str, tuple[str, ...]]] = {}
+"""Wider groups a family's correction can also fit, for rows whose exact and backend-pooled groups
+the sweep did not measure (`sim.perf.learners.lookup_order`): "backend" keeps the first categorical
+(the backend) and pools the rest, "all" pools everything (the GPU's family-wide residual). None by
+default: leave-one-GPU-out found them neutral once the plan measures every format the tables hold,
+and harmful before (a module decode row took the attention kernels' residual), so such a row keeps
+the cross-generation prediction (docs/kernel-model.md)."""
 MAX_CENTERS: Final = 128
 """Kernel centres per correction group: bounds artifact size and prediction cost (each row is
 compared with its group's centres)."""
@@ -208,6 +215,8 @@ def fit_cross_generation(rows_by_gpu: Mapping[str, pd.DataFrame], hw_by_gpu: Map
 class CorrectionSettings:
     length_scales: Mapping[str, tuple[float, ...]]
     noise: Mapping[str, float]
+    fallback: Mapping[str, tuple[str, ...]] | None = None
+    """Per family, the wider fallback groups fitted (`FALLBACK_GROUPS`; None: those defaults)."""
 
 
 def _farthest_points(z: np.ndarray, m: int) -> np.ndarray:
@@ -276,6 +285,13 @@ def fit_correction_family(family: str, d: Design, prior: np.ndarray,
     for tail in rest:
         sel = np.array([k[1:] == tail for k in keys])
         groups.append(_group((POOLED, *tail), z[sel], r[sel], settings.noise[family]))
+    fallback = (FALLBACK_GROUPS if settings.fallback is None else settings.fallback).get(family, ())
+    if "backend" in fallback and len(names) >= 2:
+        for head in sorted({k[0] for k in keys}):
+            sel = np.array([k[0] == head for k in keys])
+            groups.append(_group((head, *([POOLED] * (len(names) - 1))), z[sel], r[sel], settings.noise[family]))
+    if "all" in fallback:
+        groups.append(_group(tuple([POOLED] * len(names)), z, r, settings.noise[family]))
     return CorrectionParams(coordinates=CORRECTION_COORDINATES[family], length_scales=tuple(float(s) for s in scales),
                             categoricals=names, groups=tuple(groups), num_points=int(keep.sum()))
 

@@ -63,10 +63,19 @@ DEEPEP_CONFIGS: Final[tuple[tuple[int, int, int], ...]] = ((7168, 8, 256), (4096
 """(hidden, top-k, experts) of the DeepEP points (8 GPUs of one NVLink node)."""
 DEEPEP_LL_TOKENS: Final = (1, 16, 128, 512)
 DEEPEP_NORMAL_TOKENS: Final = (128, 1024, 8192, 32768)
-MAX_POINTS: Final = 2500
+MAX_POINTS: Final = 2750
 MAX_GPU_S: Final = 20 * 60.0
 CALLS_PER_POINT: Final = 30
 SETUP_S_PER_POINT: Final = 0.15
+
+
+MLA_KV_DTYPES: Final = ("bfloat16", "fp8")
+"""KV-cache formats of the MLA points on every GPU: an FP8 cache is a storage format (TRT-LLM runs
+it on A100 too), so its kernels are measured wherever they exist."""
+MOE_EXTRA_DTYPES: Final = ("int4_wo",)
+"""MoE weight formats measured on every GPU beyond its GEMM formats: weight-only int4 (Marlin-class
+W4A16 kernels run on every generation)."""
+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +95,12 @@ class PlanGrid:
     pointwise_tokens: tuple[int, ...] = POINTWISE_TOKENS
     moe_configs: tuple[tuple[int, int, int, int], ...] = MOE_CONFIGS
     moe_tokens: tuple[int, ...] = MOE_TOKENS
+    moe_extra_dtypes: tuple[str, ...] = MOE_EXTRA_DTYPES
+    mla_heads: tuple[int, ...] = MLA_HEADS
+    mla_kv_dtypes: tuple[str, ...] = MLA_KV_DTYPES
+    mla_module_kv_dtypes: tuple[str, ...] = MLA_KV_DTYPES
+    mla_module_decode_batch: tuple[int, ...] = MLA_DECODE_BATCH
+    mla_module_decode_kv: tuple[int, ...] = MLA_DECODE_KV
 
 
 DEFAULT_GRID: Final = PlanGrid()
@@ -112,6 +127,25 @@ def prefill_dtypes(hw: HardwareSpec) -> tuple[tuple[str, str], ...]:
 
 
 def decode_kv_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
+    return ("bfloat16", "fp8") if "fp8" in hw.peak_flops_per_s else ("bfloat16",)
+
+
+def moe_dtypes(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> tuple[str, ...]:
+    """MoE weight formats: the GPU's GEMM formats plus `grid.moe_extra_dtypes`."""
+    return (*gemm_dtypes(hw), *grid.moe_extra_dtypes)
+
+
+def mla_gemm_types(hw: HardwareSpec) -> tuple[str, ...]:
+    """Projection GEMM formats of the MLA module points (the GPU's block formats)."""
+    out = ["bfloat16"]
+    if "fp8" in hw.peak_flops_per_s:
+        out.append("fp8_block")
+    if "fp4" in hw.peak_flops_per_s:
+        out.append("nvfp4")
+    return tuple(out)
+
+
+def mla_bmm_dtypes(hw: HardwareSpec) -> tuple[str, ...]:
     return ("bfloat16", "fp8") if "fp8" in hw.peak_flops_per_s else ("bfloat16",)
 
 
@@ -148,27 +182,28 @@ def microbench_plan(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> list[dic
 def table_plan(hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRID) -> list[dict[str, str]]:
     """The table-keyed families' points (MoE, MLA, MLA-BMM; DeepEP on 8-GPU NVLink nodes)."""
     rows: list[dict[str, str]] = []
-    fp8 = "fp8" in hw.peak_flops_per_s
-    for dtype in gemm_dtypes(hw):
+    for dtype in moe_dtypes(hw, grid):
         rows += [_row(kernel="moe", moe_dtype=dtype, num_tokens=t, hidden_size=h, inter_size=i, topk=k,
                       num_experts=e, moe_tp_size=tp, moe_ep_size=ep, distribution=d)
                  for h, i, k, e in grid.moe_configs for tp, ep in MOE_PARALLEL for d in MOE_DISTRIBUTIONS
                  for t in grid.moe_tokens]
-    kv_dtypes = ("bfloat16", "fp8") if fp8 else ("bfloat16",)
-    gemm_types = ("bfloat16", "fp8_block") if fp8 else ("bfloat16",)
-    for heads in MLA_HEADS:
+    kv_dtypes = grid.mla_kv_dtypes
+    gemm_types = mla_gemm_types(hw)
+    for heads in grid.mla_heads:
         for kvd in kv_dtypes:
             rows += [_row(kernel="mla_context", num_heads=heads, batch_size=b, seq_len=s, kv_cache_dtype=kvd)
                      for b, s in MLA_PREFILL_SHAPES]
             rows += [_row(kernel="mla_generation", num_heads=heads, batch_size=b, kv_len=kv, kv_cache_dtype=kvd)
                      for b in MLA_DECODE_BATCH for kv in MLA_DECODE_KV]
-        for gt in gemm_types:
-            rows += [_row(kernel="mla_module_context", num_heads=heads, batch_size=b, seq_len=s,
-                          kv_cache_dtype="bfloat16", gemm_type=gt) for b, s in MLA_PREFILL_SHAPES]
-            rows += [_row(kernel="mla_module_generation", num_heads=heads, batch_size=b, kv_len=kv,
-                          kv_cache_dtype="bfloat16", gemm_type=gt) for b in MLA_DECODE_BATCH for kv in MLA_DECODE_KV]
+        for kvd in grid.mla_module_kv_dtypes:
+            for gt in gemm_types:
+                rows += [_row(kernel="mla_module_context", num_heads=heads, batch_size=b, seq_len=s,
+                              kv_cache_dtype=kvd, gemm_type=gt) for b, s in MLA_PREFILL_SHAPES]
+                rows += [_row(kernel="mla_module_generation", num_heads=heads, batch_size=b, kv_len=kv,
+                              kv_cache_dtype=kvd, gemm_type=gt)
+                         for b in grid.mla_module_decode_batch for kv in grid.mla_module_decode_kv]
         rows += [_row(kernel="mla_bmm", op_name=op, bmm_dtype=d, num_tokens=t, num_heads=heads)
-                 for op in ("mla_gen_pre", "mla_gen_post") for d in kv_dtypes for t in MLA_BMM_TOKENS]
+                 for op in ("mla_gen_pre", "mla_gen_post") for d in mla_bmm_dtypes(hw) for t in MLA_BMM_TOKENS]
     if hw.num_gpus_per_node >= 8 and hw.intra_node_link.kind == "nvlink":
         for h, k, e in DEEPEP_CONFIGS:
             rows += [_row(kernel="deepep_ll", node_num=1, num_gpus=8, hidden_size=h, num_tokens_per_rank=t, topk=k,
@@ -204,6 +239,10 @@ PLAN_KEYS: Final[dict[str, tuple[str, ...]]] = {
                       "dispatch_sms"),
 }
 """Columns that identify a plan point (backend-independent)."""
+KEY_OFFSETS: Final[dict[str, tuple[str, int]]] = {"mla_module_generation": ("kv_len", 1)}
+"""Plan-point columns a measured table may record shifted: AIConfigurator's TRT-LLM and vLLM MLA
+module decode rows count the decoded token in `kv_len` (129 for 128 cached tokens; SGLang's do
+not), so a table row at `kv_len` = plan value + offset is that plan point too."""
 
 
 def plan_key_family(kernel: str) -> str:

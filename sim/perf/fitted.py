@@ -34,11 +34,11 @@ from sim.perf.kernel_features import (
     physics_offset,
 )
 from sim.perf.learners import (
-    POOLED,
     CorrectionParams,
     MlpParams,
     correction_one,
     correction_residual,
+    find_group,
     mlp_forward,
 )
 from sim.perf.roofline import collective_wire_bytes, roofline
@@ -306,11 +306,7 @@ class FittedEfficiency:
         corr = self._corr.get(family)
         if corr is not None and params.correction is not None:
             key = tuple(cats.get(c) or "" for c in params.correction.categoricals)
-            group = corr.groups.get(key)
-            for i in range(len(key)):
-                if group is not None:
-                    break
-                group = corr.groups.get((*key[:i], POOLED, *key[i + 1:]))
+            group = find_group(corr.groups, key)
             if group is not None:
                 offset, points, alpha, _ = group
                 # |z - p|^2 as |z'|^2 + |p'|^2 - 2 z'.p' about the points' centre (no n x m x d array;

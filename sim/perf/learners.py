@@ -121,6 +121,9 @@ class CorrectionParams:
         return CorrectionArrays(length_scales=np.asarray(self.length_scales, dtype=float), groups=groups)
 
 
+_G = tuple[float, np.ndarray, np.ndarray, np.ndarray]
+
+
 @dataclass(frozen=True, slots=True)
 class CorrectionArrays:
     length_scales: np.ndarray
@@ -153,29 +156,60 @@ def _codes(values: np.ndarray, levels: dict[str, int]) -> np.ndarray:
     return np.fromiter((levels.get(v, -1) for v in values.tolist()), dtype=np.int64, count=len(values))
 
 
+def lookup_order(key: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Group keys that may serve a row with categorical values `key`, best first: its exact group;
+    the group pooled at one categorical (first position first: another backend's measurement of
+    the same format); the group keeping only the first categorical (same backend, any format); the
+    group pooled over everything (the GPU's family-wide residual)."""
+    n = len(key)
+    out = [key, *((*key[:i], POOLED, *key[i + 1:]) for i in range(n))]
+    if n > 2:
+        out.append((key[0], *([POOLED] * (n - 1))))
+    if n > 1:
+        out.append(tuple([POOLED] * n))
+    return out
+
+
+def find_group(groups: dict[tuple[str, ...], _G], key: tuple[str, ...]) -> _G | None:
+    """The group that serves `key` (`lookup_order`), or None."""
+    for k in lookup_order(key):
+        group = groups.get(k)
+        if group is not None:
+            return group
+    return None
+
+
 def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.ndarray], *, rowwise: bool = False
                         ) -> tuple[np.ndarray, np.ndarray]:
     """(residual log slowdown, corrected mask) for rows with coordinates `coords` (n x d).
 
-    `keys[i]` holds each row's value of the i-th correction categorical. A row takes the group
-    of its exact key; failing that, the group where the first categorical that differs is pooled.
+    `keys[i]` holds each row's value of the i-th correction categorical; each distinct key takes
+    the group `find_group` gives it.
     """
     n = len(coords)
     out = np.zeros(n)
     done = np.zeros(n, dtype=bool)
+    if n == 0:
+        return out, done
     z = coords / c.length_scales
-    levels = [{v: j for j, v in enumerate(sorted({k[i] for k in c.groups} - {POOLED}))} for i in range(len(keys))]
-    codes = [_codes(col, lv) for col, lv in zip(keys, levels, strict=True)]
-    # Exact groups first, then pooled fallbacks (keys with POOLED entries) for rows still open.
-    for key in sorted(c.groups, key=lambda k: sum(v == POOLED for v in k)):
-        offset, points, alpha, sq = c.groups[key]
-        hit = ~done
-        for code, lv, value in zip(codes, levels, key, strict=True):
-            if value != POOLED:
-                hit &= code == lv[value]
-        if not hit.any():
+    # Distinct keys by integer codes per categorical (hashing, not string compares per row); a
+    # value that no group names gets code -1 and can only be served by a group pooled there.
+    levels = [sorted({k[i] for k in c.groups} - {POOLED}) for i in range(len(keys))]
+    codes = [_codes(col, {v: j for j, v in enumerate(lv)}) for col, lv in zip(keys, levels, strict=True)]
+    combined = np.zeros(n, dtype=np.int64)
+    for code, lv in zip(codes, levels, strict=True):
+        combined = combined * (len(lv) + 1) + (code + 1)
+    distinct, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    for j in range(len(distinct)):
+        row = int(first[j])
+        key = tuple(lv[code[row]] if code[row] >= 0 else "\x00"
+                    for code, lv in zip(codes, levels, strict=True))
+        group = find_group(c.groups, key)
+        if group is None:
             continue
-        idx = np.flatnonzero(hit)
+        offset, points, alpha, sq = group
+        idx = np.flatnonzero(inverse == j)
         out[idx] = offset + rbf_mean(points, alpha, z[idx], sq, rowwise=rowwise)
         done[idx] = True
     return out, done
@@ -183,13 +217,8 @@ def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.n
 
 def correction_one(c: CorrectionArrays, coords: np.ndarray, key: tuple[str, ...]) -> float | None:
     """The correction of one row (coordinates `coords`, categorical values `key`), or None when no
-    group serves it: the exact group, else the one pooled at the first differing categorical."""
-    group = c.groups.get(key)
-    if group is None:
-        for i in range(len(key)):
-            group = c.groups.get((*key[:i], POOLED, *key[i + 1:]))
-            if group is not None:
-                break
+    group serves it (`find_group`)."""
+    group = find_group(c.groups, key)
     if group is None:
         return None
     offset, points, alpha, _ = group

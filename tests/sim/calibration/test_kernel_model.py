@@ -8,10 +8,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import MEASURED_DATA
 
 from orchestrator.cli import main
+from sim.calibration.accuracy import plan_mask
 from sim.calibration.artifact import CalibrationArtifact, from_json, load_artifact
 from sim.calibration.batch import family_batches, predict_latency_s
 from sim.calibration.fit import LEARNER, LENGTH_SCALES, CorrectionSettings, Design, fit_correction_family
@@ -27,7 +29,9 @@ from sim.perf.learners import (
     CorrectionGroup,
     CorrectionParams,
     MlpParams,
+    correction_one,
     correction_residual,
+    lookup_order,
     mlp_forward,
 )
 from sim.perf.roofline import roofline
@@ -426,3 +430,54 @@ def test_predict_kernels_fast_and_row_by_row_paths_write_the_same(tmp_path: Path
         assert float(ra["predicted_latency_ms"]) == pytest.approx(float(rb["predicted_latency_ms"]), rel=1e-5)
         assert ra["provenance"] == rb["provenance"]
     assert a[0]["m"] == "128" and a[0]["backend"] == ""  # copied as given; absent columns blank
+
+
+def test_correction_lookup_widens_to_backend_then_everything() -> None:
+    """A format the sweep did not measure takes its backend's group, then the family-wide one; the
+    batched, single-row and simulator paths pick the same group."""
+    groups = (CorrectionGroup(key=("vllm", "bfloat16"), offset=1.0, points=((0.0, 0.0),), alpha=(0.0,)),
+              CorrectionGroup(key=(POOLED, "bfloat16"), offset=2.0, points=((0.0, 0.0),), alpha=(0.0,)),
+              CorrectionGroup(key=("vllm", POOLED), offset=3.0, points=((0.0, 0.0),), alpha=(0.0,)),
+              CorrectionGroup(key=(POOLED, POOLED), offset=4.0, points=((0.0, 0.0),), alpha=(0.0,)))
+    params = CorrectionParams(coordinates=("log_msg", "log_group"), length_scales=(1.0, 1.0),
+                              categoricals=("backend", "dtype"), groups=groups)
+    assert lookup_order(("a", "b")) == [("a", "b"), (POOLED, "b"), ("a", POOLED), (POOLED, POOLED)]
+    assert lookup_order(("a", "b", "c"))[-2:] == [("a", POOLED, POOLED), (POOLED, POOLED, POOLED)]
+    backends = ["vllm", "trtllm", "vllm", "trtllm"]
+    dtypes = ["bfloat16", "bfloat16", "int4_wo", "int4_wo"]
+    keys = [np.array(backends, dtype=object), np.array(dtypes, dtype=object)]
+    arrays = params.arrays()
+    delta, hit = correction_residual(arrays, np.zeros((4, 2)), keys)
+    assert delta.tolist() == [1.0, 2.0, 3.0, 4.0] and hit.all()
+    assert [correction_one(arrays, np.zeros(2), (b, d)) for b, d in zip(backends, dtypes, strict=True)] == [
+        1.0, 2.0, 3.0, 4.0]
+
+
+def test_fallback_groups_are_fitted_on_every_point() -> None:
+    prims = {"batch": np.array([1.0, 8.0, 1.0, 8.0]), "length": np.array([128.0, 128.0, 2048.0, 2048.0]),
+             "heads": np.full(4, 16.0), "module": np.zeros(4)}
+    cats = {"backend": np.array(["vllm", "vllm", "trtllm", "trtllm"], dtype=object),
+            "dtype": np.array(["bfloat16", "fp8", "bfloat16", "fp8"], dtype=object)}
+    r = np.array([0.1, 0.2, 0.3, 0.4])
+    d = Design(np.zeros((4, 1)), cats, r + 1.0, prims)
+    plain = CorrectionSettings(LENGTH_SCALES, {"mla_decode": 0.05}, {})
+    wide = CorrectionSettings(LENGTH_SCALES, {"mla_decode": 0.05}, {"mla_decode": ("backend", "all")})
+    narrow = fit_correction_family("mla_decode", d, np.ones(4), plain)
+    corr = fit_correction_family("mla_decode", d, np.ones(4), wide)
+    assert narrow is not None and corr is not None
+    keys = {g.key: g for g in corr.groups}
+    assert set(keys) - {g.key for g in narrow.groups} == {("vllm", POOLED), ("trtllm", POOLED), (POOLED, POOLED)}
+    assert keys[(POOLED, POOLED)].offset == pytest.approx(r.mean())
+    assert keys[("vllm", POOLED)].offset == pytest.approx(0.15)
+
+
+def test_plan_matches_module_decode_rows_that_count_the_new_token() -> None:
+    """AIConfigurator's TRT-LLM / vLLM MLA module decode rows record kv_len = cached + 1: such a
+    row at a plan point is a calibration row (before, none matched and the family had no points)."""
+    plan = [r for r in microbench_plan(H100) if r["kernel"] == "mla_module_generation"]
+    p = plan[0]
+    rows = pd.DataFrame([{**p, "kv_len": float(p["kv_len"]) + d, "unit": "u"} for d in (0, 1, 2)])
+    for c in ("num_heads", "batch_size"):
+        rows[c] = rows[c].astype(float)
+    at, _ = plan_mask(rows, H100)
+    assert at.tolist() == [True, True, False]
