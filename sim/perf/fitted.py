@@ -398,12 +398,7 @@ class FittedEfficiency:
             cols = work_columns([works[i] for i in sel])
             if family != "ep_a2a":
                 cols["backend"] = np.full(len(sel), self._backend or "", dtype=object)
-            tb = table_batch(table, cols, np.arange(len(sel)), hw)
-            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
-            predicted = tb.roofline_s * np.exp(y)
-            eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)
-            prov[sel] = np.where(outside, int(Provenance.EXTRAPOLATED),
-                                 np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
+            eff[sel], prov[sel] = self._table_rows(table, family, cols, own[sel], hw)
         return eff, prov
 
     def _table_efficiency_columns(self, cols: KernelColumns, hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -437,12 +432,19 @@ class FittedEfficiency:
             rows = kernel_columns(kind, cols.dtype, [s[sel] for s in cols.shape], variants[sel], table)
             if family != "ep_a2a":
                 rows["backend"] = np.full(len(sel), self._backend or "", dtype=object)
-            tb = table_batch(table, rows, np.arange(len(sel)), hw)
-            y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
-            predicted = tb.roofline_s * np.exp(y)
-            eff[sel] = np.clip(own[sel] / np.maximum(predicted, 1e-30), 1e-12, 1.0)
-            prov[sel] = np.where(outside, int(Provenance.EXTRAPOLATED),
-                                 np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
+            eff[sel], prov[sel] = self._table_rows(table, family, rows, own[sel], hw)
+        return eff, prov
+
+    def _table_rows(self, table: str, family: str, rows: dict[str, np.ndarray], own_s: np.ndarray,
+                    hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
+        """(efficiency, provenance code) of table rows of one table: the family's predicted latency
+        against each kernel's own roofline `own_s`."""
+        tb = table_batch(table, rows, np.arange(len(own_s)), hw)
+        y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
+        predicted = tb.roofline_s * np.exp(y)
+        eff = np.clip(own_s / np.maximum(predicted, 1e-30), 1e-12, 1.0)
+        prov = np.where(outside, int(Provenance.EXTRAPOLATED),
+                        np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
         return eff, prov
 
     # -- vectorised ----------------------------------------------------------------------------
