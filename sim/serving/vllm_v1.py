@@ -59,7 +59,7 @@ from collections import deque
 from collections.abc import Sequence
 from heapq import heappop, heappush
 from itertools import accumulate
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -73,6 +73,9 @@ from sim.serving.speculative import AcceptanceSampler
 def _run_seq(request: RequestState) -> int:
     return request.run_seq
 
+
+_FreeAfter = TypeVar("_FreeAfter", np.ndarray, list[int])
+"""Free blocks after each bulk step: an array (long runs) or a list (one by one)."""
 
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -274,13 +277,7 @@ class VllmV1Scheduler:
             q, rem = divmod(steps, bs)
             request_ids = period * q + [rid for row in rows[:rem] for rid in row] if q else period
             self._kv.append_one_block(request_ids)
-        self._step_id = u + steps
-        finished: list[RequestState] = []
-        if steps == last:
-            finished = self._finish_bulk(u + steps)
-            self._release(finished)
-            free_after[-1] = self._kv.num_free_blocks()
-        return steps, finished, free_after
+        return self._end_bulk_steps(u + steps, steps == last, free_after)
 
     def _run_bulk_steps_one_by_one(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
         """`run_bulk_decode_steps` a step at a time (cheaper for a few steps)."""
@@ -304,10 +301,17 @@ class VllmV1Scheduler:
             steps += 1
         if request_ids:
             self._kv.append_one_block(request_ids)
-        self._step_id = u + steps
+        return self._end_bulk_steps(u + steps, steps == last, free_after)
+
+    def _end_bulk_steps(self, step_id: int, finishing: bool,
+                        free_after: _FreeAfter) -> tuple[int, list[RequestState], _FreeAfter]:
+        """Both bulk-step paths' end: advance the step counter and, when the run reached the next
+        finish, finish and release those requests (the last free count then includes their blocks)."""
+        steps = step_id - self._step_id
+        self._step_id = step_id
         finished: list[RequestState] = []
-        if steps == last:
-            finished = self._finish_bulk(u + steps)
+        if finishing:
+            finished = self._finish_bulk(step_id)
             self._release(finished)
             free_after[-1] = self._kv.num_free_blocks()
         return steps, finished, free_after
