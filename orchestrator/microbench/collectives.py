@@ -229,6 +229,14 @@ def _average_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
 
 def run_spawned(plan_path: Path, points: Sequence[PlanPoint], group: int, timing: TimingParams) -> list[dict[str, Any]]:
     """Spawn `group` ranks on GPUs 0..group-1 and return their averaged results."""
+    return spawn_ranks(_worker, plan_path, points, group, timing)
+
+
+def spawn_ranks(worker: Callable[..., None], plan_path: Path, points: Sequence[PlanPoint], group: int,
+                timing: TimingParams) -> list[dict[str, Any]]:
+    """Spawn `group` ranks running `worker(rank, group, port, payload_path, result_path)` (a
+    module-level function: the ranks are spawned processes) on GPUs 0..group-1; the payload names
+    the plan, the points' keys and the timing; rank 0 writes the results as JSON."""
     mp: Any = importlib.import_module("torch.multiprocessing")
 
     with tempfile.TemporaryDirectory(prefix="kernelsight-mb-") as tmp:
@@ -236,7 +244,7 @@ def run_spawned(plan_path: Path, points: Sequence[PlanPoint], group: int, timing
         result = Path(tmp) / "result.json"
         payload.write_text(json.dumps({"plan": str(plan_path), "keys": [p.key() for p in points],
                                        "timing": asdict(timing)}))
-        mp.start_processes(_worker, args=(group, _free_port(), str(payload), str(result)), nprocs=group,
+        mp.start_processes(worker, args=(group, _free_port(), str(payload), str(result)), nprocs=group,
                            join=True, start_method="spawn")
         results: list[dict[str, Any]] = json.loads(result.read_text())
         return results

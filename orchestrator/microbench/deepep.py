@@ -33,10 +33,9 @@ from __future__ import annotations
 import importlib
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -199,18 +198,9 @@ def deepep_results(ctx: BenchContext, plan_path: Path, points: Sequence[PlanPoin
 # -- the spawned ranks (GPU only) -------------------------------------------------------------------
 def run_spawned(plan_path: Path, points: Sequence[PlanPoint], group: int, timing: TimingParams) -> list[dict[str, Any]]:
     """Spawn `group` ranks on GPUs 0..group-1 and return rank 0's records, latencies averaged over ranks."""
-    from orchestrator.microbench.collectives import _free_port
+    from orchestrator.microbench.collectives import spawn_ranks
 
-    mp: Any = importlib.import_module("torch.multiprocessing")
-    with tempfile.TemporaryDirectory(prefix="kernelsight-deepep-") as tmp:
-        payload = Path(tmp) / "payload.json"
-        result = Path(tmp) / "result.json"
-        payload.write_text(json.dumps({"plan": str(plan_path), "keys": [p.key() for p in points],
-                                       "timing": asdict(timing)}))
-        mp.start_processes(_worker, args=(group, _free_port(), str(payload), str(result)), nprocs=group,
-                           join=True, start_method="spawn")
-        results: list[dict[str, Any]] = json.loads(result.read_text())
-        return results
+    return spawn_ranks(_worker, plan_path, points, group, timing)
 
 
 def _worker(rank: int, world: int, port: int, payload_path: str, result_path: str) -> None:
