@@ -30,6 +30,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from orchestrator.sweep.journal_lock import InterruptSafeLock
 from orchestrator.sweep.objective import CONFIG_CONSTRAINT, constraint_values, objective_values
 from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.space import grid_search_space
@@ -60,7 +61,7 @@ def open_storage(url: str | None, study_dir: Path) -> tuple[BaseStorage, str]:
         study_dir.mkdir(parents=True, exist_ok=True)
         path = study_dir / JOURNAL_FILE
         repair_journal(path)
-        return JournalStorage(JournalFileBackend(str(path))), str(path)
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=InterruptSafeLock(str(path)))), str(path)
     if "://" not in url:
         raise ConfigError(source="--storage", key="--storage", value=url,
                           rule="must be a SQLAlchemy URL such as sqlite:///study.db or postgresql://user@host/db")
