@@ -125,6 +125,26 @@ class _Replica:
     """A run of decode-only steps in flight (run-ahead; `plan` is None then)."""
     event_seq: int = -1
     """Sequence number of this replica's live heap entry (older entries of it are stale)."""
+    ends: dict[int, float] | None = None
+    """End times of this replica's recent steps by step id, kept while its bulk decodes may sit
+    out steps (`prefill_priority`): from the earliest step in which one of them last sampled, for
+    their inter-token gaps and the last token time of those brought up to date; else None."""
+
+
+def _bulk_may_wait(scheduler: Scheduler) -> bool:
+    ranks = scheduler.ranks if isinstance(scheduler, DataParallelGroup) else [scheduler]
+    return any(rank.bulk_may_wait for rank in ranks)
+
+
+def _note_end(ends: dict[int, float], step_id: int, end_s: float, oldest: int | None) -> None:
+    """Keep `end_s` as step `step_id`'s end and forget the ends of steps before `oldest` (no bulk
+    decode last sampled in them; all, if None)."""
+    if oldest is None:
+        ends.clear()
+    else:
+        while ends and (first := next(iter(ends))) < oldest:
+            del ends[first]
+    ends[step_id] = end_s
 
 
 class Simulation:
@@ -136,7 +156,8 @@ class Simulation:
         pricers = pricers or [pricer] * len(replicas)
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""
-        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p, self.kv_trace)
+        self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p, self.kv_trace,
+                                   ends={} if limits.bulk_decode and _bulk_may_wait(s) else None)
                           for s, p in zip(replicas, pricers, strict=True)]
         self._pricers = list({id(p): p for p in pricers}.values())
         self._pricer = pricer
@@ -290,8 +311,10 @@ class Simulation:
             replica.busy, replica.plan = False, None
             return None
         now = self.now_s
+        ends = replica.ends
         for req in plan.resynced:
-            req.last_token_s = now  # they sampled in the step that just ended
+            # They sampled in the step that just ended, or, having sat out prefill-only steps since, earlier.
+            req.last_token_s = now if ends is None else ends.get(req.last_sample_step, now)
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
@@ -419,6 +442,8 @@ class Simulation:
         replica.trace.extend_values(ends[:steps], [(num_blocks - free) / num_blocks for free in free_after])
         self.now_s = ends[steps - 1]
         self.num_steps += steps
+        if replica.ends is not None:
+            _note_end(replica.ends, scheduler.step_id, ends[steps - 1], scheduler.oldest_sample_step())
         return len(ends), steps, finished
 
     def _account_run(self, idx: int, run: DecodeRun, steps: int, free_after: np.ndarray) -> None:
@@ -430,9 +455,13 @@ class Simulation:
         replica.pricer.count_run(run, steps)
         # The same running float sum as adding each step's seconds in turn.
         replica.busy_s = float(np.cumsum(np.concatenate(((replica.busy_s,), step_s)))[-1])
-        num_blocks = replica.scheduler.kv.num_blocks
+        scheduler = replica.scheduler
+        num_blocks = scheduler.kv.num_blocks
         replica.trace.extend(ends, (num_blocks - free_after) / num_blocks)
         self.num_steps += steps
+        if replica.ends is not None and steps:
+            assert isinstance(scheduler, VllmV1Scheduler)
+            _note_end(replica.ends, scheduler.step_id, float(ends[steps - 1]), scheduler.oldest_sample_step())
         if self.step_log is not None:
             b = run.bucket_idx[:steps]
             firsts = [0, *(np.flatnonzero(np.diff(b)) + 1).tolist(), steps]
@@ -511,7 +540,16 @@ class Simulation:
         step_s = replica.step_s
         itl = self.itl
         if plan.num_bulk_decodes:
-            itl[step_s] = itl.get(step_s, 0) + plan.num_bulk_decodes
+            in_step = plan.num_bulk_decodes
+            if plan.waited_bulk:
+                ends = replica.ends
+                assert ends is not None
+                for step, count in plan.waited_bulk:
+                    gap = now - ends[step]
+                    itl[gap] = itl.get(gap, 0) + count
+                    in_step -= count
+            if in_step:
+                itl[step_s] = itl.get(step_s, 0) + in_step
         previous = plan.step_id - 1
         for chunk in plan.chunks:
             if chunk.samples:
@@ -528,6 +566,8 @@ class Simulation:
         for req in finished:
             self._record(req)
         replica.trace.add(now, scheduler.kv_usage_frac())
+        if replica.ends is not None:
+            _note_end(replica.ends, plan.step_id, now, scheduler.oldest_sample_step())
         return finished
 
     def _record(self, req: RequestState) -> None:

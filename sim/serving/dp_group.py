@@ -104,6 +104,7 @@ class DataParallelGroup:
         chunks: list[ScheduledChunk] = []
         preempted: list[RequestState] = []
         resynced: list[RequestState] = []
+        waited: list[tuple[int, int]] = []
         hits = num_bulk = bulk_context = 0
         for plan in plans:
             if plan is None:
@@ -111,11 +112,18 @@ class DataParallelGroup:
             chunks += plan.chunks
             preempted += plan.preempted
             resynced += plan.resynced
+            waited += plan.waited_bulk
             hits += plan.num_prefix_hit_tokens
             num_bulk += plan.num_bulk_decodes
             bulk_context += plan.bulk_decode_context_tokens
         return StepPlan(step + 1, tuple(chunks), hits, tuple(preempted), num_bulk, bulk_context,
-                        tuple(resynced), tuple(plans))
+                        tuple(resynced), tuple(waited), tuple(plans))
+
+    def oldest_sample_step(self) -> int | None:
+        """The earliest step in which a bulk decode of any rank last sampled, when some may sit
+        out steps (`VllmV1Scheduler.oldest_sample_step`); else None."""
+        steps = [s for s in (r.oldest_sample_step() for r in self.ranks) if s is not None]
+        return min(steps) if steps else None
 
     def finish_step(self, plan: StepPlan) -> list[RequestState]:
         finished: list[RequestState] = []

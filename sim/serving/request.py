@@ -11,7 +11,8 @@ class RequestState:
     more output token. Preemption (recompute) resets `num_computed` to 0 but keeps outputs.
 
     While a scheduler runs a request as a bulk decode (`lazy_step >= 0`), `num_computed` and
-    `num_output` hold their values after step `lazy_step`; each later step adds one to both. The
+    `num_output` hold their values after tick `lazy_step` of the scheduler's bulk clock (its steps
+    but SGLang's prefill-only ones); each later tick adds one to both. The
     scheduler brings them up to date before anything else reads them (see `VllmV1Scheduler`).
     """
 

@@ -46,6 +46,10 @@ class StepPlan(NamedTuple):
     resynced: tuple[RequestState, ...] = ()
     """Former bulk decodes whose counters this step brought up to date; each sampled in the
     previous step."""
+    waited_bulk: tuple[tuple[int, int], ...] = ()
+    """(step id, count): bulk decodes in this step whose previous sample was in that earlier step,
+    not the previous one (they sat out prefill-only steps of `prefill_priority`); the others
+    sampled in the previous step."""
     ranks: tuple[StepPlan | None, ...] = ()
     """A data-parallel group's step (`sim.serving.dp_group`): each rank's own plan (None for a rank
     that runs a dummy batch); the fields above are then the ranks' plans merged. Empty otherwise."""

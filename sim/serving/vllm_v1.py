@@ -12,8 +12,9 @@ budget waits, blocking the queue.
 Bulk decodes. A request that sampled a token and is not finished decodes in every following step
 until something changes the batch: each such step computes one token for it and samples one. With
 `bulk_decodes` on, these requests are not visited step by step. Their counters are kept as of the
-step they joined (`RequestState.lazy_step`) and the scheduler tracks them in aggregate: their
-count, their total context, the step each one finishes, and, per `step mod block_size`, the ones
+step they joined (`RequestState.lazy_step`, counted in the bulk clock: see `prefill_priority`)
+and the scheduler tracks them in aggregate: their count, their total context, the step each one
+finishes, and, per `step mod block_size`, the ones
 whose context crosses into a new KV block (those take one block each, in running order). A step
 is planned in bulk when the result is provably the same as the request-by-request plan: no
 preemption is needed (the blocks all requests need fit in the free queue) and no bulk decode is
@@ -44,8 +45,11 @@ resumes, as in vLLM; `recomputed_tokens` counts only what is computed again.
 Engine-profile policies (`sim.perf.profile.SchedulingPolicy`, both off by default):
 - `prefill_priority` (SGLang): when a prefill chunk can run (an ongoing chunked prefill or an
   admissible waiting request), the step holds prefill chunks only and running decodes wait;
-  otherwise the step decodes every running request. Bulk decodes are off under this policy: a
-  decode that waits a step breaks the every-step rhythm they rely on.
+  otherwise the step decodes every running request. Bulk decodes sit the prefill-only steps out:
+  their counters, finish steps and KV-block buckets count in the bulk clock (`_clock`), which
+  ticks in every step but those, so they stay exact. Their inter-token gap is then not one step:
+  the next decode step's plan lists them by the step of their last sample (`waited_bulk`), and
+  a run of bulk steps starts only once all of them sampled in the previous step.
 - `reserve_full_output` (TensorRT-LLM GUARANTEED_NO_EVICT): a waiting request is admitted only
   when the KV blocks for its prompt plus all its output tokens fit next to those reserved by the
   running requests, so the cache never runs out and nothing is preempted. It only changes
@@ -99,7 +103,9 @@ class VllmV1Scheduler:
         self._chunked = enable_chunked_prefill
         self._threshold = long_prefill_token_threshold
         self._block_size = kv.block_size
-        self._bulk = bulk_decodes and not prefill_priority and not self._k
+        self._bulk = bulk_decodes and not self._k
+        self._bulk_waits = self._bulk and prefill_priority
+        """Bulk decodes may sit out steps (prefill-only steps under `prefill_priority`)."""
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
         """All running requests in running order (ascending `run_seq`)."""
@@ -118,6 +124,18 @@ class VllmV1Scheduler:
         """The keys of `_finish_at` as a heap: steps end in order, so the key popped is always the
         smallest, and the next finish is read without scanning the dict."""
         self._step_id = 0
+        self._clock = 0
+        """The bulk decodes' clock: steps in which every bulk decode decodes (all steps but the
+        prefill-only ones of `prefill_priority`). Their counters (`lazy_step`), finish steps and
+        KV-block buckets count in it."""
+        self._clock_step = 0
+        """The step id of the clock's latest tick (the step in which bulk decodes last sampled)."""
+        self._sampled: list[list[int]] = []
+        """With `_bulk_waits`: the bulk decodes by the step of their last sample, [step id, count],
+        oldest first: all of them at the last clock tick, then those that joined in each prefill-only
+        step since."""
+        self._prefill_only = False
+        """The plan in flight is a prefill-only step (bulk decodes sit it out)."""
         self._next_seq = 0
         self._in_flight = False
         self.num_preemptions = 0
@@ -169,6 +187,21 @@ class VllmV1Scheduler:
             generation = 1
         return RankLoad(num_context=prefilling + new, num_generation=generation, max_batch=self._max_num_seqs)
 
+    @property
+    def bulk_may_wait(self) -> bool:
+        """Bulk decodes may sit out steps (prefill-only steps of `prefill_priority`)."""
+        return self._bulk_waits
+
+    @property
+    def step_id(self) -> int:
+        """The id of the last step planned (or run in bulk)."""
+        return self._step_id
+
+    def oldest_sample_step(self) -> int | None:
+        """With bulk decodes that sit out prefill-only steps: the earliest step in which one of
+        them last sampled (the engine keeps the end times of the steps since); else None."""
+        return self._sampled[0][0] if self._sampled else None
+
     def skip_to_step(self, step_id: int) -> None:
         """Number the next step `step_id + 1` (a data-parallel rank that sat out group steps in a
         dummy batch keeps the group's step numbers). Only while no bulk decode is kept, whose
@@ -211,7 +244,9 @@ class VllmV1Scheduler:
         """
         if self._active or self._waiting or not self._num_bulk or self._in_flight:
             return None
-        u = self._step_id
+        if self._bulk_waits and (len(self._sampled) != 1 or self._sampled[0][0] != self._step_id):
+            return None  # some sat out a prefill-only step: their next gap is not one step
+        u = self._clock
         if len(self._due[u % self._block_size]) > self._kv.num_free_blocks():
             return None
         return self._num_bulk, self._bulk_context_base + self._num_bulk * u, self._finish_steps[0] - u
@@ -232,7 +267,7 @@ class VllmV1Scheduler:
     def _due_prefix(self) -> list[int]:
         """Blocks taken by the next 1, 2, ..., block_size bulk steps (each bulk decode crosses into
         a new block once per `block_size` steps, so the pattern repeats with that period)."""
-        r = self._step_id % self._block_size
+        r = self._clock % self._block_size
         sizes = list(map(len, self._due))
         return list(accumulate(sizes[r:] + sizes[:r]))
 
@@ -258,7 +293,7 @@ class VllmV1Scheduler:
         """
         if num_steps <= self._block_size:
             return self._run_bulk_steps_one_by_one(num_steps)
-        u = self._step_id
+        u = self._clock
         bs = self._block_size
         free = self._kv.num_free_blocks()
         last = self._finish_steps[0] - u
@@ -281,7 +316,7 @@ class VllmV1Scheduler:
 
     def _run_bulk_steps_one_by_one(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:
         """`run_bulk_decode_steps` a step at a time (cheaper for a few steps)."""
-        u = self._step_id
+        u = self._clock
         bs = self._block_size
         free = self._kv.num_free_blocks()
         request_ids: list[int] = []
@@ -303,22 +338,27 @@ class VllmV1Scheduler:
             self._kv.append_one_block(request_ids)
         return self._end_bulk_steps(u + steps, steps == last, free_after)
 
-    def _end_bulk_steps(self, step_id: int, finishing: bool,
+    def _end_bulk_steps(self, clock: int, finishing: bool,
                         free_after: _FreeAfter) -> tuple[int, list[RequestState], _FreeAfter]:
-        """Both bulk-step paths' end: advance the step counter and, when the run reached the next
-        finish, finish and release those requests (the last free count then includes their blocks)."""
-        steps = step_id - self._step_id
-        self._step_id = step_id
+        """Both bulk-step paths' end: advance the step counter and the clock and, when the run
+        reached the next finish, finish and release those requests (the last free count then
+        includes their blocks)."""
+        steps = clock - self._clock
+        self._clock = clock
+        self._step_id += steps
+        self._clock_step = self._step_id
         finished: list[RequestState] = []
         if finishing:
-            finished = self._finish_bulk(step_id)
+            finished = self._finish_bulk(clock)
             self._release(finished)
             free_after[-1] = self._kv.num_free_blocks()
+        if self._bulk_waits and steps:
+            self._sampled = [[self._step_id, self._num_bulk]] if self._num_bulk else []
         return steps, finished, free_after
 
     def _schedule_bulk(self) -> StepPlan | None:
         """The step with bulk decodes kept in aggregate, or None when it would differ from `_schedule_each`."""
-        u = self._step_id
+        u = self._clock
         bs = self._block_size
         due = self._due[u % bs]
         num_bulk = self._num_bulk
@@ -351,9 +391,15 @@ class VllmV1Scheduler:
         hits = 0
         if self._waiting:
             hits, budget = self._admit(chunks, budget)
+        waited: tuple[tuple[int, int], ...] = ()
+        if self._bulk_waits:
+            previous = self._step_id
+            waited = tuple((step, n) for step, n in self._sampled if step != previous)
         self._step_id += 1
+        self._clock = u + 1
+        self._clock_step = self._step_id
         return StepPlan(self._step_id, tuple(chunks), hits, (), num_bulk,
-                        self._bulk_context_base + num_bulk * u)
+                        self._bulk_context_base + num_bulk * u, waited_bulk=waited)
 
     def _grow_in_order(self, due: list[RequestState], planned: list[tuple[RequestState, int]],
                        chunks: list[ScheduledChunk]) -> None:
@@ -425,6 +471,8 @@ class VllmV1Scheduler:
         if not chunks:
             return None
         self._step_id += 1
+        self._clock += 1
+        self._clock_step = self._step_id
         return StepPlan(self._step_id, tuple(chunks), hits, tuple(preempted), resynced=resynced)
 
     def _full_blocks(self, req: RequestState) -> int:
@@ -435,10 +483,12 @@ class VllmV1Scheduler:
         return self._reserve_full_output and self._reserved_blocks + self._full_blocks(req) > self._kv.num_blocks
 
     def _prefill_only_step(self) -> StepPlan | None:
-        """`prefill_priority`: ongoing chunked prefills, then waiting requests FCFS; None if none can run."""
+        """`prefill_priority`: ongoing chunked prefills, then waiting requests FCFS; None if none can run.
+
+        Bulk decodes sit the step out: their clock does not tick."""
         budget = self._budget
         chunks: list[ScheduledChunk] = []
-        for req in self._running:
+        for req in self._active:  # the bulk decodes, not in it, are decodes
             if budget <= 0:
                 break
             if req.num_pending() <= 1 and req.num_computed >= req.prompt_tokens:
@@ -454,6 +504,7 @@ class VllmV1Scheduler:
         if not chunks:
             return None
         self._step_id += 1
+        self._prefill_only = True
         return StepPlan(self._step_id, tuple(chunks), hits, ())
 
     def _holds_waiting(self, chunks: list[ScheduledChunk], budget: int) -> bool:
@@ -537,6 +588,7 @@ class VllmV1Scheduler:
 
     # -- bulk decode bookkeeping ---------------------------------------------------------------
     def _make_bulk(self, req: RequestState, step: int) -> None:
+        """`req` sampled in the step at clock tick `step` and decodes in every tick from the next."""
         req.lazy_step = step
         insort(self._due[(step - req.num_computed) % self._block_size], req, key=_run_seq)
         finish = step + req.output_tokens - req.num_output
@@ -549,16 +601,19 @@ class VllmV1Scheduler:
         self._num_bulk += 1
         self._bulk_context_base += req.num_computed - step
 
-    def _sync(self, req: RequestState, step: int) -> None:
-        """Bring a bulk decode's counters to their values after `step` and make it a plain request."""
-        n = step - req.lazy_step
-        req.num_computed += n
-        req.num_output += n
-        req.last_sample_step = step
+    def _sync(self, req: RequestState, clock: int) -> None:
+        """Bring a bulk decode's counters to their values after clock tick `clock` (the current
+        one) and make it a plain request."""
+        n = clock - req.lazy_step
+        if n:
+            req.num_computed += n
+            req.num_output += n
+            req.last_sample_step = self._clock_step
         req.lazy_step = -1
 
     def _resync_all(self) -> tuple[RequestState, ...]:
-        u = self._step_id
+        u = self._clock
+        self._sampled = []
         synced = []
         for req in self._running:
             if req.lazy_step >= 0:
@@ -578,9 +633,12 @@ class VllmV1Scheduler:
         assert self._in_flight and plan.step_id == self._step_id, "finish_step() out of order"
         self._in_flight = False
         step = plan.step_id
+        clock = self._clock
+        prefill_only = self._prefill_only
+        self._prefill_only = False
         kv = self._kv
         finished: list[RequestState] = []
-        joined = False
+        joined = 0
         for chunk in plan.chunks:
             req = chunk.request
             req.num_computed += chunk.num_new_tokens
@@ -600,11 +658,16 @@ class VllmV1Scheduler:
                 if req.is_finished():
                     finished.append(req)
                 elif self._bulk:
-                    self._make_bulk(req, step)
-                    joined = True
-        if step in self._finish_at:
-            finished += self._finish_bulk(step)
+                    self._make_bulk(req, clock)
+                    joined += 1
+        if not prefill_only and clock in self._finish_at:
+            finished += self._finish_bulk(clock)
             finished.sort(key=_run_seq)
+        if self._bulk_waits:
+            if not prefill_only:
+                self._sampled = [[step, self._num_bulk]] if self._num_bulk else []
+            elif joined:
+                self._sampled.append([step, joined])
         if joined:
             self._active = [r for r in self._active if r.lazy_step < 0 and not r.is_finished()]
         elif finished:
@@ -612,16 +675,17 @@ class VllmV1Scheduler:
         self._release(finished)
         return finished
 
-    def _finish_bulk(self, step: int) -> list[RequestState]:
-        """Bulk decodes that sample their last token in `step`, in running order, brought up to date."""
-        done = self._finish_at.pop(step)
+    def _finish_bulk(self, clock: int) -> list[RequestState]:
+        """Bulk decodes that sample their last token at clock tick `clock` (the current one), in
+        running order, brought up to date."""
+        done = self._finish_at.pop(clock)
         popped = heappop(self._finish_steps)
-        assert popped == step, "bulk decodes finish in step order"
+        assert popped == clock, "bulk decodes finish in clock order"
         for req in done:
             self._bulk_context_base -= req.num_computed - req.lazy_step
             self._num_bulk -= 1
             self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
-            self._sync(req, step)
+            self._sync(req, clock)
         if len(done) > 1:
             done.sort(key=_run_seq)
         return done

@@ -65,12 +65,13 @@ def _summary(plan: StepPlan) -> tuple[object, ...]:
     threshold=st.sampled_from([0, 3, 8]),
     caching=st.booleans(),
     reserve_full_output=st.booleans(),
+    prefill_priority=st.booleans(),
     rnd=st.randoms(use_true_random=False),
 )
 def test_bulk_scheduler_matches_the_reference_step_by_step(
     lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
     max_num_seqs: int, chunked: bool, threshold: int, caching: bool, reserve_full_output: bool,
-    rnd: random.Random,
+    prefill_priority: bool, rnd: random.Random,
 ) -> None:
     # Feasible as scenarios require: the longest request fits the cache (and the budget unchunked).
     longest = max(p + o for p, o, _ in lengths)
@@ -82,7 +83,8 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
         kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=caching)
         scheds.append(VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                       enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-                                      bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output))
+                                      bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output,
+                                      prefill_priority=prefill_priority))
         states.append({s.request_id: s for s in request_states(specs, kv)})
     bulk, ref = scheds
     finished: list[list[int]] = [[], []]
@@ -167,6 +169,42 @@ def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     assert kv.num_free_blocks() == 20
 
 
+def test_bulk_decodes_sit_out_prefill_only_steps_under_prefill_priority() -> None:
+    """SGLang's prefill priority: a prefill-only step leaves the bulk decodes' counters alone, and
+    the next decode step names the ones whose previous sample was before the previous step."""
+    kv = KVCacheManager(num_blocks=20, block_size=4, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, prefill_priority=True)
+    a = RequestState(request_id=0, prompt_tokens=4, output_tokens=5, arrival_s=0.0, keys=())
+    b = RequestState(request_id=1, prompt_tokens=6, output_tokens=3, arrival_s=0.0, keys=())
+    sched.add(a)
+    plan = sched.schedule()  # step 1: a's prompt; a samples its first token and decodes in bulk
+    assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [4]
+    assert sched.finish_step(plan) == []
+    plan = sched.schedule()  # step 2: a decodes (context 4)
+    assert plan is not None and (plan.chunks, plan.num_bulk_decodes, plan.bulk_decode_context_tokens) == ((), 1, 4)
+    assert plan.waited_bulk == ()
+    assert sched.finish_step(plan) == []
+    sched.add(b)
+    plan = sched.schedule()  # step 3: prefill only; a sits it out
+    assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [6] and plan.num_bulk_decodes == 0
+    assert sched.finish_step(plan) == []
+    assert sched.next_bulk_decode_steps() is None  # a last sampled in step 2, b in step 3
+    assert sched.oldest_sample_step() == 2
+    plan = sched.schedule()  # step 4: both decode (contexts 5 and 6); a's gap spans steps 3 and 4
+    assert plan is not None and (plan.chunks, plan.num_bulk_decodes, plan.bulk_decode_context_tokens) == ((), 2, 11)
+    assert plan.step_id == 4 and plan.waited_bulk == ((2, 1),)
+    assert sched.finish_step(plan) == []
+    assert sched.next_bulk_decode_steps() == (2, 13, 1)  # b samples its last token in the next step
+    steps, done, _ = sched.run_bulk_decode_steps(1)
+    assert (steps, done) == (1, [b]) and (b.num_output, b.num_computed, b.last_sample_step) == (3, 8, 5)
+    plan = sched.schedule()  # step 6: a's last token
+    assert plan is not None and plan.num_bulk_decodes == 1 and plan.waited_bulk == ()
+    assert sched.finish_step(plan) == [a]
+    assert (a.num_output, a.num_computed, a.last_sample_step) == (5, 8, 6)
+    assert kv.num_free_blocks() == 20
+
+
 # -- whole simulations ------------------------------------------------------------------------
 
 
@@ -210,6 +248,9 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
     "closed-loop": {"workload": {"num_prompts": 100, "max_concurrency": 7, "random_input_len": 256,
                                  "random_output_len": 50, "random_range_ratio": 0.5}},
 }
+# SGLang's prefill priority: bulk decodes sit out the prefill-only steps.
+SCENARIOS.update({f"sglang-{name}": {**spec, "engine": {**spec.get("engine", {}), "backend": "sglang"}}
+                  for name, spec in list(SCENARIOS.items())})
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
