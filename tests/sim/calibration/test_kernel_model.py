@@ -66,9 +66,9 @@ def test_vectorised_roofline_matches_row_to_work() -> None:
     lat, prov = predict_latency_s(cols, H100, None)
     for i, row in enumerate(ROWS):
         expected = roofline(row_to_work(row, number=i + 1, source="t"), H100).time_s()
-        # float32 hidden layers and kernels: the batch correction's float32 RBF sum errs ~1e-6 x sum |alpha|,
-        # and the collective corrections over the physics baseline have |alpha| up to ~16.
-        assert lat[i] == pytest.approx(expected, rel=1e-4), row
+        # float32 hidden layers round differently in a matrix product (~1e-6); the correction's kernel
+        # sums are float64 (in float32 they erred up to ~1.3e-4 on collectives, whose |alpha| reach ~16).
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row
     assert set(prov.tolist()) == {int(Provenance.ROOFLINE)}
 
 
@@ -127,9 +127,9 @@ def test_scalar_and_vectorised_paths_agree() -> None:
         if row.get("backend"):
             continue
         expected = roofline(work, H100).time_s() / model.efficiency(work, H100).value
-        # float32 hidden layers and kernels: the batch correction's float32 RBF sum errs ~1e-6 x sum |alpha|,
-        # and the collective corrections over the physics baseline have |alpha| up to ~16.
-        assert lat[i] == pytest.approx(expected, rel=1e-4), row
+        # float32 hidden layers round differently in a matrix product (~1e-6); the correction's kernel
+        # sums are float64 (in float32 they erred up to ~1.3e-4 on collectives, whose |alpha| reach ~16).
+        assert lat[i] == pytest.approx(expected, rel=1e-5), row
 
 
 def test_artifact_json_round_trip(tmp_path: Path) -> None:
