@@ -61,7 +61,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from collections.abc import Sequence
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from typing import TypeVar, cast
 
@@ -385,12 +385,18 @@ class VllmV1Scheduler:
             budget -= num_new
             num_needed += -(-(req.num_computed + num_new) // bs) - held(req.request_id)
         if num_needed > self._kv.num_free_blocks():
-            return None  # someone gets preempted: plan request by request
+            return self._schedule_bulk_preempting(planned)
         chunks: list[ScheduledChunk] = []
         self._grow_in_order(due, planned, chunks)
         hits = 0
         if self._waiting:
             hits, budget = self._admit(chunks, budget)
+        return self._bulk_plan(chunks, hits, ())
+
+    def _bulk_plan(self, chunks: list[ScheduledChunk], hits: int, preempted: tuple[RequestState, ...],
+                   resynced: tuple[RequestState, ...] = ()) -> StepPlan:
+        """The planned bulk step: the clock ticks; the bulk decodes left run in it."""
+        u = self._clock
         waited: tuple[tuple[int, int], ...] = ()
         if self._bulk_waits:
             previous = self._step_id
@@ -398,8 +404,95 @@ class VllmV1Scheduler:
         self._step_id += 1
         self._clock = u + 1
         self._clock_step = self._step_id
-        return StepPlan(self._step_id, tuple(chunks), hits, (), num_bulk,
-                        self._bulk_context_base + num_bulk * u, waited_bulk=waited)
+        num_bulk = self._num_bulk
+        return StepPlan(self._step_id, tuple(chunks), hits, preempted, num_bulk,
+                        self._bulk_context_base + num_bulk * u, resynced, waited_bulk=waited)
+
+    def _schedule_bulk_preempting(self, planned: list[tuple[RequestState, int]]) -> StepPlan:
+        """`_schedule_bulk` when the KV blocks run out: `_schedule_each`'s walk in running order
+        (allocate each request's blocks; when they do not fit, preempt the last running request
+        until they do, or until it is the request itself), with the bulk decodes that keep running
+        left in bulk. Only the preempted ones are brought up to date (in `resynced`), so a step
+        that preempts costs a pass over the running requests, not a rebuild of the bulk state.
+
+        `planned` are the tokens of the non-bulk requests that `_schedule_bulk` found, in running
+        order; a request after them gets none, and no bulk decode comes after them.
+        """
+        kv = self._kv
+        bs = self._block_size
+        due = self._clock % bs
+        running = self._running
+        tokens = {req.request_id: num_new for req, num_new in planned}
+        chunks: list[ScheduledChunk] = []
+        preempted: list[RequestState] = []
+        resynced: list[RequestState] = []
+        i = 0
+        while i < len(running):
+            req = running[i]
+            if req.lazy_step >= 0:
+                if (req.lazy_step - req.num_computed) % bs != due:
+                    i += 1
+                    continue  # no new block in this step
+                while kv.num_free_blocks() < 1:
+                    victim = running.pop()
+                    self._preempt_running(victim, preempted, resynced)
+                    if victim is req:
+                        break
+                else:
+                    kv.append_one_block([req.request_id])
+                    i += 1
+                    continue
+                break
+            num_new = tokens.get(req.request_id)
+            if num_new is None:
+                break  # out of budget: it and the requests after it get nothing
+            while not kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
+                                  num_computed_tokens=req.num_computed):
+                victim = running.pop()
+                self._preempt_running(victim, preempted, resynced)
+                if victim is req:
+                    break
+            else:
+                chunks.append(ScheduledChunk(req, num_new, req.num_computed,
+                                             req.num_computed + num_new == req.num_known()))
+                i += 1
+                continue
+            break
+        self._active = [r for r in running if r.lazy_step < 0]
+        assert preempted and (chunks or self._num_bulk), "a running request fits the cache alone"
+        return self._bulk_plan(chunks, 0, tuple(preempted), tuple(resynced))
+
+    def _preempt_running(self, victim: RequestState, preempted: list[RequestState],
+                         resynced: list[RequestState]) -> None:
+        """Preempt `victim`, just popped from the running requests; a bulk decode is first brought
+        up to date and dropped from the bulk state."""
+        if victim.lazy_step >= 0:
+            self._drop_bulk(victim)
+            resynced.append(victim)
+        self._preempt(victim)
+        preempted.append(victim)
+
+    def _drop_bulk(self, req: RequestState) -> None:
+        """Stop running `req` in bulk: out of the aggregate counters, its block bucket, its finish
+        step and its sample group, with its counters brought up to the current clock."""
+        self._bulk_context_base -= req.num_computed - req.lazy_step
+        self._num_bulk -= 1
+        self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
+        finish = req.lazy_step + req.output_tokens - req.num_output
+        at = self._finish_at[finish]
+        at.remove(req)
+        if not at:
+            del self._finish_at[finish]
+            self._finish_steps.remove(finish)
+            heapify(self._finish_steps)
+        self._sync(req, self._clock)
+        if self._bulk_waits:
+            for group in self._sampled:
+                if group[0] == req.last_sample_step:
+                    group[1] -= 1
+                    if not group[1]:
+                        self._sampled.remove(group)
+                    break
 
     def _grow_in_order(self, due: list[RequestState], planned: list[tuple[RequestState, int]],
                        chunks: list[ScheduledChunk]) -> None:
