@@ -412,53 +412,49 @@ class VllmV1Scheduler:
         """`_schedule_bulk` when the KV blocks run out: `_schedule_each`'s walk in running order
         (allocate each request's blocks; when they do not fit, preempt the last running request
         until they do, or until it is the request itself), with the bulk decodes that keep running
-        left in bulk. Only the preempted ones are brought up to date (in `resynced`), so a step
-        that preempts costs a pass over the running requests, not a rebuild of the bulk state.
+        left in bulk. The walk visits only the requests that take blocks in this step (the bulk
+        decodes crossing into a new block, the non-bulk requests with tokens); the others need
+        nothing from the cache. Only the preempted ones are brought up to date (in `resynced`).
 
         `planned` are the tokens of the non-bulk requests that `_schedule_bulk` found, in running
         order; a request after them gets none, and no bulk decode comes after them.
         """
         kv = self._kv
-        bs = self._block_size
-        due = self._clock % bs
         running = self._running
-        tokens = {req.request_id: num_new for req, num_new in planned}
+        due = list(self._due[self._clock % self._block_size])  # victims leave the bucket
         chunks: list[ScheduledChunk] = []
         preempted: list[RequestState] = []
         resynced: list[RequestState] = []
-        i = 0
-        while i < len(running):
-            req = running[i]
-            if req.lazy_step >= 0:
-                if (req.lazy_step - req.num_computed) % bs != due:
-                    i += 1
-                    continue  # no new block in this step
-                while kv.num_free_blocks() < 1:
-                    victim = running.pop()
-                    self._preempt_running(victim, preempted, resynced)
-                    if victim is req:
-                        break
+        i = j = 0
+        while i < len(due) or j < len(planned):
+            if j == len(planned) or (i < len(due) and due[i].run_seq < planned[j][0].run_seq):
+                req, num_new = due[i], 0
+                i += 1
+            else:
+                req, num_new = planned[j]
+                j += 1
+            if req.run_seq < 0:
+                continue  # preempted in this step (its run_seq is -1 now)
+            if num_new:
+                while not kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
+                                      num_computed_tokens=req.num_computed):
+                    self._preempt_running(running.pop(), preempted, resynced)
+                    if req.run_seq < 0:
+                        break  # it preempted itself
                 else:
-                    kv.append_one_block([req.request_id])
-                    i += 1
+                    chunks.append(ScheduledChunk(req, num_new, req.num_computed,
+                                                 req.num_computed + num_new == req.num_known()))
                     continue
                 break
-            num_new = tokens.get(req.request_id)
-            if num_new is None:
-                break  # out of budget: it and the requests after it get nothing
-            while not kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
-                                  num_computed_tokens=req.num_computed):
-                victim = running.pop()
-                self._preempt_running(victim, preempted, resynced)
-                if victim is req:
-                    break
+            while kv.num_free_blocks() < 1:
+                self._preempt_running(running.pop(), preempted, resynced)
+                if req.run_seq < 0:
+                    break  # it preempted itself
             else:
-                chunks.append(ScheduledChunk(req, num_new, req.num_computed,
-                                             req.num_computed + num_new == req.num_known()))
-                i += 1
+                kv.append_one_block([req.request_id])
                 continue
             break
-        self._active = [r for r in running if r.lazy_step < 0]
+        self._active = [r for r in self._active if r.run_seq >= 0]
         assert preempted and (chunks or self._num_bulk), "a running request fits the cache alone"
         return self._bulk_plan(chunks, 0, tuple(preempted), tuple(resynced))
 
