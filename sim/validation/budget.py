@@ -1,9 +1,9 @@
 """Which rows fit a time budget: a cost model of the simulator and a deterministic selection.
 
 Simulation time is close to `per_step_s x steps + per_request_step_s x (running requests summed
-over steps)`, where a scheduler that plans request by request (SGLang's prefill priority keeps no
-bulk decodes, `sim.serving.vllm_v1`) pays `per_plain_request_step_s` per running request per step
-instead (about 30x more); `measure_cost_model` times three small runs on this machine to get the
+over steps)`, where a backend with SGLang's prefill priority (its prefill-only steps cut the runs
+of bulk decode steps, `sim.serving.vllm_v1`) pays its own `per_plain_request_step_s` per running
+request per step; `measure_cost_model` times three small runs on this machine to get the
 constants, so the selection follows the simulator's speed wherever it runs. `select_rows` then keeps
 (1) every trace and static-batch row (they are few and cheap), (2) closed-loop and offline rows
 of each (suite, source) in a fixed hash order, while the estimated wall time over `jobs` workers
@@ -36,9 +36,9 @@ class CostModel:
     per_step_s: float
     per_request_step_s: float
     per_plain_request_step_s: float = 0.0
-    """Per running request per step where the scheduler plans request by request (0: as bulk)."""
+    """Per running request per step for the `request_by_request` backends (0: as the others)."""
     request_by_request: frozenset[str] = frozenset()
-    """Backends whose engine profile plans every step request by request (no bulk decodes)."""
+    """Backends whose engine profile has prefill priority (SGLang), timed on their own."""
 
     def estimate_s(self, row: ValidationRow) -> float:
         steps, request_steps = work_of(row)
@@ -88,7 +88,7 @@ def _timed_run(conc: int, n: int, backend: str) -> tuple[float, int, int]:
 
 def measure_cost_model() -> CostModel:
     """Time a small and a wide decode-heavy run of Llama-3.1-8B on h100_sxm; solve for both constants;
-    a third, wide run with a backend that plans request by request gives that backend's per-request cost."""
+    a third, wide run with a prefill-priority backend (SGLang) gives that backend's per-request cost."""
     points = [_timed_run(conc, n, "vllm") for conc, n in ((2, 4), (64, 128))]
     (t1, s1, r1), (t2, s2, r2) = points
     det = s1 * r2 - s2 * r1

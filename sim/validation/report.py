@@ -291,12 +291,12 @@ def _generic(reason: str) -> str:
 
 
 def _plain_rate(cost: dict[str, Any]) -> str:
-    """The request-by-request rate of the cost model, where the run recorded one."""
+    """The prefill-priority backends' rate of the cost model, where the run recorded one."""
     rate = float(cost.get("per_plain_request_step_s", 0.0))
     backends = ", ".join(cost.get("request_by_request", ()))
     if not (rate and backends):
         return ""
-    return f" ({rate * 1e6:.2f} us for {backends}, whose scheduler plans request by request)"
+    return f" ({rate * 1e6:.2f} us for {backends}, whose prefill-only steps cut the bulk-decode runs)"
 
 
 def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], results: Sequence[RowResult],
