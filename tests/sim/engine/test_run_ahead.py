@@ -34,6 +34,9 @@ FLEETS: dict[str, dict[str, dict[str, Any]]] = {
                    "workload": {"num_prompts": 120, "random_input_len": 1000, "random_output_len": 300,
                                 "random_range_ratio": 0.5}},
 }
+# SGLang's prefill priority: runs start only once every bulk decode sampled in the previous step.
+FLEETS.update({f"sglang-{name}": {**spec, "engine": {**spec["engine"], "backend": "sglang"}}
+               for name, spec in list(FLEETS.items())})
 
 
 def _scenario(sections: dict[str, dict[str, Any]]) -> Scenario:
