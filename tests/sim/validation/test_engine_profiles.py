@@ -53,18 +53,23 @@ def _run_prefill(sched: VllmV1Scheduler) -> None:
     sched.finish_step(plan)
 
 
-def test_prefill_priority_runs_a_waiting_prompt_alone_and_decodes_wait() -> None:
-    sched = _sched(100, prefill_priority=True)
+@pytest.mark.parametrize("bulk_decodes", [False, True])
+def test_prefill_priority_runs_a_waiting_prompt_alone_and_decodes_wait(bulk_decodes: bool) -> None:
+    sched = _sched(100, prefill_priority=True, bulk_decodes=bulk_decodes)
     sched.add(_req(0, 8, 5))
     _run_prefill(sched)  # request 0 now decodes
     sched.add(_req(1, 12, 5))
     plan = sched.schedule()
     assert plan is not None
     assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(1, 12)]
+    assert plan.num_bulk_decodes == 0  # request 0 waits
     sched.finish_step(plan)
     plan = sched.schedule()  # nothing left to prefill: both decode
     assert plan is not None
-    assert sorted((c.request.request_id, c.num_new_tokens) for c in plan.chunks) == [(0, 1), (1, 1)]
+    if bulk_decodes:  # counted, not listed; request 0 last sampled two steps ago (step 1)
+        assert (plan.chunks, plan.num_bulk_decodes, plan.waited_bulk) == ((), 2, ((1, 1),))
+    else:
+        assert sorted((c.request.request_id, c.num_new_tokens) for c in plan.chunks) == [(0, 1), (1, 1)]
 
 
 def test_without_prefill_priority_the_decode_and_the_prompt_share_a_step() -> None:
