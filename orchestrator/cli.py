@@ -105,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"error: {file_error(exc)}\n")
         return 2
+    except KeyboardInterrupt:
+        # A verb that can continue later says how where it catches the interrupt (sweep).
+        sys.stderr.write("\ninterrupted\n")
+        return 130
     return code
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -115,12 +116,33 @@ def run_pool(tasks: Sequence[Task], jobs: int,
         for batch in batches:
             place(batch, _evaluate_batch([tasks[i] for i in batch]))
     else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+        try:
             futures = {pool.submit(_evaluate_batch, [tasks[i] for i in batch]): batch for batch in batches}
             for fut in as_completed(futures):
                 place(futures[fut], fut.result())
+        except BaseException:
+            # Ctrl-C (or a failed batch): the pool's own exit would wait for every queued batch.
+            _stop_pool(pool)
+            raise
+        pool.shutdown()
     assert all(r is not None for r in results)
     return [r for r in results if r is not None]
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C (sent to the whole foreground process group) to the parent, which ends them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Drop the queued batches and end the workers now, mid-batch included."""
+    processes = list(getattr(pool, "_processes", {}).values())  # the executor exposes no other handle
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=10)
 
 
 def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from conftest import REPO
@@ -51,3 +54,39 @@ def test_fitting_refuses_the_eval_suite(tmp_path: Path) -> None:
     proc = _run("--suite", "eval", "--fit-profiles", "--limit", "1")
     assert proc.returncode == 2
     assert "evaluation row" in proc.stderr
+
+
+def test_ctrl_c_stops_the_workers_at_once_and_exits_130(tmp_path: Path) -> None:
+    """SIGINT while the workers simulate: queued batches are dropped and the workers ended, not
+    waited for (the pool's own exit would run every queued batch first)."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "validate", "--suite", "dev", "--tier",
+                             "cross-generation", "--jobs", "2", "--budget-s", "300", "--no-doc", "--out",
+                             str(tmp_path / "out")], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("simulating" in line for line in lines):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        children: list[int] = []
+        while len(children) < 2 and time.monotonic() < deadline:  # the two workers are up
+            time.sleep(0.5)
+            children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        time.sleep(2.0)  # mid-batch
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    err = "".join(lines)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert took < 30, took
+    assert children and not [c for c in children if Path(f"/proc/{c}").exists()
+                             and "Z" not in Path(f"/proc/{c}/stat").read_text().split()[2]]
