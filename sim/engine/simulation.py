@@ -314,7 +314,7 @@ class Simulation:
         ends = replica.ends
         for req in plan.resynced:
             # They sampled in the step that just ended, or, having sat out prefill-only steps since, earlier.
-            req.last_token_s = now if ends is None else ends.get(req.last_sample_step, now)
+            req.last_token_s = now if ends is None else ends[req.last_sample_step]
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
