@@ -435,23 +435,19 @@ class VllmV1Scheduler:
                 j += 1
             if req.run_seq < 0:
                 continue  # preempted in this step (its run_seq is -1 now)
-            if num_new:
-                while not kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
-                                      num_computed_tokens=req.num_computed):
-                    self._preempt_running(running.pop(), preempted, resynced)
-                    if req.run_seq < 0:
-                        break  # it preempted itself
-                else:
-                    chunks.append(ScheduledChunk(req, num_new, req.num_computed,
-                                                 req.num_computed + num_new == req.num_known()))
-                    continue
-                break
-            while kv.num_free_blocks() < 1:
+            # A chunk's blocks, or one more block for a bulk decode crossing into a new one.
+            while not (kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
+                                   num_computed_tokens=req.num_computed) if num_new
+                       else kv.num_free_blocks() >= 1):
                 self._preempt_running(running.pop(), preempted, resynced)
                 if req.run_seq < 0:
-                    break  # it preempted itself
+                    break  # it preempted itself: so were all after it
             else:
-                kv.append_one_block([req.request_id])
+                if num_new:
+                    chunks.append(ScheduledChunk(req, num_new, req.num_computed,
+                                                 req.num_computed + num_new == req.num_known()))
+                else:
+                    kv.append_one_block([req.request_id])
                 continue
             break
         self._active = [r for r in self._active if r.run_seq >= 0]
