@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -88,5 +89,16 @@ def test_ctrl_c_stops_the_workers_at_once_and_exits_130(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err, err
     assert took < 30, took
-    assert children and not [c for c in children if Path(f"/proc/{c}").exists()
-                             and "Z" not in Path(f"/proc/{c}/stat").read_text().split()[2]]
+
+    def alive() -> list[int]:
+        out = []
+        for c in children:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{c}/stat").read_text().split()[2] != "Z":
+                    out.append(c)
+        return out
+
+    gone_by = time.monotonic() + 10
+    while alive() and time.monotonic() < gone_by:
+        time.sleep(0.2)
+    assert children and not alive()
