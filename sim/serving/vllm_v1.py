@@ -467,10 +467,8 @@ class VllmV1Scheduler:
     def _drop_bulk(self, req: RequestState) -> None:
         """Stop running `req` in bulk: out of the aggregate counters, its block bucket, its finish
         step and its sample group, with its counters brought up to the current clock."""
-        self._bulk_context_base -= req.num_computed - req.lazy_step
-        self._num_bulk -= 1
-        self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
         finish = req.lazy_step + req.output_tokens - req.num_output
+        self._untrack(req)
         at = self._finish_at[finish]
         at.remove(req)
         if not at:
@@ -767,13 +765,18 @@ class VllmV1Scheduler:
         popped = heappop(self._finish_steps)
         assert popped == clock, "bulk decodes finish in clock order"
         for req in done:
-            self._bulk_context_base -= req.num_computed - req.lazy_step
-            self._num_bulk -= 1
-            self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
+            self._untrack(req)
             self._sync(req, clock)
         if len(done) > 1:
             done.sort(key=_run_seq)
         return done
+
+    def _untrack(self, req: RequestState) -> None:
+        """Take a bulk decode out of the aggregate count, the context sum and its block bucket
+        (its counters are still those of `lazy_step`)."""
+        self._bulk_context_base -= req.num_computed - req.lazy_step
+        self._num_bulk -= 1
+        self._due[(req.lazy_step - req.num_computed) % self._block_size].remove(req)
 
     def _release(self, finished: list[RequestState]) -> None:
         running = self._running
