@@ -11,6 +11,7 @@ so equal configurations hash equally in every process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -50,8 +51,7 @@ def build(cls: type[T], data: Mapping[str, Any], *, source: str = "", prefix: st
     """
     if not isinstance(data, Mapping):
         raise ConfigError(source=source, key=prefix or "<root>", value=data, rule="must be a table")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints, fields = _schema(cls)  # type: ignore[arg-type]  # a class is hashable
     for key in data:
         if key not in fields:
             raise ConfigError(
@@ -72,6 +72,13 @@ def build(cls: type[T], data: Mapping[str, Any], *, source: str = "", prefix: st
         raise ConfigError(
             source=source, key=_join(prefix, exc.key), value=exc.value, rule=exc.rule
         ) from None
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A dataclass's resolved field types and its fields, once per class: resolving the string
+    annotations (`from __future__ import annotations`) is most of what building a spec costs."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _join(prefix: str, key: str) -> str:

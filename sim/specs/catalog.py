@@ -12,16 +12,41 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from sim.errors import ConfigError, decode_error, file_error
 from sim.serde import build
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec, WeightQuantization, model_from_hf_config
 from sim.suggest import did_you_mean
+
+T = TypeVar("T")
+
+_PARSED: dict[tuple[str, str, int, int], Any] = {}
+_MAX_PARSED: Final = 512
+
+
+def _parsed(kind: str, path: Path, parse: Callable[[], T]) -> T:
+    """`parse()` of a catalog file, once per file version: keyed by what is parsed, the path and the
+    file's modification time and size, so an edited file is read again. A sweep builds a scenario per
+    trial and `validate` one per row; re-reading and re-checking the same hardware and model files
+    each time was most of that cost. The specs are frozen, so sharing them is safe; errors are raised
+    afresh on every call (nothing is stored for a file that fails)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return parse()  # raises the file error naming the path
+    key = (kind, str(path.absolute()), stat.st_mtime_ns, stat.st_size)
+    if key not in _PARSED:
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.clear()
+        _PARSED[key] = parse()
+    value: T = _PARSED[key]
+    return value
 
 
 def _data_dir() -> Path:
@@ -67,7 +92,7 @@ def load_hardware(name: str) -> HardwareSpec:
             raise ConfigError(source="", key="hardware.name", value=name,
                               rule=f"unknown hardware; {did_you_mean(name, list_hardware())}"
                               f"known: {', '.join(list_hardware())}")
-    spec = build(HardwareSpec, read_toml(path), source=str(path))
+    spec = _parsed("hardware", path, lambda: build(HardwareSpec, read_toml(path), source=str(path)))
     if not name.endswith(".toml") and spec.name != name:
         raise ConfigError(source=str(path), key="name", value=spec.name, rule=f"must equal the file stem {name!r}")
     return spec
@@ -86,7 +111,12 @@ def _index_path() -> Path:
 
 
 def _model_index() -> dict[str, ModelEntry]:
+    """Model id or alias -> entry (a copy: callers may keep it)."""
     path = _index_path()
+    return dict(_parsed("model-index", path, lambda: _read_model_index(path)))
+
+
+def _read_model_index(path: Path) -> dict[str, ModelEntry]:
     table = read_toml(path)
     index: dict[str, ModelEntry] = {}
     for i, raw in enumerate(table.get("model", [])):
@@ -132,7 +162,8 @@ def load_model(name: str) -> ModelSpec:
     directory = model_directory(name)
     if name.endswith(".json") or directory is not None:
         path = Path(name) if directory is None else directory / "config.json"
-        return model_from_hf_config(read_json_object(path), name=name, source=str(path))
+        return _parsed(f"model:{name}", path,
+                       lambda: model_from_hf_config(read_json_object(path), name=name, source=str(path)))
     index = _model_index()
     entry = index.get(name)
     if entry is None:
@@ -140,7 +171,8 @@ def load_model(name: str) -> ModelSpec:
                           rule=f"unknown model id; {did_you_mean(name, index)}give a config.json path, a "
                           f"directory holding one, or one of {', '.join(sorted(index))}")
     path = _data_dir() / "models" / entry.config
-    spec = model_from_hf_config(read_json_object(path), name=entry.id, source=str(path))
+    spec = _parsed(f"model:{entry.id}", path,
+                   lambda: model_from_hf_config(read_json_object(path), name=entry.id, source=str(path)))
     if entry.quantization is not None:
         spec = dataclasses.replace(spec, weight_quantization=entry.quantization)
     return spec

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+from importlib import resources
+from pathlib import Path
 
 import pytest
 from conftest import MEASURED_DATA, scenario_dict
@@ -210,3 +212,27 @@ def test_nvl72_racks_are_one_nvlink_domain() -> None:
     with pytest.raises(FieldError) as err:
         toy_hardware(nvlink_domain_size=12)
     assert err.value.key == "nvlink_domain_size"
+
+
+def test_catalog_files_are_parsed_once_per_version(tmp_path: Path) -> None:
+    """Hardware and model files are kept parsed while unchanged (a sweep builds a scenario per trial),
+    read again once edited, and a broken file fails on every load (nothing is kept for it)."""
+    assert load_hardware("h100_sxm") is load_hardware("h100_sxm")
+    assert load_model("meta-llama/Llama-3.1-8B") is load_model("meta-llama/Llama-3.1-8B")
+    shipped = Path(str(resources.files("sim") / "data" / "hardware" / "h100_sxm.toml")).read_text()
+    path = tmp_path / "my_gpu.toml"
+    path.write_text(shipped)
+    first = load_hardware(str(path))
+    assert load_hardware(str(path)) is first
+    path.write_text(shipped.replace('name = "h100_sxm"', 'name = "my_gpu"  # renamed'))
+    assert load_hardware(str(path)).name == "my_gpu"
+    path.write_text("[broken")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="invalid TOML"):
+            load_hardware(str(path))
+    config = tmp_path / "config.json"
+    hf = json.loads(Path(str(resources.files("sim") / "data" / "models" / "meta-llama--Meta-Llama-3.1-8B_config.json")).read_text())
+    config.write_text(json.dumps(hf))
+    assert load_model(str(config)).num_layers == hf["num_hidden_layers"]
+    config.write_text(json.dumps({**hf, "num_hidden_layers": 7}))
+    assert load_model(str(config)).num_layers == 7
