@@ -12,6 +12,10 @@ piece (`PolynomialNodes.checks`). A family that fails the check is priced count 
 caller (MoE: expected experts hit), or, where the family asks for it (prefill attention with a
 sliding window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices
 equal count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
+A count's block price is bitwise the same in any window: the kernel model's column arithmetic is
+elementwise or one product per row (`sim.perf.learners.row_products`), never one BLAS call whose
+rounding of a row depends on the number of rows. So a pricer may serve many runs, and a run whose
+limit is lower than a pricer's top shares it through `BlockPricer.capped`.
 Which families there are and how each is built: `sim.engine.step_parts`.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import numpy as np
 
@@ -221,6 +226,14 @@ class _Pending:
     """The deferred rows' groups."""
 
 
+class PartSource(Protocol):
+    """Where a run's parts of one family come from: a `BlockPricer` or a capped view of one."""
+
+    def part(self, n: int) -> Part | None:
+        """The part of count `n`, or None where the caller prices it alone."""
+        ...
+
+
 class BlockPricer:
     """Parts of counts 1..`max_count` priced in windows (see the module docstring). Which counts
     a caller prices alone (a run's first part of the family) is the caller's choice: a count's
@@ -246,15 +259,8 @@ class BlockPricer:
             return part
         at = self._where.get(n)
         if at is None:
-            if not 1 <= n <= self._max:
+            if not 1 <= n <= self._max or not self.has_template():
                 return None
-            if self._template is None:
-                self._template = self._make_template()
-                if self._template is None:
-                    self._max = 0
-                    return None
-                self._labels = tuple((node[0].value, node[1]) for node in self._template.nodes)
-                self._launches = sum(node[-1] for node in self._template.nodes)
             self._price_window(n)
             at = self._where[n]
         block, j = at
@@ -266,6 +272,31 @@ class BlockPricer:
             num_launches=self._launches, short_kernel_gap_s=block.short_kernel_gap_s[j],
             worst_provenance=block.worst[j])
         return part
+
+    @property
+    def max_count(self) -> int:
+        """The top count this pricer prices (0 once it has found that no template applies)."""
+        return self._max
+
+    def has_template(self) -> bool:
+        """Whether a template applies (built on first call); without one every count is priced
+        alone by the caller."""
+        if self._template is None and self._max > 0:
+            self._template = self._make_template()
+            if self._template is None:
+                self._max = 0
+                return False
+            self._labels = tuple((node[0].value, node[1]) for node in self._template.nodes)
+            self._launches = sum(node[-1] for node in self._template.nodes)
+        return self._template is not None
+
+    def capped(self, top: int) -> CappedPricer:
+        """This pricer's parts of counts 1..`top` (`top` <= `max_count`), for a run whose limit is
+        lower. Exact when `has_template()`: a template that holds on 1..max_count holds on 1..top
+        with the same fields (a polynomial form found on the narrower range is the same polynomial,
+        fixed by counts 1, 2 and 3, and nodes built per count are the real nodes), and a count's
+        price depends neither on its window nor on the counts priced before it."""
+        return CappedPricer(self, top)
 
     def _price_window(self, n: int) -> None:
         size = _MIN_BLOCK
@@ -328,3 +359,22 @@ class BlockPricer:
             np.maximum(worst, provs[row], out=worst)
         return _Block(seconds=seconds, gpu_s=gpu.tolist(), comm_s=comm.tolist(), short_kernel_gap_s=gap.tolist(),
                       worst=[_PROVENANCE[w] for w in worst.tolist()])
+
+
+class CappedPricer:
+    """A wider `BlockPricer` seen as one over counts 1..top (`BlockPricer.capped`)."""
+
+    __slots__ = ("_base", "_top")
+
+    def __init__(self, base: BlockPricer, top: int) -> None:
+        if top > base.max_count:
+            raise ValueError(f"top={top} exceeds the base pricer's max_count={base.max_count}")
+        self._base = base
+        self._top = top
+
+    @property
+    def max_count(self) -> int:
+        return self._top
+
+    def part(self, n: int) -> Part | None:
+        return self._base.part(n) if n <= self._top else None

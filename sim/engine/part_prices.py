@@ -7,17 +7,18 @@ holds both kinds, each keyed by the part alone:
 
 - `priced(nodes)`: count by count, each kernel priced once per signature (the kernel model's
   scalar path), and `scalar_part(family, n, build)` memoizing those per part;
-- `block_part(family, top, n)`: block pricing (`sim.engine.block_pricing`). A count's price does
+- `block_pricer(family, top)`: block pricing (`sim.engine.block_pricing`). A count's price does
   not depend on the window it is priced in nor on the counts priced before it (the kernel model's
-  column arithmetic is row by row; a test prices families in different orders and compares), so
-  a part priced by an earlier run is the part this run would price.
+  column arithmetic is row by row; tests price families in different orders and in narrow and
+  wide windows and compare), so a part priced by an earlier run is the part this run would price.
 
 `PriceCache` keeps `PartPrices` per pricing identity: the model, precision and hardware, the
 engine fields the kernel graph reads (parallelism, dtypes, quantization, backend), the eager launch
 cost, and the kernel model (the efficiency model object itself, held by the entry so its id stays
 unique; `sim.calibration.select.EfficiencyModels` hands the same object to every trial that
 selects the same hardware, tier, calibration file version, backend and kernel sources). Scheduling
-limits are not part of the identity: they enter a block pricer's key as its top count. The cache
+limits are not part of the identity: they enter a block pricer's key as its top count, and a run
+with a lower top shares the family's widest pricer, capped at its top. The cache
 is bounded in identities (least recently used dropped) and in parts per identity (cleared when
 full; prices come back the same when priced again).
 """
@@ -28,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from sim.engine.block_pricing import BlockPricer, NodeList, Part
+from sim.engine.block_pricing import BlockPricer, NodeList, Part, PartSource
 from sim.engine.step_parts import PartFamily, PartNodes
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.step import StepCostModel
@@ -76,18 +77,33 @@ class PartPrices:
         self._max_parts = max_parts
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
         self._scalar: dict[tuple[PartFamily, int], Part] = {}
-        self._blocks: dict[tuple[PartFamily, int], BlockPricer] = {}
+        self._blocks: dict[tuple[PartFamily, int], PartSource] = {}
+        self._widest: dict[PartFamily, BlockPricer] = {}
+        """Per family, the pricer with the highest top made so far (the one narrower runs share)."""
 
-    def block_pricer(self, family: PartFamily, top: int) -> BlockPricer | None:
-        """The family's block pricer over counts 1..top; None when the kernel model prices no columns."""
+    def block_pricer(self, family: PartFamily, top: int) -> PartSource | None:
+        """The family's block pricer over counts 1..top; None when the kernel model prices no columns.
+
+        A run whose limit (`top`) is below that of a pricer the family already has gets that pricer
+        capped at `top` (`BlockPricer.capped`: the same prices), so trials that differ only in
+        `max_num_seqs` or `max_num_batched_tokens` share priced windows and templates.
+        """
         if not self.block_pricing:
             return None
         pricer = self._blocks.get((family, top))
         if pricer is None:
             if len(self._blocks) >= self._max_parts // 64:
                 self._blocks.clear()  # bounded: a family priced again gets the same prices
-            pricer = self._blocks[(family, top)] = self.nodes.block_pricer(family, self.cost, self.eager_launch_s,
-                                                                           top)
+                self._widest.clear()
+            wide = self._widest.get(family)
+            if wide is not None and wide.max_count >= top and wide.has_template():
+                pricer = wide if wide.max_count == top else wide.capped(top)
+            else:
+                made = self.nodes.block_pricer(family, self.cost, self.eager_launch_s, top)
+                if wide is None or top > wide.max_count:
+                    self._widest[family] = made
+                pricer = made
+            self._blocks[(family, top)] = pricer
         return pricer
 
     def scalar_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.engine.block_pricing import BlockPricer, NodeList, Part
+from sim.engine.block_pricing import NodeList, Part, PartSource
 from sim.engine.part_prices import PartPrices
 from sim.engine.step_parts import PartFamily
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
@@ -141,7 +141,7 @@ class StepPricer:
         self.counts: Counter[AnyKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
-        self._blocks: dict[PartFamily, BlockPricer | None] | None = {} if prices.block_pricing else None
+        self._blocks: dict[PartFamily, PartSource | None] | None = {} if prices.block_pricing else None
         """This run's families: the first part of each is priced count by count (absent
         before), later ones by the family's block pricer (None where it has none)."""
         self._tops = (scenario.engine.max_num_batched_tokens,

@@ -40,6 +40,7 @@ from sim.perf.learners import (
     correction_residual,
     find_group,
     mlp_forward,
+    row_products,
 )
 from sim.perf.roofline import collective_wire_bytes, roofline
 from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, table_batch, table_of, work_columns
@@ -295,12 +296,12 @@ class FittedEfficiency:
         else:
             w = self._coef[family]
             p = x.shape[1]
-            y = w[0] + x @ w[1:1 + p]
+            y = w[0] + row_products(x, w[1:1 + p])
             inter = 1 + p + len(hots)
             for j, hot in enumerate(hots):
                 if hot:
-                    y = y + (w[1 + p + j] + x[:, :NUM_INTERACTED] @ w[inter + j * NUM_INTERACTED:
-                                                                      inter + (j + 1) * NUM_INTERACTED])
+                    slopes = w[inter + j * NUM_INTERACTED: inter + (j + 1) * NUM_INTERACTED]
+                    y = y + (w[1 + p + j] + row_products(x[:, :NUM_INTERACTED], slopes))
         y = y + physics_offset(VECTOR, family, prims, float(hw.num_sms), hw.sm_version or 0)
         corrected = np.zeros(n, dtype=bool)
         corr = self._corr.get(family)
@@ -314,12 +315,12 @@ class FittedEfficiency:
                 centre = points.mean(0)
                 pc = points - centre
                 z = correction_coordinates(family, prims) / corr.length_scales - centre
-                sq = z @ (-2.0 * pc.T)
+                sq = row_products(z, -2.0 * pc.T)
                 sq += (z * z).sum(1)[:, None]
                 sq += (pc * pc).sum(1)[None, :]
                 np.maximum(sq, 0.0, out=sq)
                 sq *= -0.5
-                y = y + (offset + np.exp(sq, out=sq) @ alpha)
+                y = y + (offset + row_products(np.exp(sq, out=sq), alpha))
                 corrected[:] = True
         return np.clip(y, 0.0, _MAX_LOG_SLOWDOWN), outside, corrected
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sim.api import SimResult, load_host_params, scenario_efficiency, simulate
 from sim.calibration.select import EfficiencyModels
+from sim.engine.block_pricing import BlockPricer, CappedPricer
 from sim.engine.part_prices import SCHEDULING_ONLY_FIELDS, PriceCache, pricing_identity
 from sim.engine.step_parts import PartNodes
 from sim.graph.batch import BatchShape, PrefillChunk
@@ -174,3 +175,51 @@ def test_price_cache_keeps_the_most_recently_used_identities() -> None:
     assert cache.prices(scs[1], effs[1], 5e-6) is not None and cache.misses == 4
     with pytest.raises(ValueError, match="max_identities"):
         PriceCache(max_identities=0)
+
+
+def _priced(part: Any) -> tuple[object, ...]:
+    return (tuple(part.seconds), part.gpu_s, part.comm_s, part.short_kernel_gap_s, part.worst_provenance)
+
+
+@pytest.mark.parametrize("hardware", ["h100_sxm", "h200_sxm", "a100_sxm"])
+@pytest.mark.parametrize("family", [("sampling",), ("decode", 1600), ("token",), ("prefill", 300, 1)])
+def test_a_count_is_priced_the_same_in_a_narrow_and_a_wide_window(hardware: str, family: tuple[object, ...]) -> None:
+    """A run whose limit is 21 prices counts 1..21 in one 21-column window; a run whose limit is 300
+    prices them in a 128-column window. The kernel model's column arithmetic must give each count
+    the same bits either way (BLAS rounds a row of one product by the number of rows; the model
+    now multiplies row by row), which is what lets a narrow run share the wide run's pricer."""
+    sc = _scenario(hardware={"name": hardware})
+    cost = StepCostModel(sc.hardware, scenario_efficiency(sc, models=_MODELS))
+    nodes = PartNodes(sc)
+    eager = load_host_params("vllm").eager_launch_s
+    narrow = nodes.block_pricer(family, cost, eager, 21)
+    wide = nodes.block_pricer(family, cost, eager, 300)
+    for n in range(1, 22):
+        a, b = narrow.part(n), wide.part(n)
+        assert a is not None and b is not None
+        assert _priced(a) == _priced(b), n
+
+
+def test_a_narrower_run_shares_the_widest_pricer_of_its_family() -> None:
+    sc = _scenario()
+    eff = scenario_efficiency(sc, models=_MODELS)
+    prices = PriceCache().prices(sc, eff, 5e-6)
+    family = ("decode", 640)
+    wide = prices.block_pricer(family, 300)
+    assert isinstance(wide, BlockPricer)
+    narrow = prices.block_pricer(family, 40)
+    assert isinstance(narrow, CappedPricer) and narrow.max_count == 40
+    assert prices.block_pricer(family, 40) is narrow  # kept per (family, top)
+    own = PartNodes(sc).block_pricer(family, StepCostModel(sc.hardware, eff), 5e-6, 40)
+    for n in (1, 7, 40):
+        part, mine = narrow.part(n), own.part(n)
+        assert part is not None and mine is not None and _priced(part) == _priced(mine)
+    assert narrow.part(41) is None and own.part(41) is None  # above the run's limit: priced alone
+    wider = prices.block_pricer(family, 512)  # a wider run gets its own pricer, and later ones share it
+    assert isinstance(wider, BlockPricer) and wider is not wide
+    capped = prices.block_pricer(family, 300 - 1)
+    assert isinstance(capped, CappedPricer)
+    part = capped.part(299)
+    assert part is not None and part is wider.part(299)
+    with pytest.raises(ValueError, match="max_count"):
+        wide.capped(301)
