@@ -56,7 +56,7 @@ class DisaggregatedSimulation(Simulation):
         self._num_prefill = len(prefill)
         self._num_ranks = len(prefill) + len(decode)
         for replica in self._replicas[:self._num_prefill]:
-            replica.bulk = False  # one output token: prefill ranks never decode
+            replica.bulk = replica.group_bulk = False  # one output token: prefill ranks never decode
         self._decode_router = decode_router
         self._path = path
         self._decode_states = {s.request_id: s for s in decode_states}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -257,6 +257,33 @@ class StepPricer:
             if mean != last_mean:
                 last_mean = mean
                 key: StepKey = ((), num_decode, mean)
+                cached = memo.get(key)
+                step_s = memo[key] = self.step_s(key) if cached is None else cached
+                groups.append((key, step_s, j))
+            end_s = now_s + step_s
+            if end_s >= horizon_s or end_s > max_time_s:
+                break
+            ends.append(end_s)
+            now_s = end_s
+        return groups, ends
+
+    def group_decode_steps(self, shapes: Sequence[tuple[int, int]], now_s: float, max_steps: int, horizon_s: float,
+                           max_time_s: float) -> tuple[list[tuple[GroupKey, float, int]], list[float]]:
+        """`decode_steps` for a data-parallel group whose busy ranks run bulk decodes only: rank r
+        has `shapes[r]` = (count, total context at the first step; it grows by the count per step).
+        Returns (group key, seconds, index of its first step) for each run of steps with one key
+        (a key changes when some rank's bucketed mean context does) and every step's end time:
+        the keys and seconds `price` gives those group plans, step after step."""
+        bucket, memo = self._bucket, self._memo
+        groups: list[tuple[GroupKey, float, int]] = []
+        ends: list[float] = []
+        last: list[int] = []
+        step_s = 0.0
+        for j in range(max_steps):
+            means = [max(bucket, round((c + j * n) / n / bucket) * bucket) for n, c in shapes]
+            if means != last:
+                last = means
+                key = GroupKey(tuple(sorted(((), n, m) for (n, _), m in zip(shapes, means, strict=True))))
                 cached = memo.get(key)
                 step_s = memo[key] = self.step_s(key) if cached is None else cached
                 groups.append((key, step_s, j))

@@ -125,6 +125,8 @@ class _Replica:
     """A run of decode-only steps in flight (run-ahead; `plan` is None then)."""
     event_seq: int = -1
     """Sequence number of this replica's live heap entry (older entries of it are stale)."""
+    group_bulk: bool = False
+    """An attention-DP group whose steps of bulk decodes only run in bulk (`_run_group_bulk_decodes`)."""
     ends: dict[int, float] | None = None
     """End times of this replica's recent steps by step id, kept while its bulk decodes may sit
     out steps (`prefill_priority`): from the earliest step in which one of them last sampled, for
@@ -157,6 +159,8 @@ class Simulation:
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""
         self._replicas = [_Replica(s, limits.bulk_decode and isinstance(s, BulkDecodeScheduler), p, self.kv_trace,
+                                   group_bulk=(limits.bulk_decode and step_log is None
+                                               and isinstance(s, DataParallelGroup) and not _bulk_may_wait(s)),
                                    ends={} if limits.bulk_decode and _bulk_may_wait(s) else None)
                           for s, p in zip(replicas, pricers, strict=True)]
         self._pricers = list({id(p): p for p in pricers}.values())
@@ -348,6 +352,9 @@ class Simulation:
                         return
                 else:
                     finished = self._run_bulk_decodes(idx)
+            elif replica.group_bulk and not (finished and self._held):
+                self._in_flight -= len(finished)
+                finished = self._run_group_bulk_decodes(idx)
             end_s = self._start_step(idx)
             seq = next(self._seq)  # this replica's step is queued before the steps the sends start
             replica.event_seq = seq
@@ -408,6 +415,59 @@ class Simulation:
                 # Blocks ran out (the next step preempts), or the next step, the same as the one
                 # `decode_run` stopped at, ends at or past the horizon: `_start_step` plans it.
                 return []
+
+    def _run_group_bulk_decodes(self, idx: int) -> list[RequestState]:
+        """`_run_bulk_decodes` for an attention-DP group: while every rank with requests runs bulk
+        decodes only, the group's steps are priced (`StepPricer.group_decode_steps`) up to the first
+        step in which a decode of some rank finishes, its blocks run out, or the next event, and the
+        ranks run them in one call each. Same returns as `_run_bulk_decodes`."""
+        replica = self._replicas[idx]
+        group = replica.scheduler
+        assert isinstance(group, DataParallelGroup)
+        pricer = replica.pricer
+        limits = self._limits
+        while True:
+            shapes = group.next_bulk_group_steps()
+            if shapes is None:
+                return []
+            busy = [s for s in shapes if s is not None]
+            max_steps = min(min(s[2] for s in busy), _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
+            max_steps = group.bulk_group_block_steps(max_steps)
+            if max_steps <= 0:
+                return []
+            horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
+            groups, ends = pricer.group_decode_steps([(n, c) for n, c, _ in busy], self.now_s, max_steps, horizon_s,
+                                                     limits.max_sim_time_s)
+            steps = len(ends)
+            if not steps:
+                return []
+            finished, used = group.run_bulk_group_steps(steps)
+            counts, first_s, itl = pricer.counts, pricer.first_s, self.itl
+            num_decode = sum(s[0] for s in busy)
+            busy_s = replica.busy_s
+            for g, (key, step_s, first) in enumerate(groups):
+                n = min(groups[g + 1][2] if g + 1 < len(groups) else steps, steps) - first
+                if n <= 0:
+                    break
+                count = counts.get(key)
+                if count is None and first_s is not None:
+                    first_s[key] = ends[first - 1] if first else self.now_s
+                counts[key] = (count or 0) + n
+                itl[step_s] = itl.get(step_s, 0) + num_decode * n
+                for _ in range(n):
+                    busy_s += step_s
+            replica.busy_s = busy_s
+            total = group.num_kv_blocks
+            replica.trace.extend_values(ends, [u / total for u in used])
+            self.now_s = ends[-1]
+            self.num_steps += steps
+            for req in finished:
+                self._record(req)
+            if finished and self._held:
+                return finished
+            self._in_flight -= len(finished)
+            if not finished and steps < max_steps:
+                return []  # the next step ends at or past the next event: `_start_step` plans it
 
     def _run_few_bulk_decodes(self, idx: int, num_decode: int, context_tokens: int, max_steps: int,
                               horizon_s: float) -> tuple[int, int, list[RequestState]]:

@@ -119,6 +119,70 @@ class DataParallelGroup:
         return StepPlan(step + 1, tuple(chunks), hits, tuple(preempted), num_bulk, bulk_context,
                         tuple(resynced), tuple(waited), tuple(plans))
 
+    # -- bulk group steps (the engine's fast path; same results as schedule() + finish_step()) --
+    def next_bulk_group_steps(self) -> list[tuple[int, int, int] | None] | None:
+        """Per rank, `VllmV1Scheduler.next_bulk_decode_steps` (None for a rank with no request, which
+        runs a dummy batch), when the next group step is bulk decodes only on every rank that has
+        requests; None otherwise (plan it with `schedule()`). Not with bulk decodes that may sit out
+        steps (`bulk_may_wait`)."""
+        shapes: list[tuple[int, int, int] | None] = []
+        busy = False
+        for rank in self.ranks:
+            if not rank.num_outstanding():
+                shapes.append(None)
+                continue
+            if rank.bulk_may_wait:
+                return None
+            shape = rank.next_bulk_decode_steps()
+            if shape is None:
+                return None
+            shapes.append(shape)
+            busy = True
+        return shapes if busy else None
+
+    def bulk_group_block_steps(self, num_steps: int) -> int:
+        """How many of the next `num_steps` bulk group steps find their KV blocks free on every
+        rank (each rank's `bulk_decode_block_steps`)."""
+        for rank in self.ranks:
+            if rank.num_outstanding() and num_steps > 0:
+                num_steps = rank.bulk_decode_block_steps(num_steps)
+        return num_steps
+
+    def run_bulk_group_steps(self, num_steps: int) -> tuple[list[RequestState], list[int]]:
+        """Run `num_steps` group steps of bulk decodes (`next_bulk_group_steps` described them;
+        at most the ranks' steps until a decode finishes and `bulk_group_block_steps`). They are
+        not `BulkDecodeScheduler` methods: the engine runs a group's bulk steps on their own path, each the
+        same as `schedule()` and `finish_step()` of its plan. Returns the requests that finished in
+        the last step (rank by rank, as `finish_step` lists them) and the group's used KV blocks
+        after each step (`kv_usage_frac`'s numerator)."""
+        if self._balance is not None:
+            # Every step's iteration sees the same counts: nothing is admitted or finishes before the last.
+            loads = [r.adp_load() for r in self.ranks]
+            release = True
+            for _ in range(num_steps):
+                release = self._balance.release(loads)
+            for r in self.ranks:
+                r.hold_new = not release
+        used = [0] * num_steps
+        finished: list[RequestState] = []
+        for rank in self.ranks:
+            n = rank.kv.num_blocks
+            if not rank.num_outstanding():
+                idle = n - rank.kv.num_free_blocks()
+                used = [u + idle for u in used]
+                continue
+            steps, done, free_after = rank.run_bulk_decode_steps(num_steps)
+            assert steps == num_steps, "a group's bulk steps fit every rank's blocks and finishes"
+            finished += done
+            used = [u + n - int(f) for u, f in zip(used, free_after, strict=True)]
+        self._step_id += num_steps
+        return finished, used
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """KV blocks of all ranks together (`kv_usage_frac`'s denominator)."""
+        return sum(rank.kv.num_blocks for rank in self.ranks)
+
     def oldest_sample_step(self) -> int | None:
         """The earliest step in which a bulk decode of any rank last sampled, when some may sit
         out steps (`VllmV1Scheduler.oldest_sample_step`); else None."""

@@ -211,3 +211,16 @@ def test_disaggregated_bulk_decodes_give_the_reference_results(backend: str) -> 
     bulk, ref = simulate(sc, limits=SimLimits(bulk_decode=True)), simulate(sc, limits=SimLimits(bulk_decode=False))
     assert bulk.records == ref.records and bulk.summary == ref.summary
     assert bulk.summary.num_completed == 120 and bulk.summary.num_preemptions > 0
+
+
+def test_disaggregated_attention_dp_decode_workers_bulk_steps_give_the_reference_results() -> None:
+    """Two decode workers of two attention-DP ranks each run their group steps in bulk between
+    transfers; the same results as stepping every rank's requests one by one."""
+    sc = _disagg({"num_workers": 2}, {"num_workers": 2, "engine": {"data_parallel_size": 2,
+                                                                   "enable_expert_parallel": True}},
+                 model={"name": "Qwen/Qwen3-30B-A3B"},
+                 workload={"num_prompts": 100, "request_rate": 20.0, "random_input_len": 600,
+                           "random_output_len": 120, "random_range_ratio": 0.5})
+    bulk, ref = simulate(sc, limits=SimLimits(bulk_decode=True)), simulate(sc, limits=SimLimits(bulk_decode=False))
+    assert bulk.records == ref.records and bulk.summary == ref.summary and bulk.kv_usage == ref.kv_usage
+    assert bulk.summary.num_completed == 100
