@@ -1,7 +1,7 @@
 """CPU time of simulating a fixed sample of `validate` rows, with their predictions for comparing codes.
 
     python benchmarks/bench_validate_rows.py [--backend B] [--family F] [--disaggregated yes|no|any]
-        [--suite dev|eval|any] [--tier T] [--sample N] [--json-out FILE]
+        [--suite dev|eval|any] [--tier T] [--sample N] [--match TEXT] [--json-out FILE]
 
 Loads the measured end-to-end rows (the shipped copy of `e2e/`), keeps the simulable ones that
 match the filters, takes `--sample` of them in a fixed hash order of their row ids (the same rows
@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
               and (args.backend == "any" or r.backend == args.backend)
               and (args.family == "any" or r.family == args.family)
               and (args.disaggregated == "any" or r.disaggregated == (args.disaggregated == "yes"))
-              and (args.suite == "any" or r.suite == args.suite)]
+              and (args.suite == "any" or r.suite == args.suite)
+              and all(m in r.label for m in args.match)]
     wanted.sort(key=lambda r: _order(r.row_id))
     sample = wanted[:args.sample]
     print(f"{len(wanted)} rows match; simulating {len(sample)} ({args.tier})", file=sys.stderr)
@@ -88,6 +89,8 @@ def main() -> None:
     ap.add_argument("--suite", default="dev", choices=("dev", "eval", "any"))
     ap.add_argument("--tier", default="cross-generation", choices=TIERS)
     ap.add_argument("--sample", type=int, default=8)
+    ap.add_argument("--match", action="append", default=[], metavar="TEXT",
+                    help="only rows whose label contains TEXT (repeatable: all must match)")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--compare", type=Path, nargs=2, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args()
