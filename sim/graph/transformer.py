@@ -106,7 +106,19 @@ def _pointwise(kind: KernelKind, name: str, tokens: int, width: int, dtype: DTyp
     )
 
 
+def pp_hops_across_domains(tp: int, pp: int, domain: int) -> int:
+    """How many of a pipeline's `pp - 1` stage-to-stage hops leave an NVLink domain of `domain`
+    GPUs, with vLLM's rank layout (tensor parallelism innermost: rank r of stage s is GPU
+    s * tp + r). A hop crosses when any rank's pair of GPUs lies in two domains."""
+    return sum(1 for stage in range(pp - 1)
+               if any((stage * tp + r) // domain != ((stage + 1) * tp + r) // domain for r in range(tp)))
+
+
 def collective_work(kind: KernelKind, name: str, message_bytes: float, group: int) -> KernelWork:
+    """A collective over `group` GPUs. Send/recv (pipeline hops) is point to point: its group is 2
+    inside an NVLink domain and `domain + 1`, the smallest group that leaves the domain, for a hop
+    between domains, which is what makes every pricing path take the inter-node link for it
+    (`HardwareSpec.link_for_group`, the collective model's intra/inter choice)."""
     return KernelWork(kind=kind, name=name, dtype=DType.BFLOAT16, comm_bytes=message_bytes,
                       group_size=group, shape=(int(message_bytes), group))
 
@@ -272,8 +284,15 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     all_reduce("mlp_all_reduce", num_layers)
 
     if s.pp > 1:
-        # vLLM sends hidden states and the residual to the next stage.
-        add(collective_work(KernelKind.SEND_RECV, "pp_send_recv", 2 * t * h * act_b, 2), s.pp - 1)
+        # vLLM sends hidden states and the residual to the next stage, over NVLink inside an NVLink
+        # domain (a node, or an NVL72 rack) and over the inter-node network between domains.
+        domain = hw.nvlink_domain()
+        across = pp_hops_across_domains(s.tp, s.pp, domain)
+        if s.pp - 1 - across:
+            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv", 2 * t * h * act_b, 2), s.pp - 1 - across)
+        if across:
+            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv_internode", 2 * t * h * act_b, domain + 1),
+                across)
     add(_pointwise(KernelKind.NORM, "final_norm", t, h, act, passes=2.0, flops_per_element=4.0))
     sampled = batch.num_sampled()
     if sampled:

@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.perf.collective_model import physics_prims
+from sim.perf.collective_model import nccl_time, physics_prims
 from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.kernel_features import (
     COLLECTIVE_FAMILIES,
@@ -122,6 +122,19 @@ def _physics_op(kind: KernelKind) -> str:
     return "send_recv" if kind is KernelKind.SEND_RECV else KIND_OP[kind]
 
 
+def network_p2p_efficiency(msg_bytes: np.ndarray, group: int, hw: HardwareSpec) -> np.ndarray:
+    """Efficiency (roofline / time) of a point-to-point send between NVLink domains (a pipeline hop
+    across nodes): NCCL's alpha-beta time over the inter-node link (`nccl_time`), without the
+    learned residual. The collective families are fitted on single-node measurements (NVLink and
+    PCIe inside one domain), and their residual extrapolated to a network hop is not physics
+    (7-20x the link's roofline for megabyte messages); the alpha-beta model is what is known.
+    Elementwise, so a row's value does not depend on its batch."""
+    m = np.maximum(np.asarray(msg_bytes, dtype=float), 1.0)
+    own = m / hw.inter_node_link.bandwidth_bytes_per_s
+    out: np.ndarray = np.clip(own / nccl_time("send_recv", m, float(group), hw).time_s, 1e-12, 1.0)
+    return out
+
+
 class FittedEfficiency:
     """`EfficiencyModel` backed by fitted per-family parameters; pure.
 
@@ -148,6 +161,9 @@ class FittedEfficiency:
 
     # -- single kernel -------------------------------------------------------------------------
     def efficiency(self, work: KernelWork, hw: HardwareSpec) -> Efficiency:
+        if work.kind is KernelKind.SEND_RECV and work.group_size > hw.nvlink_domain():
+            return Efficiency(float(network_p2p_efficiency(np.array([work.comm_bytes]), work.group_size, hw)[0]),
+                              Provenance.EXTRAPOLATED)
         if work.kind in TABLE_KINDS:
             values, codes = self._table_efficiency_columns(KernelColumns.of([work]), hw)
             return Efficiency(float(values[0]), Provenance(int(codes[0])))
@@ -247,6 +263,9 @@ class FittedEfficiency:
         (the MLP runs one stacked matrix-vector product per row, exactly as for one kernel, so the
         float32 hidden layers round the same way), to float64 rounding."""
         n = len(cols)
+        if cols.kind is KernelKind.SEND_RECV and cols.group_size > hw.nvlink_domain():
+            return (network_p2p_efficiency(cols.comm_bytes, cols.group_size, hw),
+                    np.full(n, int(Provenance.EXTRAPOLATED), dtype=np.int64))
         if cols.kind in TABLE_KINDS and n:
             return self._table_efficiency_columns(cols, hw)
         family = KIND_FAMILY.get(cols.kind)

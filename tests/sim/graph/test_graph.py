@@ -9,7 +9,7 @@ from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind
 from sim.graph.memory import kv_bytes_per_token, weight_bytes_per_gpu
 from sim.graph.moe import rank0_load
-from sim.graph.transformer import attention_keys
+from sim.graph.transformer import attention_keys, pp_hops_across_domains
 from sim.specs.scenario import scenario_from_dict
 
 
@@ -127,3 +127,48 @@ def test_sliding_window_layers_get_their_own_attention_nodes() -> None:
     assert names == {"attn_decode": 18, "attn_decode_swa": 18}
     swa = next(n for n in graph.nodes if n.work.name == "attn_decode_swa")
     assert swa.work.shape[2] == 128
+
+
+def test_pp_hops_leave_the_nvlink_domain_only_between_domains() -> None:
+    # vLLM's layout: rank r of stage s on GPU s * tp + r.
+    assert pp_hops_across_domains(tp=4, pp=2, domain=8) == 0  # both stages in one node
+    assert pp_hops_across_domains(tp=8, pp=2, domain=8) == 1  # a node per stage
+    assert pp_hops_across_domains(tp=4, pp=4, domain=8) == 1  # stages 1 -> 2 change nodes
+    assert pp_hops_across_domains(tp=3, pp=4, domain=8) == 2  # stage 1's GPUs 3-5 send to 6-8: GPU 8 is next node
+    assert pp_hops_across_domains(tp=8, pp=4, domain=72) == 0  # one NVL72 rack
+
+
+@pytest.mark.parametrize(("hardware", "tp", "pp", "intra", "inter"),
+                         [("h100_sxm", 4, 2, 1, 0), ("h100_sxm", 8, 2, 0, 1), ("h100_sxm", 4, 4, 2, 1),
+                          ("gb200", 8, 2, 1, 0)])
+def test_pipeline_hops_across_nodes_take_the_inter_node_link(hardware: str, tp: int, pp: int, intra: int,
+                                                             inter: int) -> None:
+    from sim.api import predict_step, step_graph
+    from sim.perf.roofline import roofline
+
+    sc = scenario_from_dict(scenario_dict(hardware={"name": hardware}, model={"name": "meta-llama/Llama-3.1-70B"},
+                                          engine={"tensor_parallel_size": tp, "pipeline_parallel_size": pp}),
+                            source="test")
+    batch = BatchShape(decode_context_tokens=(500,) * 64)
+    hops = {n.work.name: n for n in step_graph(sc, batch).nodes if n.work.kind is KernelKind.SEND_RECV}
+    assert (hops["pp_send_recv"].repeat if "pp_send_recv" in hops else 0) == intra
+    assert (hops["pp_send_recv_internode"].repeat if "pp_send_recv_internode" in hops else 0) == inter
+    message = 2 * 64 * 8192 * 2  # hidden states and residual, bf16
+    for name, link in (("pp_send_recv", sc.hardware.intra_node_link),
+                       ("pp_send_recv_internode", sc.hardware.inter_node_link)):
+        if name in hops:
+            assert hops[name].work.comm_bytes == message
+            assert roofline(hops[name].work, sc.hardware).network_s == message / link.bandwidth_bytes_per_s
+    if inter:
+        # The fitted tiers price a hop between domains by NCCL's alpha-beta model over the network
+        # (their collective residuals are fitted inside one node): slower than NVLink, near the link.
+        from sim.perf.collective_model import nccl_time
+
+        timing = predict_step(sc, batch)
+        hop = next(k.estimate for k in timing.kernels if k.estimate.work.name == "pp_send_recv_internode")
+        group = sc.hardware.nvlink_domain() + 1
+        assert hop.work.group_size == group and hop.provenance.name == "EXTRAPOLATED"
+        assert hop.time_s == pytest.approx(float(nccl_time("send_recv", message, group, sc.hardware).time_s[0]),
+                                           rel=1e-12)
+        assert message / sc.hardware.inter_node_link.bandwidth_bytes_per_s < hop.time_s < 3 * (
+            message / sc.hardware.inter_node_link.bandwidth_bytes_per_s)
