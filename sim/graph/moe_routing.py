@@ -14,6 +14,7 @@ MoE family's features (`sim.perf.table_kernels`).
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from typing import Final
@@ -76,8 +77,12 @@ def _power_law_counts(tokens: int, experts: int, topk: int, ep: int, alpha: floa
     return out
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
-    """(routed token-expert pairs, active experts, tokens of the heaviest expert) on EP rank 0."""
+    """(routed token-expert pairs, active experts, tokens of the heaviest expert) on EP rank 0.
+
+    Kept per argument tuple (a pure function of them; ~0.5 ms per power-law call, and a step's MoE
+    rows ask for it once to build the kernel and once to price it)."""
     local = max(experts // max(ep, 1), 1)
     tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
     if distribution.startswith("power_law_"):

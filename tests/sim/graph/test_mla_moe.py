@@ -172,3 +172,13 @@ def test_deepseek_r1_fp8_does_not_fit_eight_h100() -> None:
     # 79.5 GiB of FP8 weights per GPU: 683 GB over 8 GPUs (671B parameters, mostly one byte each)
     assert "79.51 GiB of weights per GPU" in rule and "683 GB over the 8 GPUs" in rule
     assert check_feasible(scenario(hardware="h200_sxm", tensor_parallel_size=8)).num_kv_blocks > 0
+
+
+def test_rank0_load_is_kept_per_shape_and_equals_a_fresh_draw() -> None:
+    from sim.graph.moe_routing import moe_rank0_load
+
+    args = (777, 256, 8, 8, "power_law_1.01")
+    first = moe_rank0_load(*args)
+    hits = moe_rank0_load.cache_info().hits
+    assert moe_rank0_load(*args) == first and moe_rank0_load.cache_info().hits == hits + 1
+    assert moe_rank0_load.__wrapped__(*args) == first  # seeded by the shape: the same draws afresh
