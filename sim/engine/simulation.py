@@ -426,7 +426,13 @@ class Simulation:
         assert isinstance(group, DataParallelGroup)
         pricer = replica.pricer
         limits = self._limits
+        last_step_s = replica.step_s
         while True:
+            horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
+            if horizon_s - self.now_s <= last_step_s:
+                # A step like the last one would end at or past the next event (in a decode pool,
+                # a KV transfer every step or two): not worth asking the ranks.
+                return []
             shapes = group.next_bulk_group_steps()
             if shapes is None:
                 return []
@@ -435,7 +441,6 @@ class Simulation:
             max_steps = group.bulk_group_block_steps(max_steps)
             if max_steps <= 0:
                 return []
-            horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
             groups, ends = pricer.group_decode_steps([(n, c) for n, c, _ in busy], self.now_s, max_steps, horizon_s,
                                                      limits.max_sim_time_s)
             steps = len(ends)
@@ -457,6 +462,7 @@ class Simulation:
                 for _ in range(n):
                     busy_s += step_s
             replica.busy_s = busy_s
+            last_step_s = groups[-1][1]
             total = group.num_kv_blocks
             replica.trace.extend_values(ends, [u / total for u in used])
             self.now_s = ends[-1]
