@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engine.pricer import DecodeRun, StepPricer
+from sim.engine.pricer import AnyKey, DecodeRun, GroupKey, StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.step_log import StepLog
 from sim.metrics.kv_usage import KvUsageTrace
@@ -447,21 +447,7 @@ class Simulation:
             if not steps:
                 return []
             finished, used = group.run_bulk_group_steps(steps)
-            counts, first_s, itl = pricer.counts, pricer.first_s, self.itl
-            num_decode = sum(s[0] for s in busy)
-            busy_s = replica.busy_s
-            for g, (key, step_s, first) in enumerate(groups):
-                n = min(groups[g + 1][2] if g + 1 < len(groups) else steps, steps) - first
-                if n <= 0:
-                    break
-                count = counts.get(key)
-                if count is None and first_s is not None:
-                    first_s[key] = ends[first - 1] if first else self.now_s
-                counts[key] = (count or 0) + n
-                itl[step_s] = itl.get(step_s, 0) + num_decode * n
-                for _ in range(n):
-                    busy_s += step_s
-            replica.busy_s = busy_s
+            self._count_step_groups(idx, groups, steps, sum(s[0] for s in busy), ends)
             last_step_s = groups[-1][1]
             total = group.num_kv_blocks
             replica.trace.extend_values(ends, [u / total for u in used])
@@ -487,23 +473,7 @@ class Simulation:
         if not ends:
             return 0, 0, []
         steps, finished, free_after = scheduler.run_bulk_decode_steps(len(ends))
-        counts = replica.pricer.counts
-        itl = self.itl
-        busy_s = replica.busy_s
-        step_log = self.step_log
-        for g, (key, step_s, first) in enumerate(groups):
-            last = groups[g + 1][2] if g + 1 < len(groups) else steps
-            n = min(last, steps) - first
-            if n <= 0:
-                break
-            counts[key] = counts.get(key, 0) + n
-            itl[step_s] = itl.get(step_s, 0) + num_decode * n
-            for _ in range(n):
-                busy_s += step_s
-            if step_log is not None:
-                step_log.add(replica=idx, start_s=ends[first - 1] if first else self.now_s, step_s=step_s,
-                             num_steps=n, end_s=ends[first + n - 1], key=key, num_preempted=0)
-        replica.busy_s = busy_s
+        self._count_step_groups(idx, groups, steps, num_decode, ends)
         num_blocks = scheduler.kv.num_blocks
         replica.trace.extend_values(ends[:steps], [(num_blocks - free) / num_blocks for free in free_after])
         self.now_s = ends[steps - 1]
@@ -511,6 +481,33 @@ class Simulation:
         if replica.ends is not None:
             _note_end(replica.ends, scheduler.step_id, ends[steps - 1], scheduler.oldest_sample_step())
         return len(ends), steps, finished
+
+    def _count_step_groups(self, idx: int, groups: Sequence[tuple[AnyKey, float, int]], steps: int,
+                           num_decode: int, ends: Sequence[float]) -> None:
+        """Count the first `steps` bulk steps priced one by one (`groups`: key, seconds and first
+        step of each run of steps with one key; `ends`: every step's end) on the replica: breakdown
+        counts (and each new key's first start when the pricer keeps them), inter-token latencies of
+        the `num_decode` decodes, busy time, step log."""
+        replica = self._replicas[idx]
+        counts, first_s, itl, step_log = replica.pricer.counts, replica.pricer.first_s, self.itl, self.step_log
+        busy_s = replica.busy_s
+        for g, (key, step_s, first) in enumerate(groups):
+            n = min(groups[g + 1][2] if g + 1 < len(groups) else steps, steps) - first
+            if n <= 0:
+                break
+            start_s = ends[first - 1] if first else self.now_s
+            count = counts.get(key)
+            if count is None and first_s is not None:
+                first_s[key] = start_s
+            counts[key] = (count or 0) + n
+            itl[step_s] = itl.get(step_s, 0) + num_decode * n
+            for _ in range(n):
+                busy_s += step_s  # the same running sum as step by step
+            if step_log is not None:
+                assert not isinstance(key, GroupKey), "groups run bulk steps only without a step log"
+                step_log.add(replica=idx, start_s=start_s, step_s=step_s, num_steps=n, end_s=ends[first + n - 1],
+                             key=key, num_preempted=0)
+        replica.busy_s = busy_s
 
     def _account_run(self, idx: int, run: DecodeRun, steps: int, free_after: np.ndarray) -> None:
         """Count `steps` bulk steps of `run` just run on the replica: breakdown, busy time, KV
