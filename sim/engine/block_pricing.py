@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,7 @@ layer's work follows the routed load, not a polynomial of the count)."""
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
 _MIN_BLOCK = 128
 _PROVENANCE = {int(p): p for p in Provenance}
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,35 +103,54 @@ class BuiltNodes(NodeTemplate):
 
 
 class PolynomialNodes(NodeTemplate):
-    """Nodes whose every numeric field is a polynomial of degree <= 2 in the count n, in Newton
-    form f(1) + d1 k + d2 k (k - 1) / 2 with k = n - 1 (d1, d2 the differences at counts 1, 2, 3),
-    evaluated exactly: the fields are integer-valued floats. Columns without building nodes per
-    count."""
+    """Nodes whose every numeric field is a polynomial of degree <= 2 in its row's count variable v,
+    in Newton form f(1) + d1 k + d2 k (k - 1) / 2 with k = v - 1 (d1, d2 the differences at v = 1,
+    2, 3), evaluated exactly: the fields are integer-valued floats. The variable is the count n, or,
+    for rows that carry one tensor-parallel rank's share of the tokens (the expert all-to-all and
+    the MoE-TP all-reduce move `ceil(t / tp)` tokens), q = ceil(n / divisor): such a row is no
+    polynomial of n, but is one of q, read off the nodes at n = 1, divisor + 1 and 2 divisor + 1.
+    Columns without building nodes per count."""
 
     def __init__(self, one: NodeList, two: NodeList, three: NodeList,
-                 rebuild: Mapping[KernelKind, Rebuild] | None = None) -> None:
+                 rebuild: Mapping[KernelKind, Rebuild] | None = None, *, divisor: int = 1,
+                 quotient: tuple[NodeList, NodeList] | None = None) -> None:
         """`rebuild`: kinds whose nodes only the shape follows the form for; their numeric fields
-        come from `rebuild(count-1 node, shape)` at each count (checked by `of` like the form)."""
+        come from `rebuild(count-1 node, shape)` at each count (checked by `of` like the form).
+        `quotient`: the nodes at n = divisor + 1 and 2 divisor + 1; a row whose n-form misses them
+        takes the form in q = ceil(n / divisor) (without them every row is in n)."""
         super().__init__(one)
         rows: dict[tuple[object, ...], int] = {}
         self.row_of = []
+        self.divisor = divisor
         self.coef: list[tuple[list[tuple[float, float, float]], list[tuple[int, int, int]]]] = []
+        self.in_quotient: list[bool] = []
+        """Per row, whether its variable is q = ceil(n / divisor) rather than n."""
         self.rebuilt: dict[int, tuple[KernelWork, Rebuild]] = {}
         """Rows rebuilt per count: their count-1 node and the rebuild."""
         rebuild = rebuild or {}
-        for (w1, _), (w2, _), (w3, _) in zip(one, two, three, strict=True):
-            f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
-            floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
-            shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
+        at_q = zip(*quotient, strict=True) if quotient is not None else ((None, None) for _ in one)
+        for (w1, _), (w2, _), (w3, _), (q2, q3) in zip(one, two, three, at_q, strict=False):
             again = rebuild.get(w1.kind)
+            floats, shape = _newton(w1, w2, w3)
+            in_q = False
+            if q2 is not None and q3 is not None and divisor > 1:
+                # The n-form at n = d + 1 and 2d + 1 (k = d and 2d): a row it misses is a row of q.
+                fits = all(_at(shape, k) == list(q[0].shape) for k, q in ((divisor, q2), (2 * divisor, q3)))
+                if again is None:
+                    fits = fits and all(_at(floats, k) == [getattr(q[0], f) for f in _FLOAT_FIELDS]
+                                        for k, q in ((divisor, q2), (2 * divisor, q3)))
+                if not fits:
+                    floats, shape = _newton(w1, q2[0], q3[0])
+                    in_q = True
             # Kernels alike but for the name are one row (priced once, as `StepPricer._priced` does).
             sig = (w1.kind, w1.dtype, w1.group_size, w1.variant, tuple(shape), again is not None,
-                   () if again is not None else tuple(floats))
+                   () if again is not None else tuple(floats), in_q)
             if sig not in rows:
                 rows[sig] = len(self.coef)
                 if again is not None:
                     self.rebuilt[len(self.coef)] = (w1, again)
                 self.coef.append((floats, shape))
+                self.in_quotient.append(in_q)
             self.row_of.append(rows[sig])
         self.num_rows = len(self.coef)
         self.deferred = frozenset(self.rebuilt)
@@ -152,22 +172,28 @@ class PolynomialNodes(NodeTemplate):
         return sorted(c for c in points if 3 < c <= top)
 
     @staticmethod
-    def of(build: Callable[[int], NodeList], top: int,
-           rebuild: Mapping[KernelKind, Rebuild] | None = None) -> PolynomialNodes | None:
+    def of(build: Callable[[int], NodeList], top: int, rebuild: Mapping[KernelKind, Rebuild] | None = None,
+           divisor: int = 1) -> PolynomialNodes | None:
         """The form of `build` on counts 1..top, or None if `build(n)` departs from it at any check
-        (a rebuilt node: if its shape departs from the form or its rebuild from the real node)."""
+        (a rebuilt node: if its shape departs from the form or its rebuild from the real node).
+        `divisor`: the tensor-parallel size that rows of q = ceil(n / divisor) divide by."""
         one, two, three = build(1), build(2), build(3)
-        poly = PolynomialNodes(one, two, three, rebuild)
-        if not (poly.same_nodes(two) and poly.same_nodes(three)):
+        quotient = None
+        if divisor > 1 and 2 * divisor + 1 <= top:
+            quotient = (build(divisor + 1), build(2 * divisor + 1))
+        poly = PolynomialNodes(one, two, three, rebuild, divisor=divisor, quotient=quotient)
+        if not (poly.same_nodes(two) and poly.same_nodes(three)
+                and (quotient is None or all(poly.same_nodes(q) for q in quotient))):
             return None
-        for n in ([2, 3] if poly.rebuilt else []) + PolynomialNodes.checks(top):
+        extra = [divisor + 1, 2 * divisor + 1] if quotient is not None else []
+        for n in ([2, 3] if poly.rebuilt or quotient else []) + extra + PolynomialNodes.checks(top):
             real = build(n) if n > 3 else (two if n == 2 else three)
             if not poly.same_nodes(real):
                 return None
-            k, tri = n - 1, (n - 1) * (n - 2) // 2
             for (work, _), row in zip(real, poly.row_of, strict=True):
                 floats, shape = poly.coef[row]
-                at = [a + d1 * k + d2 * tri for a, d1, d2 in shape]
+                k = (-(-n // divisor) if poly.in_quotient[row] else n) - 1
+                at = _at(shape, k)
                 if list(work.shape) != at:
                     return None
                 again = poly.rebuilt.get(row)
@@ -177,30 +203,51 @@ class PolynomialNodes(NodeTemplate):
                             (work.kind, work.dtype, work.group_size, work.variant, work.shape) or \
                             [getattr(made, f) for f in _FLOAT_FIELDS] != [getattr(work, f) for f in _FLOAT_FIELDS]:
                         return None
-                elif [getattr(work, f) for f in _FLOAT_FIELDS] != [a + d1 * k + d2 * tri for a, d1, d2 in floats]:
+                elif [getattr(work, f) for f in _FLOAT_FIELDS] != _at(floats, k):
                     return None
         return poly
 
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
         kind, _, dtype, group, _, variant, _ = self.nodes[self.row_of.index(rows[0])]
-        k = ns - 1
-        tri = k * (k - 1) // 2
+        k_n = ns - 1
+        k_q = -(-ns // self.divisor) - 1
+        ks = [(k_q if self.in_quotient[r] else k_n) for r in rows]
+        tris = [k * (k - 1) // 2 for k in ks]
         if rows[0] in self.rebuilt:  # a group is one kind: all its rows are rebuilt
             made = []
-            for r in rows:
+            for r, k, tri in zip(rows, ks, tris, strict=True):
                 first, again = self.rebuilt[r]
                 shape = np.stack([a + d1 * k + d2 * tri for a, d1, d2 in self.coef[r][1]], axis=1).tolist()
                 made += [again(first, tuple(s)) for s in shape]
             return KernelColumns.of(made)
-        kf, trif = k.astype(float), tri.astype(float)
-        floats = [np.concatenate([a + d1 * kf + d2 * trif for a, d1, d2 in (self.coef[r][0][i] for r in rows)])
+        kfs = [k.astype(float) for k in ks]
+        trifs = [tri.astype(float) for tri in tris]
+        floats = [np.concatenate([a + d1 * kf + d2 * trif for (a, d1, d2), kf, trif in
+                                  zip((self.coef[r][0][i] for r in rows), kfs, trifs, strict=True)])
                   for i in range(len(_FLOAT_FIELDS))]
         ndim = len(self.coef[rows[0]][1])
-        shape = tuple(np.concatenate([a + d1 * k + d2 * tri for a, d1, d2 in (self.coef[r][1][i] for r in rows)])
+        shape = tuple(np.concatenate([a + d1 * k + d2 * tri for (a, d1, d2), k, tri in
+                                      zip((self.coef[r][1][i] for r in rows), ks, tris, strict=True)])
                       for i in range(ndim))
         by_name = dict(zip(_FLOAT_FIELDS, floats, strict=True))
         return KernelColumns(kind=kind, dtype=dtype, group_size=group, shape=shape,
                              variants=(variant,) * len(floats[0]) if variant else (), **by_name)
+
+
+def _newton(w1: KernelWork, w2: KernelWork, w3: KernelWork
+            ) -> tuple[list[tuple[float, float, float]], list[tuple[int, int, int]]]:
+    """Newton coefficients (f(1), d1, d2) of every float field and shape entry from the nodes at
+    variable values 1, 2 and 3."""
+    f1, f2, f3 = ([getattr(w, f) for f in _FLOAT_FIELDS] for w in (w1, w2, w3))
+    floats = [(a, b - a, c - 2.0 * b + a) for a, b, c in zip(f1, f2, f3, strict=True)]
+    shape = [(a, b - a, c - 2 * b + a) for a, b, c in zip(w1.shape, w2.shape, w3.shape, strict=True)]
+    return floats, shape
+
+
+def _at(coef: list[tuple[_N, _N, _N]], k: int) -> list[_N]:
+    """The Newton form's values at k = v - 1."""
+    tri = k * (k - 1) // 2
+    return [a + d1 * k + d2 * tri for a, d1, d2 in coef]
 
 
 @dataclass(slots=True)
@@ -325,19 +372,42 @@ class BlockPricer:
 
     def _complete(self, pending: _Pending, j: int, n: int) -> Part:
         """The part of count `n` (column `j` of a window with deferred rows): its deferred rows priced
-        now, then summed as a window's columns are (elementwise, so the same numbers)."""
+        now, then summed as a window's columns are (the same operations in the same order, so the
+        same numbers). Completing a run of neighbouring columns in the same calls was tried: the
+        routing draw each rebuilt MoE row needs (~0.4 ms a count) made the counts never asked for
+        cost about what the saved per-call overhead gained."""
         template = self._template
         assert template is not None
         one = np.array([n], dtype=np.int64)
-        times, provs = pending.times[:, j:j + 1].copy(), pending.provs[:, j:j + 1].copy()
+        times, provs = pending.times[:, j].copy(), pending.provs[:, j].copy()
         for rows in pending.groups:
             t, p = self._cost.estimate_columns(template.columns(rows, one))
-            times[rows] = t.reshape(len(rows), 1)
-            provs[rows] = p.reshape(len(rows), 1)
-        block = self._sums(times, provs)
-        return Part(labels=self._labels, seconds=block.seconds[:, 0], gpu_s=block.gpu_s[0], comm_s=block.comm_s[0],
-                    num_launches=self._launches, short_kernel_gap_s=block.short_kernel_gap_s[0],
-                    worst_provenance=block.worst[0])
+            times[rows] = t
+            provs[rows] = p
+        return self._one(times, provs)
+
+    def _one(self, times: np.ndarray, provs: np.ndarray) -> Part:
+        """`_sums` of one column, on Python floats (the same operations in the same order; numpy's
+        per-call cost on one-element arrays is most of the work otherwise)."""
+        template = self._template
+        assert template is not None
+        time_of, prov_of = times.tolist(), provs.tolist()
+        eager = self._eager
+        seconds = []
+        gpu = comm = gap = 0.0
+        worst = int(Provenance.MEASURED)
+        for (kind, *_, repeat), row in zip(template.nodes, template.row_of, strict=True):
+            time_s = time_of[row]
+            sec = time_s * repeat
+            seconds.append(sec)
+            if kind.is_collective():
+                comm += sec
+            else:
+                gpu += sec
+            gap += max(0.0, eager - time_s) * repeat
+            worst = max(worst, prov_of[row])
+        return Part(labels=self._labels, seconds=np.array(seconds), gpu_s=gpu, comm_s=comm,
+                    num_launches=self._launches, short_kernel_gap_s=gap, worst_provenance=_PROVENANCE[worst])
 
     def _sums(self, times: np.ndarray, provs: np.ndarray) -> _Block:
         """Parts' totals from per-row launch times and provenance codes (rows x counts)."""

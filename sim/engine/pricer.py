@@ -111,6 +111,9 @@ class StepPricer:
         self._bucket = decode_context_bucket_tokens
         self._memo: dict[AnyKey, float] = {}
         """Step seconds per key (no more entries than `counts`)."""
+        self._rank_steps: dict[tuple[StepKey, int | None], tuple[float, list[Part], HostCost]] = {}
+        """Group steps' rank prices by (rank key, token key): a group's ranks repeat their shapes
+        far more often than the group does (its key is every rank's)."""
         self._key_parts: dict[AnyKey, tuple[list[Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown; a group step's are its
         slowest rank's)."""
@@ -392,8 +395,12 @@ class StepPricer:
             decode_only = decode_only and not prefills
         token_key = -most if self._decode_modes and decode_only else most
         slowest = -1.0
+        memo = self._rank_steps
         for rank_key in key.ranks:
-            step_s, parts, host = self._rank_step(rank_key, token_key)
+            priced = memo.get((rank_key, token_key))
+            if priced is None:
+                priced = memo[(rank_key, token_key)] = self._rank_step(rank_key, token_key)
+            step_s, parts, host = priced
             if step_s > slowest:
                 slowest, chosen = step_s, (parts, host)
         self._key_parts[key] = chosen

@@ -149,10 +149,12 @@ class PartNodes:
         prefill parts, its running-request cap for sampling and decode parts)."""
 
         rebuild: dict[KernelKind, Rebuild] = {KernelKind.MOE: self._moe_at}
+        # Rows that move one tensor-parallel rank's share of the tokens are polynomials of ceil(n / tp).
+        tp = self._sc.engine.tensor_parallel_size
 
         def polynomial(build: Callable[[int], NodeList], fallback: bool = False) -> Callable[[], NodeTemplate | None]:
             def make() -> NodeTemplate | None:
-                poly = PolynomialNodes.of(build, top, rebuild)
+                poly = PolynomialNodes.of(build, top, rebuild, divisor=tp)
                 return poly if poly is not None or not fallback else BuiltNodes(build)
             return make
 

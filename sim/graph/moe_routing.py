@@ -44,35 +44,45 @@ def _balanced_counts(tokens: int, experts: int, topk: int) -> np.ndarray:
 
 
 def _power_law_counts(tokens: int, experts: int, topk: int, ep: int, alpha: float,
-                      rng: np.random.Generator) -> np.ndarray:
-    """One draw of the collector's power-law token counts per expert, heaviest EP group first."""
+                      rng: np.random.Generator, draws: int = 1) -> np.ndarray:
+    """`draws` successive draws of the collector's power-law token counts per expert, heaviest EP
+    group first (draws x experts). Row i is the i-th draw of one-at-a-time calls on the same
+    generator (`rng.random` fills in order; the rest is row-wise), so the draws run as one array."""
     lo, hi = (1.0, tokens * 0.8) if tokens * topk > experts else (0.01, 2.0)
-    u = rng.random(experts)
+    u = rng.random((draws, experts))
     if abs(1.0 - alpha) < 1e-9:
         x = lo * (hi / lo) ** u
     else:
         x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
     target = tokens * topk
-    counts = np.round(x / x.sum() * target).astype(np.int64)
-    delta = int(target - counts.sum())
-    order = np.argsort(-counts, kind="stable")
-    if delta > 0:
-        counts += delta // experts
-        counts[order[: delta % experts]] += 1
-    for i in range(-delta if delta < 0 else 0):
-        k = order[-(i % experts) - 1]
-        if counts[k] > 0:
-            counts[k] -= 1
-        else:
-            counts[int(np.argmax(counts))] -= 1
+    # Each row summed on its own: the order of a one-dimensional sum (pairwise), whatever the draws.
+    sums = np.array([row.sum() for row in x])
+    counts = np.round(x / sums[:, None] * target).astype(np.int64)
+    orders = np.argsort(-counts, axis=1, kind="stable")
+    for c, order, total in zip(counts, orders, counts.sum(1).tolist(), strict=True):
+        delta = target - total
+        if delta > 0:
+            c += delta // experts
+            c[order[: delta % experts]] += 1
+        elif delta < 0:
+            # Rounding up overshot by < experts pairs: take one from each of the lightest experts
+            # (from the heaviest where a light one has none), on a list for speed.
+            values = c.tolist()
+            for i in range(-delta):
+                k = int(order[-(i % experts) - 1])
+                if values[k] > 0:
+                    values[k] -= 1
+                else:
+                    values[values.index(max(values))] -= 1  # the first heaviest, as argmax picks
+            c[:] = values
     group = max(experts // max(ep, 1), 1)
     usable = group * (experts // group)
-    sums = counts[:usable].reshape(-1, group).sum(1)
-    heavy = int(np.argmax(sums))
-    if heavy:
-        g = counts[:usable].reshape(-1, group).copy()
-        g[[0, heavy]] = g[[heavy, 0]]
-        counts[:usable] = g.ravel()
+    grouped = counts[:, :usable].reshape(draws, -1, group)
+    for i, heavy in enumerate(grouped.sum(2).argmax(1).tolist()):
+        if heavy:
+            g = grouped[i].copy()
+            g[[0, heavy]] = g[[heavy, 0]]
+            counts[i, :usable] = g.ravel()
     out: np.ndarray = counts.astype(float)
     return out
 
@@ -89,9 +99,9 @@ def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: 
         alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
         seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
         rng = np.random.default_rng(seed)
-        draws = [_power_law_counts(tokens, experts, topk, ep, alpha, rng)[:local] for _ in range(POWER_LAW_DRAWS)]
-        return (float(np.mean([d.sum() for d in draws])), float(np.mean([(d > 0).sum() for d in draws])),
-                float(np.mean([d.max() for d in draws])))
+        draws = _power_law_counts(tokens, experts, topk, ep, alpha, rng, POWER_LAW_DRAWS)[:, :local]
+        # Integer-valued per draw, so their means are exact in any order of summation.
+        return (float(draws.sum(1).mean()), float((draws > 0).sum(1).mean()), float(draws.max(1).mean()))
     c = _balanced_counts(tokens, experts, topk)[:local]
     return float(c.sum()), float((c > 0).sum()), float(c.max())
 
@@ -105,7 +115,7 @@ def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribut
     if distribution.startswith("power_law_"):
         alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
         seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
-        counts = _power_law_counts(tokens, experts, topk, ep, alpha, np.random.default_rng(seed))[:local]
+        counts = _power_law_counts(tokens, experts, topk, ep, alpha, np.random.default_rng(seed))[0, :local]
     else:
         counts = _balanced_counts(tokens, experts, topk)[:local]
     out: np.ndarray = np.minimum(counts, tokens).astype(np.int64)

@@ -82,6 +82,8 @@ def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str)
      "engine.data_parallel_size": 8, "engine.enable_expert_parallel": True},
     {"model.name": "zai-org/GLM-5", "hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8,
      "engine.quantization": "fp8"},
+    {"model.name": "deepseek-ai/DeepSeek-R1", "hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8,
+     "engine.enable_expert_parallel": True},
 ])
 def test_block_pricing_other_models_and_parallelism(overrides: dict[str, Any]) -> None:
     _compare(load_scenario(LLAMA70, overrides), vectorised=True)
@@ -263,3 +265,60 @@ def test_a_rebuild_that_departs_from_the_real_nodes_is_refused() -> None:
         work = nodes._moe_at(first, shape)
         return dataclasses.replace(work, flops=work.flops * (1.0 + 1e-15 * (shape[0] > 700)))
     assert PolynomialNodes.of(nodes.token, top, {KernelKind.MOE: off}) is None
+
+
+@pytest.mark.parametrize("moe_tp", [None, 2])
+def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int | None) -> None:
+    """With attention TP 8 and expert parallelism, the expert all-to-all (and with MoE-TP the MoE-TP
+    all-reduce) moves ceil(t / 8) tokens: no polynomial of t, one of ceil(t / 8). The token family
+    is block priced with those rows in the quotient, not priced count by count."""
+    overrides: dict[str, Any] = {"model.name": "deepseek-ai/DeepSeek-R1", "hardware.name": "h200_sxm",
+                                 "engine.tensor_parallel_size": 8, "engine.enable_expert_parallel": True}
+    if moe_tp is not None:
+        overrides["engine.moe_tensor_parallel_size"] = moe_tp
+    sc = load_scenario(LLAMA70, overrides)
+    nodes = _pricers(sc)[0]._prices.nodes
+    top = 8192
+    rebuild = {KernelKind.MOE: nodes._moe_at}
+    assert PolynomialNodes.of(nodes.token, top, rebuild) is None  # in t alone: no form
+    template = PolynomialNodes.of(nodes.token, top, rebuild, divisor=8)
+    assert template is not None
+    quotient = {template.nodes[template.row_of.index(r)][1] for r in range(template.num_rows)
+                if template.in_quotient[r]}
+    assert quotient == ({"moe_all_to_all"} if moe_tp is None else {"moe_all_to_all", "moe_tp_all_reduce"})
+    # A row whose shape is ceil(t / 8) everywhere but one count is refused.
+    def off(n: int) -> Any:
+        out = nodes.token(n)
+        if n == 4096:
+            out = [(dataclasses.replace(w, comm_bytes=w.comm_bytes + 1.0) if w.name == "moe_all_to_all" else w, r)
+                   for w, r in out]
+        return out
+    assert PolynomialNodes.of(off, top, rebuild, divisor=8) is None
+    block, _ = _pricers(sc)
+    for t in (100, 101, 5000):
+        block.step_s((((t, 0, True),), 0, 0))
+    assert block._blocks is not None
+    assert isinstance(block._blocks[("token",)]._template, PolynomialNodes)
+    _compare(sc, vectorised=True)
+
+
+def test_one_column_sums_equal_a_windows_sums_bitwise() -> None:
+    """A count completed alone (`BlockPricer._one`, Python floats) sums its nodes exactly as a window's
+    columns are summed (`_sums`, numpy): same operations, same order."""
+    import numpy as np
+
+    sc = load_scenario(MIXTRAL)
+    prices = _pricers(sc)[0]._prices
+    pricer = prices.nodes.block_pricer(("token",), prices.cost, 5e-6, 8192)
+    assert pricer.has_template() and pricer._template is not None
+    rows = pricer._template.num_rows
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        times = rng.uniform(1e-7, 1e-4, size=(rows, 3)) * rng.choice([1e-3, 1.0, 10.0], size=(rows, 3))
+        provs = rng.integers(0, 5, size=(rows, 3))
+        block = pricer._sums(times, provs)
+        for j in range(3):
+            one = pricer._one(times[:, j].copy(), provs[:, j].copy())
+            assert np.asarray(one.seconds).tolist() == block.seconds[:, j].tolist()
+            assert (one.gpu_s, one.comm_s, one.short_kernel_gap_s, one.worst_provenance) == \
+                (block.gpu_s[j], block.comm_s[j], block.short_kernel_gap_s[j], block.worst[j])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import scenario_dict
 
@@ -182,3 +183,51 @@ def test_rank0_load_is_kept_per_shape_and_equals_a_fresh_draw() -> None:
     hits = moe_rank0_load.cache_info().hits
     assert moe_rank0_load(*args) == first and moe_rank0_load.cache_info().hits == hits + 1
     assert moe_rank0_load.__wrapped__(*args) == first  # seeded by the shape: the same draws afresh
+
+
+def _one_power_law_draw(tokens: int, experts: int, topk: int, ep: int, alpha: float,
+                        rng: np.random.Generator) -> np.ndarray:
+    """The collector's power-law draw written out one draw at a time (the reference the
+    vectorised `_power_law_counts` must equal, draw for draw)."""
+    lo, hi = (1.0, tokens * 0.8) if tokens * topk > experts else (0.01, 2.0)
+    u = rng.random(experts)
+    if abs(1.0 - alpha) < 1e-9:
+        x = lo * (hi / lo) ** u
+    else:
+        x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
+    target = tokens * topk
+    counts = np.round(x / x.sum() * target).astype(np.int64)
+    delta = int(target - counts.sum())
+    order = np.argsort(-counts, kind="stable")
+    if delta > 0:
+        counts += delta // experts
+        counts[order[: delta % experts]] += 1
+    for i in range(-delta if delta < 0 else 0):
+        k = order[-(i % experts) - 1]
+        if counts[k] > 0:
+            counts[k] -= 1
+        else:
+            counts[int(np.argmax(counts))] -= 1
+    group = max(experts // max(ep, 1), 1)
+    usable = group * (experts // group)
+    sums = counts[:usable].reshape(-1, group).sum(1)
+    heavy = int(np.argmax(sums))
+    if heavy:
+        g = counts[:usable].reshape(-1, group).copy()
+        g[[0, heavy]] = g[[heavy, 0]]
+        counts[:usable] = g.ravel()
+    return counts.astype(float)
+
+
+@pytest.mark.parametrize("experts,topk,ep,alpha", [
+    (256, 8, 8, 1.01), (128, 8, 4, 1.2), (64, 6, 1, 1.01), (8, 2, 2, 1.5), (160, 6, 16, 1.0), (384, 8, 64, 1.01),
+])
+def test_power_law_draws_run_as_one_array_equal_one_at_a_time(experts: int, topk: int, ep: int,
+                                                              alpha: float) -> None:
+    from sim.graph.moe_routing import POWER_LAW_DRAWS, _power_law_counts
+
+    for tokens in (*range(1, 40), 100, 257, 1000, 4096, 30000):
+        fast = _power_law_counts(tokens, experts, topk, ep, alpha, np.random.default_rng(tokens), POWER_LAW_DRAWS)
+        rng = np.random.default_rng(tokens)
+        slow = [_one_power_law_draw(tokens, experts, topk, ep, alpha, rng) for _ in range(POWER_LAW_DRAWS)]
+        assert fast.tolist() == [d.tolist() for d in slow], tokens
