@@ -1,17 +1,22 @@
 """Block pricing: the parts of one family, a kernel-node list indexed by a count n >= 1, priced
 for many counts at once (used when the efficiency model prices columns, `ColumnEfficiencyModel`).
 
-From the second part of a family a run asks for (the run prices the first count by count), a miss
-prices every unpriced count of an aligned window around it (128 counts first, then as wide as the
-counts the family has priced, so short runs price little and long runs make few calls) in one
-vectorised kernel-model call per kernel kind, and keeps them. The kernel fields of the step parts
-are polynomials of degree <= 2 in the count (GEMM m, pointwise tokens, collective bytes and decode
-batch are linear; prefill attention FLOPs quadratic): their columns come from the nodes at counts
-1, 2 and 3, after an exact check against the real nodes at enough other counts to rule out a second
-piece (`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
-caller (MoE: expected experts hit), or, where the family asks for it (prefill attention with a
-sliding window), with nodes built per count and the kernel model vectorised (`BuiltNodes`). Prices
-equal count-by-count pricing to float rounding (tests compare them, per step and in the breakdown).
+From the `BLOCK_FROM_ASK`-th part of a family a run asks for (the run prices the first ones
+alone, `sim.engine.pricer`), a miss prices every unpriced count of an aligned window around it
+(128 counts first, then as wide as the counts the family has priced, so short runs price little
+and long runs make few calls) in one vectorised kernel-model call per kernel kind, and keeps them.
+The kernel fields of the step parts are polynomials of degree <= 2 in the count (GEMM m, pointwise
+tokens, collective bytes and decode batch are linear; prefill attention FLOPs quadratic): their
+columns come from the nodes at counts 1, 2 and 3 (or, for rows that carry one TP rank's share of
+the tokens, of ceil(n / tp)), after an exact check against the real nodes at enough other counts to
+rule out a second piece
+(`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
+caller, or, where the family asks for it (prefill attention with a sliding window), with nodes built
+per count and the kernel model vectorised (`BuiltNodes`); rows that are no polynomial but are
+rebuilt from their count-1 node (the fused MoE layer: expected experts hit) are priced per count
+asked (`NodeTemplate.deferred`). Prices are bitwise those of a part priced alone through the same
+column path (`PartPrices.priced`), and equal the kernel model's scalar path to float rounding
+(tests compare them, per step and in the breakdown).
 A count's block price is bitwise the same in any window: the kernel model's column arithmetic is
 elementwise or one product per row (`sim.perf.learners.row_products`), never one BLAS call whose
 rounding of a row depends on the number of rows. So a pricer may serve many runs, and a run whose

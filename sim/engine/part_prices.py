@@ -1,12 +1,12 @@
 """Priced step parts, shareable by every run with the same pricing identity (a sweep worker's trials).
 
-A part's price is a function of what it is, never of the run that asked for it, with one
-exception that stays in the run (`StepPricer`): the first part a run asks of a family is priced
-count by count, the later ones by block pricing (the two agree to ~1e-15, not bitwise). So this
-holds both kinds, each keyed by the part alone:
+A part's price is a function of what it is, never of the run that asked for it: a run prices a
+family's first few counts alone and the later ones by block pricing (`StepPricer`), and with a
+column kernel model the two are the same bits. This holds both kinds, each keyed by the part alone:
 
-- `priced(nodes)`: count by count, each kernel priced once per signature (the kernel model's
-  scalar path), and `scalar_part(family, n, build)` memoizing those per part;
+- `priced(nodes)`: one part alone, each kernel priced once per signature, through the kernel
+  model's column path when it has one (else its scalar path), and `scalar_part(family, n, build)`
+  memoizing those per part;
 - `block_pricer(family, top)`: block pricing (`sim.engine.block_pricing`). A count's price does
   not depend on the window it is priced in nor on the counts priced before it (the kernel model's
   column arithmetic is row by row; tests price families in different orders and in narrow and
@@ -31,7 +31,8 @@ from dataclasses import replace
 
 from sim.engine.block_pricing import BlockPricer, NodeList, Part, PartSource
 from sim.engine.step_parts import PartFamily, PartNodes
-from sim.perf.efficiency import EfficiencyModel
+from sim.graph.kernels import KernelWork
+from sim.perf.efficiency import EfficiencyModel, KernelColumns
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 from sim.serde import config_hash
@@ -39,6 +40,7 @@ from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario
 
 _WorkSignature = tuple[object, ...]
+_PROVENANCE = {int(p): p for p in Provenance}
 
 SCHEDULING_ONLY_FIELDS = (
     "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -116,18 +118,20 @@ class PartPrices:
         return part
 
     def priced(self, nodes: NodeList) -> Part:
+        """The part of these nodes, each kernel priced once per signature: through the kernel model's
+        column path when it has one (so a count priced alone is bitwise the price block pricing
+        gives it: the same arithmetic, row by row), else kernel by kernel."""
         if len(self._by_signature) >= self._max_parts:
             self._by_signature.clear()
+        if self.block_pricing:
+            self._price_columns([w for w, _ in nodes])
         labels, secs = [], []
         gpu = comm = gap = 0.0
         launches = 0
         worst = Provenance.MEASURED
         eager_launch_s = self.eager_launch_s
         for work, repeat in nodes:
-            # Time does not depend on the kernel's name: kernels alike but for it share a price.
-            signature = (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes,
-                         work.kv_read_bytes, work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape,
-                         work.variant)
+            signature = _signature(work)
             priced = self._by_signature.get(signature)
             if priced is None:
                 est = self.cost.estimate(work)
@@ -146,6 +150,27 @@ class PartPrices:
             worst = max(worst, provenance)
         return Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
                     short_kernel_gap_s=gap, worst_provenance=worst)
+
+    def _price_columns(self, works: list[KernelWork]) -> None:
+        """Price the works without a price yet, one column call per kernel group (kind, dtype, group
+        size, shape length, variant: `NodeTemplate.groups`' grouping)."""
+        groups: dict[tuple[object, ...], dict[_WorkSignature, KernelWork]] = {}
+        known = self._by_signature
+        for work in works:
+            signature = _signature(work)
+            if signature not in known:
+                key = (work.kind, work.dtype, work.group_size, len(work.shape), work.variant)
+                groups.setdefault(key, {})[signature] = work
+        for group in groups.values():
+            times, provs = self.cost.estimate_columns(KernelColumns.of(list(group.values())))
+            for signature, time_s, prov in zip(group, times.tolist(), provs.tolist(), strict=True):
+                known[signature] = (time_s, _PROVENANCE[prov])
+
+
+def _signature(work: KernelWork) -> _WorkSignature:
+    """What a kernel's time depends on (not its name: kernels alike but for it share a price)."""
+    return (work.kind, work.dtype, work.flops, work.weight_bytes, work.activation_bytes, work.kv_read_bytes,
+            work.kv_write_bytes, work.comm_bytes, work.group_size, work.shape, work.variant)
 
 
 class PriceCache:

@@ -11,10 +11,11 @@ the loop.
 
 A part not seen before is priced with its family's block pricer when the efficiency model prices
 columns (`sim.engine.block_pricing`: many counts in one vectorised call per kernel kind), else, and
-where block pricing does not apply, count by count; the first part a run asks of each family is
-priced count by count too. Priced parts live in a `PartPrices` (`sim.engine.part_prices`), which
-a long-lived caller shares between runs of the same pricing identity (`PriceCache`): the run's
-prices are the same either way.
+where block pricing does not apply, count by count; a family's first `BLOCK_FROM_ASK - 1` counts
+are priced alone too, through the same column arithmetic, so the prices are the same bits either
+way. Priced parts live in a `PartPrices` (`sim.engine.part_prices`), which a long-lived caller
+shares between runs of the same pricing identity (`PriceCache`): the run's prices are the same
+either way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -51,6 +52,11 @@ _TOKEN: PartFamily = ("token",)
 _DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
 _SAMPLING: PartFamily = ("sampling",)
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
+BLOCK_FROM_ASK: Final = 8
+"""A family is block priced from the count it is asked for this many times on (`_new_part`): a
+template and a first window (~5 ms for an MLA prefill family) cost about what pricing four or five
+counts alone does (~1.3 ms each), and most of a disaggregated run's prefill families (one context
+each) are asked for fewer than eight counts."""
 """Host time of vLLM's ngram proposer per request per step (an assumption: a numba n-gram match over
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
@@ -145,8 +151,10 @@ class StepPricer:
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self.worst_provenance = Provenance.MEASURED
         self._blocks: dict[PartFamily, PartSource | None] | None = {} if prices.block_pricing else None
-        """This run's families: the first part of each is priced count by count (absent
-        before), later ones by the family's block pricer (None where it has none)."""
+        """This run's block-priced families: the family's block pricer (None where it has none);
+        absent while the family has been asked for fewer than `BLOCK_FROM_ASK` counts."""
+        self._asks: dict[PartFamily, int] = {}
+        """Counts asked per family not yet block priced."""
         self._tops = (scenario.engine.max_num_batched_tokens,
                       min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
         self._k = scenario.engine.num_speculative_tokens()
@@ -503,20 +511,26 @@ class StepPricer:
         return part
 
     def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
-        """The part of count `n` of `family`, first asked for in this run: by block pricing from
-        the family's second part on, else (and where block pricing does not apply) count by count."""
+        """The part of count `n` of `family`, first asked for in this run: alone (its nodes built and
+        priced) for the family's first `BLOCK_FROM_ASK - 1` counts, by block pricing from then on
+        (the two give the same bits when the kernel model prices columns: `PartPrices.priced`).
+        Families asked for a few times (a prompt's chunks at one context, a decode pool's one-token
+        prefills at a new context) never pay for a template and a window of counts they do not use."""
         part = None
         blocks = self._blocks
         if blocks is not None:
-            if family in blocks:
-                pricer = blocks[family]
-                if pricer is not None:
-                    part = pricer.part(n)
-            else:
-                kind = family[1] if family[0] == "draft" else family[0]
-                top = self._tops[0] if kind in ("token", "prefill") else self._tops[1]
-                assert top is not None
-                blocks[family] = self._prices.block_pricer(family, top)
+            pricer = blocks.get(family)
+            if pricer is not None:
+                part = pricer.part(n)
+            elif family not in blocks:
+                asks = self._asks[family] = self._asks.get(family, 0) + 1
+                if asks >= BLOCK_FROM_ASK:
+                    kind = family[1] if family[0] == "draft" else family[0]
+                    top = self._tops[0] if kind in ("token", "prefill") else self._tops[1]
+                    assert top is not None
+                    pricer = blocks[family] = self._prices.block_pricer(family, top)
+                    if pricer is not None:
+                        part = pricer.part(n)
         if part is None:
             part = self._prices.scalar_part(family, n, build)
         if part.worst_provenance > self.worst_provenance:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import REPO
 
 from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
 from sim.engine.block_pricing import BuiltNodes, PolynomialNodes
-from sim.engine.pricer import StepKey, StepPricer
+from sim.engine.part_prices import PartPrices
+from sim.engine.pricer import BLOCK_FROM_ASK, StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.moe import as_decode_only
@@ -65,9 +67,8 @@ def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str)
         assert isinstance(scenario_efficiency(sc), FittedEfficiency)  # the shipped h100_sxm calibration
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
-    for t in (100, 101):
-        block.step_s((((t, 0, True),), 3, 64))
-        block.step_s((((t, 0, True),), 4, 64))
+    for t in range(100, 100 + 2 * BLOCK_FROM_ASK):
+        block.step_s((((t, 0, True),), t - 97, 64))
     assert block._blocks is not None
     assert set(block._blocks) == {("token",), ("sampling",), ("prefill", 0, 1), ("decode", 64)}
     assert all(p._template is not None for p in block._blocks.values())
@@ -93,7 +94,7 @@ def test_moe_token_part_is_block_priced_with_the_moe_rows_rebuilt_per_count() ->
     sc = load_scenario(MIXTRAL)
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
-    for t in (100, 101):
+    for t in range(100, 100 + 2 * BLOCK_FROM_ASK):
         block.step_s((((t, 0, True),), t - 90, 64))
     assert block._blocks is not None
     template = block._blocks[("token",)]._template
@@ -109,12 +110,12 @@ def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynom
     assert any(w > 0 for w in sc.model.layer_window_tokens) and any(w <= 0 for w in sc.model.layer_window_tokens)
     _compare(sc, vectorised=True)
     block, _ = _pricers(sc)
-    for t in (100, 101):
+    for t in range(100, 100 + BLOCK_FROM_ASK):
         block.step_s((((t, 0, True),), 0, 0))
     assert block._blocks is not None
     assert isinstance(block._blocks[("prefill", 0, 1)]._template, BuiltNodes)
     llama, _ = _pricers(load_scenario(LLAMA70))
-    for t in (100, 101):
+    for t in range(100, 100 + BLOCK_FROM_ASK):
         llama.step_s((((t, 300, False), (7, 0, True)), 0, 0))
     assert llama._blocks is not None
     assert isinstance(llama._blocks[("prefill", 300, 1)]._template, PolynomialNodes)
@@ -295,7 +296,7 @@ def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int
         return out
     assert PolynomialNodes.of(off, top, rebuild, divisor=8) is None
     block, _ = _pricers(sc)
-    for t in (100, 101, 5000):
+    for t in (*range(100, 100 + BLOCK_FROM_ASK), 5000):
         block.step_s((((t, 0, True),), 0, 0))
     assert block._blocks is not None
     assert isinstance(block._blocks[("token",)]._template, PolynomialNodes)
@@ -305,8 +306,6 @@ def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int
 def test_one_column_sums_equal_a_windows_sums_bitwise() -> None:
     """A count completed alone (`BlockPricer._one`, Python floats) sums its nodes exactly as a window's
     columns are summed (`_sums`, numpy): same operations, same order."""
-    import numpy as np
-
     sc = load_scenario(MIXTRAL)
     prices = _pricers(sc)[0]._prices
     pricer = prices.nodes.block_pricer(("token",), prices.cost, 5e-6, 8192)
@@ -322,3 +321,49 @@ def test_one_column_sums_equal_a_windows_sums_bitwise() -> None:
             assert np.asarray(one.seconds).tolist() == block.seconds[:, j].tolist()
             assert (one.gpu_s, one.comm_s, one.short_kernel_gap_s, one.worst_provenance) == \
                 (block.gpu_s[j], block.comm_s[j], block.short_kernel_gap_s[j], block.worst[j])
+
+
+@pytest.mark.parametrize("path,overrides", [
+    (LLAMA70, {}),
+    (MIXTRAL, {}),
+    (LLAMA70, {"model.name": "openai/gpt-oss-120b"}),  # sliding-window prefill: nodes built per count
+    (LLAMA70, {"model.name": "deepseek-ai/DeepSeek-R1", "hardware.name": "h200_sxm",
+               "engine.tensor_parallel_size": 8, "engine.enable_expert_parallel": True}),
+])
+def test_a_part_priced_alone_is_bitwise_its_block_price(path: str, overrides: dict[str, Any]) -> None:
+    """With a column kernel model, a count priced alone (`PartPrices.priced`) runs the arithmetic
+    block pricing runs, so which counts a run prices alone changes no bit of any result."""
+    sc = load_scenario(path, overrides)
+    prices = PartPrices(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), 5e-6)
+    nodes = prices.nodes
+    families = [
+        (("prefill", 1000, 1), lambda n: nodes.prefill(n, 1000, 1), 8192),
+        (("prefill", 0, 2), lambda n: nodes.prefill(n, 0, 2), 8192),
+        (("token",), nodes.token, 8192),
+        (("decode", 512), lambda n: nodes.decode(n, 512), 256),
+        (("sampling",), nodes.sampling, 256),
+    ]
+    checked = 0
+    for family, build, top in families:
+        pricer = prices.block_pricer(family, top)
+        assert pricer is not None
+        for n in (*range(1, 20), 100, 255, 1000, 4095):
+            block = pricer.part(n) if n <= top else None
+            if block is None:
+                continue
+            alone = prices.priced(build(n))
+            assert list(np.asarray(block.seconds)) == list(alone.seconds), (family, n)
+            assert (block.gpu_s, block.comm_s, block.short_kernel_gap_s, block.worst_provenance) == \
+                (alone.gpu_s, alone.comm_s, alone.short_kernel_gap_s, alone.worst_provenance), (family, n)
+            checked += 1
+    assert checked > 80
+
+
+def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
+    sc = load_scenario(LLAMA70)
+    block, _ = _pricers(sc)
+    for t in range(1, BLOCK_FROM_ASK):
+        block.step_s((((t, 777, False),), 0, 0))
+    assert block._blocks is not None and ("prefill", 777, 1) not in block._blocks
+    block.step_s((((BLOCK_FROM_ASK, 777, False),), 0, 0))
+    assert ("prefill", 777, 1) in block._blocks
