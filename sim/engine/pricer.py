@@ -11,11 +11,11 @@ the loop.
 
 A part not seen before is priced with its family's block pricer when the efficiency model prices
 columns (`sim.engine.block_pricing`: many counts in one vectorised call per kernel kind), else, and
-where block pricing does not apply, count by count; a family's first `BLOCK_FROM_ASK - 1` counts
-are priced alone too, through the same column arithmetic, so the prices are the same bits either
-way. Priced parts live in a `PartPrices` (`sim.engine.part_prices`), which a long-lived caller
-shares between runs of the same pricing identity (`PriceCache`): the run's prices are the same
-either way.
+where block pricing does not apply, count by count; a family's first count (a prefill family at
+a nonzero context: its first `BLOCK_FROM_ASK - 1`) is priced alone too, through the same column
+arithmetic, so the prices are the same bits either way. Priced parts live in a `PartPrices`
+(`sim.engine.part_prices`), which a long-lived caller shares between runs of the same pricing
+identity (`PriceCache`): the run's prices are the same either way.
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ _DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
 _SAMPLING: PartFamily = ("sampling",)
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 BLOCK_FROM_ASK: Final = 8
-"""A family is block priced from the count it is asked for this many times on (`_new_part`): a
-template and a first window (~5 ms for an MLA prefill family) cost about what pricing four or five
-counts alone does (~1.3 ms each), and most of a disaggregated run's prefill families (one context
-each) are asked for fewer than eight counts."""
+"""A prefill family at a nonzero context is block priced from the count it is asked for this many
+times on (`_new_part`; other families from their second): such a family holds one or a few
+prompts' chunks at one context (chunked prefill, a disaggregated decode pool's one-token prefills)
+and is rarely asked for more than a few counts, while a template and a first window (~5 ms for an
+MLA prefill family) cost about what pricing four or five counts alone does (~1.3 ms each). Token,
+sampling, decode and fresh-prompt families are asked for many counts: blocks from the second."""
 """Host time of vLLM's ngram proposer per request per step (an assumption: a numba n-gram match over
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
@@ -152,7 +154,7 @@ class StepPricer:
         self.worst_provenance = Provenance.MEASURED
         self._blocks: dict[PartFamily, PartSource | None] | None = {} if prices.block_pricing else None
         """This run's block-priced families: the family's block pricer (None where it has none);
-        absent while the family has been asked for fewer than `BLOCK_FROM_ASK` counts."""
+        absent while the family has been asked for too few counts (`_new_part`)."""
         self._asks: dict[PartFamily, int] = {}
         """Counts asked per family not yet block priced."""
         self._tops = (scenario.engine.max_num_batched_tokens,
@@ -512,10 +514,11 @@ class StepPricer:
 
     def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
         """The part of count `n` of `family`, first asked for in this run: alone (its nodes built and
-        priced) for the family's first `BLOCK_FROM_ASK - 1` counts, by block pricing from then on
-        (the two give the same bits when the kernel model prices columns: `PartPrices.priced`).
-        Families asked for a few times (a prompt's chunks at one context, a decode pool's one-token
-        prefills at a new context) never pay for a template and a window of counts they do not use."""
+        priced) for the family's first count (a prefill family at a nonzero context: its first
+        `BLOCK_FROM_ASK - 1`), by block pricing from then on (the two give the same bits when the
+        kernel model prices columns: `PartPrices.priced`). Families asked for a few times (a
+        prompt's chunks at one context, a decode pool's one-token prefills at a new context) never
+        pay for a template and a window of counts they do not use."""
         part = None
         blocks = self._blocks
         if blocks is not None:
@@ -524,8 +527,8 @@ class StepPricer:
                 part = pricer.part(n)
             elif family not in blocks:
                 asks = self._asks[family] = self._asks.get(family, 0) + 1
-                if asks >= BLOCK_FROM_ASK:
-                    kind = family[1] if family[0] == "draft" else family[0]
+                kind, *rest = family[1:] if family[0] == "draft" else family
+                if asks >= (BLOCK_FROM_ASK if kind == "prefill" and rest[0] != 0 else 2):
                     top = self._tops[0] if kind in ("token", "prefill") else self._tops[1]
                     assert top is not None
                     pricer = blocks[family] = self._prices.block_pricer(family, top)
