@@ -26,7 +26,7 @@ Which families there are and how each is built: `sim.engine.step_parts`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, TypeVar
 
@@ -392,27 +392,14 @@ class BlockPricer:
         return self._one(times, provs)
 
     def _one(self, times: np.ndarray, provs: np.ndarray) -> Part:
-        """`_sums` of one column, on Python floats (the same operations in the same order; numpy's
-        per-call cost on one-element arrays is most of the work otherwise)."""
+        """`_sums` of one column, on Python floats (`summed_part`: the same operations in the same
+        order; numpy's per-call cost on one-element arrays is most of the work otherwise)."""
         template = self._template
         assert template is not None
         time_of, prov_of = times.tolist(), provs.tolist()
-        eager = self._eager
-        seconds = []
-        gpu = comm = gap = 0.0
-        worst = int(Provenance.MEASURED)
-        for (kind, *_, repeat), row in zip(template.nodes, template.row_of, strict=True):
-            time_s = time_of[row]
-            sec = time_s * repeat
-            seconds.append(sec)
-            if kind.is_collective():
-                comm += sec
-            else:
-                gpu += sec
-            gap += max(0.0, eager - time_s) * repeat
-            worst = max(worst, prov_of[row])
-        return Part(labels=self._labels, seconds=np.array(seconds), gpu_s=gpu, comm_s=comm,
-                    num_launches=self._launches, short_kernel_gap_s=gap, worst_provenance=_PROVENANCE[worst])
+        return summed_part(((kind, repeat, time_of[row], _PROVENANCE[prov_of[row]])
+                            for (kind, *_, repeat), row in zip(template.nodes, template.row_of, strict=True)),
+                           self._labels, self._eager)
 
     def _sums(self, times: np.ndarray, provs: np.ndarray) -> _Block:
         """Parts' totals from per-row launch times and provenance codes (rows x counts)."""
@@ -434,6 +421,29 @@ class BlockPricer:
             np.maximum(worst, provs[row], out=worst)
         return _Block(seconds=seconds, gpu_s=gpu.tolist(), comm_s=comm.tolist(), short_kernel_gap_s=gap.tolist(),
                       worst=[_PROVENANCE[w] for w in worst.tolist()])
+
+
+def summed_part(nodes: Iterable[tuple[KernelKind, int, float, Provenance]], labels: tuple[tuple[str, str], ...],
+                eager_launch_s: float) -> Part:
+    """A part from its nodes' (kind, repeat, launch time, provenance), summed in node order: seconds
+    per node, GPU and collective totals, the short-kernel gap, the least trustworthy provenance.
+    Python floats, the operations `BlockPricer._sums` runs on columns (so the same bits)."""
+    seconds = []
+    gpu = comm = gap = 0.0
+    launches = 0
+    worst = Provenance.MEASURED
+    for kind, repeat, time_s, provenance in nodes:
+        sec = time_s * repeat
+        seconds.append(sec)
+        if kind.is_collective():
+            comm += sec
+        else:
+            gpu += sec
+        gap += max(0.0, eager_launch_s - time_s) * repeat
+        launches += repeat
+        worst = max(worst, provenance)
+    return Part(labels=labels, seconds=tuple(seconds), gpu_s=gpu, comm_s=comm, num_launches=launches,
+                short_kernel_gap_s=gap, worst_provenance=worst)
 
 
 class CappedPricer:

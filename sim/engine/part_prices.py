@@ -29,9 +29,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from sim.engine.block_pricing import BlockPricer, NodeList, Part, PartSource
+from sim.engine.block_pricing import BlockPricer, NodeList, Part, PartSource, summed_part
 from sim.engine.step_parts import PartFamily, PartNodes
-from sim.graph.kernels import KernelWork
+from sim.graph.kernels import KernelKind, KernelWork
 from sim.perf.efficiency import EfficiencyModel, KernelColumns
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -125,31 +125,16 @@ class PartPrices:
             self._by_signature.clear()
         if self.block_pricing:
             self._price_columns([w for w, _ in nodes])
-        labels, secs = [], []
-        gpu = comm = gap = 0.0
-        launches = 0
-        worst = Provenance.MEASURED
-        eager_launch_s = self.eager_launch_s
+        known = self._by_signature
+        priced: list[tuple[KernelKind, int, float, Provenance]] = []
         for work, repeat in nodes:
             signature = _signature(work)
-            priced = self._by_signature.get(signature)
-            if priced is None:
+            price = known.get(signature)
+            if price is None:
                 est = self.cost.estimate(work)
-                priced = (est.time_s, est.provenance)
-                self._by_signature[signature] = priced
-            time_s, provenance = priced
-            seconds = time_s * repeat
-            labels.append((work.kind.value, work.name))
-            secs.append(seconds)
-            if work.kind.is_collective():
-                comm += seconds
-            else:
-                gpu += seconds
-            gap += max(0.0, eager_launch_s - time_s) * repeat
-            launches += repeat
-            worst = max(worst, provenance)
-        return Part(labels=tuple(labels), seconds=tuple(secs), gpu_s=gpu, comm_s=comm, num_launches=launches,
-                    short_kernel_gap_s=gap, worst_provenance=worst)
+                price = known[signature] = (est.time_s, est.provenance)
+            priced.append((work.kind, repeat, *price))
+        return summed_part(priced, tuple((w.kind.value, w.name) for w, _ in nodes), self.eager_launch_s)
 
     def _price_columns(self, works: list[KernelWork]) -> None:
         """Price the works without a price yet, one column call per kernel group (kind, dtype, group
