@@ -9,8 +9,7 @@ The kernel fields of the step parts are polynomials of degree <= 2 in the count 
 tokens, collective bytes and decode batch are linear; prefill attention FLOPs quadratic): their
 columns come from the nodes at counts 1, 2 and 3 (or, for rows that carry one TP rank's share of
 the tokens, of ceil(n / tp)), after an exact check against the real nodes at enough other counts to
-rule out a second piece
-(`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
+rule out a second piece (`PolynomialNodes.checks`). A family that fails the check is priced count by count by the
 caller, or, where the family asks for it (prefill attention with a sliding window), with nodes built
 per count and the kernel model vectorised (`BuiltNodes`); rows that are no polynomial but are
 rebuilt from their count-1 node (the fused MoE layer: expected experts hit) are priced per count

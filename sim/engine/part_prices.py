@@ -5,7 +5,7 @@ family's first few counts alone and the later ones by block pricing (`StepPricer
 column kernel model the two are the same bits. This holds both kinds, each keyed by the part alone:
 
 - `priced(nodes)`: one part alone, each kernel priced once per signature, through the kernel
-  model's column path when it has one (else its scalar path), and `scalar_part(family, n, build)`
+  model's column path when it has one (else its scalar path), and `alone_part(family, n, build)`
   memoizing those per part;
 - `block_pricer(family, top)`: block pricing (`sim.engine.block_pricing`). A count's price does
   not depend on the window it is priced in nor on the counts priced before it (the kernel model's
@@ -40,7 +40,6 @@ from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario
 
 _WorkSignature = tuple[object, ...]
-_PROVENANCE = {int(p): p for p in Provenance}
 
 SCHEDULING_ONLY_FIELDS = (
     "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
@@ -78,7 +77,7 @@ class PartPrices:
         self.block_pricing = block_pricing and cost.prices_columns()
         self._max_parts = max_parts
         self._by_signature: dict[_WorkSignature, tuple[float, Provenance]] = {}
-        self._scalar: dict[tuple[PartFamily, int], Part] = {}
+        self._alone: dict[tuple[PartFamily, int], Part] = {}
         self._blocks: dict[tuple[PartFamily, int], PartSource] = {}
         self._widest: dict[PartFamily, BlockPricer] = {}
         """Per family, the pricer with the highest top made so far (the one narrower runs share)."""
@@ -108,13 +107,13 @@ class PartPrices:
             self._blocks[(family, top)] = pricer
         return pricer
 
-    def scalar_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
-        """The part of count `n` of `family` priced count by count (`build(n)` gives its nodes)."""
-        part = self._scalar.get((family, n))
+    def alone_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
+        """The part of count `n` of `family` priced alone (`priced(build(n))`), kept per part."""
+        part = self._alone.get((family, n))
         if part is None:
-            if len(self._scalar) >= self._max_parts:
-                self._scalar.clear()
-            part = self._scalar[(family, n)] = self.priced(build(n))
+            if len(self._alone) >= self._max_parts:
+                self._alone.clear()
+            part = self._alone[(family, n)] = self.priced(build(n))
         return part
 
     def priced(self, nodes: NodeList) -> Part:
@@ -149,7 +148,7 @@ class PartPrices:
         for group in groups.values():
             times, provs = self.cost.estimate_columns(KernelColumns.of(list(group.values())))
             for signature, time_s, prov in zip(group, times.tolist(), provs.tolist(), strict=True):
-                known[signature] = (time_s, _PROVENANCE[prov])
+                known[signature] = (time_s, Provenance(prov))
 
 
 def _signature(work: KernelWork) -> _WorkSignature:

@@ -535,7 +535,7 @@ class StepPricer:
                     if pricer is not None:
                         part = pricer.part(n)
         if part is None:
-            part = self._prices.scalar_part(family, n, build)
+            part = self._prices.alone_part(family, n, build)
         if part.worst_provenance > self.worst_provenance:
             self.worst_provenance = part.worst_provenance
         return part

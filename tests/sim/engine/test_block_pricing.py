@@ -213,7 +213,7 @@ def test_moe_and_mla_parts_by_block_equal_count_by_count(path: str, overrides: d
         for n in counts:
             by_block = pricer.part(n)
             assert by_block is not None, (family, n)
-            alone = scalar._prices.scalar_part(family, n, build)
+            alone = scalar._prices.alone_part(family, n, build)
             assert by_block.labels == alone.labels
             assert by_block.worst_provenance == alone.worst_provenance
             for (kind, _), b, a in zip(by_block.labels, list(by_block.seconds), alone.seconds, strict=True):
