@@ -1,7 +1,8 @@
 """Files recorded with MLflow runs: kernel breakdown (Parquet + stacked bar), Pareto front (CSV + plot).
 
-Figures use matplotlib's object API on the Agg canvas (no pyplot global state) and are returned
-as bytes, so actors can render a trial's files and the driver only uploads them.
+The Pareto plot uses matplotlib's object API on the Agg canvas (no pyplot global state); the
+per-trial breakdown bar is drawn on `raster.Canvas`, which is ~50x cheaper. Both are returned as
+bytes, so actors can render a trial's files and the driver only uploads them.
 """
 
 from __future__ import annotations
@@ -18,11 +19,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from orchestrator.plot_style import gpu_color, short_gpu, wrap_title
+from orchestrator.sweep import raster
 from orchestrator.sweep.results import Breakdown
 
 BREAKDOWN_PARQUET: Final = "kernel_breakdown.parquet"
 BREAKDOWN_PNG: Final = "kernel_breakdown.png"
 _TOP_KERNELS: Final = 9
+_NOT_KERNELS: Final = ("host", "launch_floor")
+_WIDTH_PX: Final = 720
+_MARGIN_PX: Final = 10
+_AXES_INSET_PX: Final = 18
+_BAR_PX: Final = 56
+_LEGEND_COLUMNS: Final = 4
+_LEGEND_ROW_PX: Final = 14
 _MAX_FRONT_LABELS: Final = 16
 _MODE_MARKERS: Final = {"aggregated": "o", "disaggregated": "^"}
 
@@ -33,34 +42,66 @@ def breakdown_parquet(breakdown: Breakdown) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
-    return _png(breakdown_figure(breakdown, title))
-
-
-def breakdown_figure(breakdown: Breakdown, title: str) -> Figure:
-    """One horizontal bar of the run's GPU-side time split by kernel (largest first), plus host time."""
+def breakdown_parts(breakdown: Breakdown) -> list[tuple[str, float]]:
+    """The chart's segments: the largest kernels, the rest as one, then host time and the launch floor."""
     rows = breakdown.rows()
-    kernels = [r for r in rows if r["kernel"] not in ("host", "launch_floor")]
-    shown = kernels[:_TOP_KERNELS]
-    other = sum(r["share"] for r in kernels[_TOP_KERNELS:])
-    parts = [(r["kernel"], r["share"]) for r in shown]
+    kernels = [r for r in rows if r["kernel"] not in _NOT_KERNELS]
+    parts = [(str(r["kernel"]), float(r["share"])) for r in kernels[:_TOP_KERNELS]]
+    other = sum(float(r["share"]) for r in kernels[_TOP_KERNELS:])
     if other > 0:
         parts.append(("other kernels", other))
-    parts += [(r["kernel"], r["share"]) for r in rows if r["kernel"] in ("host", "launch_floor")]
-    fig = Figure(figsize=(8.0, 3.0), dpi=90, layout="constrained")
-    ax = fig.add_subplot()
+    return parts + [(str(r["kernel"]), float(r["share"])) for r in rows if r["kernel"] in _NOT_KERNELS]
+
+
+def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
+    """One horizontal bar of the run's busy time split by kernel (largest first), plus host time,
+    with a legend of shares below it.
+
+    Drawn on `raster.Canvas` rather than a matplotlib figure: an actor renders one per trial, and a
+    figure with a legend cost more than the trial's simulation (docs/benchmarks.md, "Sweeps").
+    """
+    parts = breakdown_parts(breakdown)
+    title_lines = wrap_title(title, 100).split("\n")
+    title_h, tick_h = raster.line_height_px(9.0), raster.line_height_px(8.0)
+    legend_rows = -(-len(parts) // _LEGEND_COLUMNS)
+    bar_top = _MARGIN_PX + len(title_lines) * title_h + 6
+    axis_y = bar_top + _BAR_PX
+    xlabel_y = axis_y + 5 + tick_h + 4
+    legend_top = xlabel_y + raster.line_height_px(9.0) + 8
+    height = round(legend_top + legend_rows * _LEGEND_ROW_PX + _MARGIN_PX)
+    canvas = raster.Canvas(_WIDTH_PX, height)
+    for k, line in enumerate(title_lines):
+        canvas.text(_WIDTH_PX / 2, _MARGIN_PX + k * title_h, line, 9.0, ha="center", va="top")
+    x0, x1 = float(_AXES_INSET_PX), float(_WIDTH_PX - _AXES_INSET_PX)  # room for half of "100"
+    colors = _colors(len(parts))
     left = 0.0
-    cmap = _colors(len(parts))
-    for (name, share), color in zip(parts, cmap, strict=True):
-        ax.barh([0], [share * 100], left=left, color=color, label=f"{name} {share:.1%}")
-        left += share * 100
-    ax.set_xlim(0, 100)
-    ax.set_yticks([])
-    ax.set_xlabel(f"share of {breakdown.total_s():.3g} s busy time (%)")
-    ax.set_title(wrap_title(title, 100), fontsize=9)
-    # below the axes, inside the figure: constrained layout makes room for it
-    fig.legend(*ax.get_legend_handles_labels(), ncols=4, fontsize=7, loc="outside lower center", frameon=False)
-    return fig
+    for (_, share), color in zip(parts, colors, strict=True):
+        if share > 0:
+            canvas.fill(x0 + left * (x1 - x0), bar_top, x0 + (left + share) * (x1 - x0), axis_y, color)
+        left += share
+    black = (0.0, 0.0, 0.0)
+    # the axes frame, one pixel outside the bar on every side
+    canvas.fill(x0 - 1, bar_top - 1, x1 + 1, bar_top, black)
+    canvas.fill(x0 - 1, axis_y, x1 + 1, axis_y + 1, black)
+    canvas.fill(x0 - 1, bar_top, x0, axis_y, black)
+    canvas.fill(x1, bar_top, x1 + 1, axis_y, black)
+    for pct in range(0, 101, 20):
+        x = x0 + pct / 100 * (x1 - x0)
+        canvas.fill(x - 0.5, axis_y, x + 0.5, axis_y + 5, black)
+        canvas.text(x, axis_y + 6, str(pct), 8.0, ha="center", va="top")
+    canvas.text(_WIDTH_PX / 2, xlabel_y, breakdown_xlabel(breakdown), 9.0, ha="center", va="top")
+    column_px = (x1 - x0) / _LEGEND_COLUMNS
+    for k, ((name, share), color) in enumerate(zip(parts, colors, strict=True)):
+        x = x0 + (k % _LEGEND_COLUMNS) * column_px
+        y = legend_top + (k // _LEGEND_COLUMNS) * _LEGEND_ROW_PX
+        canvas.fill(x, y, x + 14, y + 8, color)
+        label = raster.fit_text(f"{name} {share:.1%}", 7.0, column_px - 24)
+        canvas.text(x + 18, y + 4, label, 7.0, va="center")
+    return canvas.png()
+
+
+def breakdown_xlabel(breakdown: Breakdown) -> str:
+    return f"share of {breakdown.total_s():.3g} s busy time (%)"
 
 
 def trial_artifacts(breakdown: Breakdown, title: str) -> dict[str, bytes]:
@@ -144,11 +185,15 @@ def pareto_png(points: Sequence[Sequence[float]], feasible: Sequence[bool], fron
                               modes=modes))
 
 
-def _colors(n: int) -> list[Any]:
+def _colors(n: int) -> list[raster.RGB]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab20"]
-    return [cmap(i % 20) for i in range(n)]
+    colors: list[raster.RGB] = []
+    for i in range(n):
+        red, green, blue, _ = cmap(i % 20)
+        colors.append((float(red), float(green), float(blue)))
+    return colors
 
 
 def _png(fig: Figure) -> bytes:

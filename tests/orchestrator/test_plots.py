@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
+import numpy as np
+import pytest
 from matplotlib.colors import to_hex
 
 from orchestrator.plot_style import GPU_COLORS, axis_label, config_label, gpu_color, wrap_title
 from orchestrator.plots import ScatterPoint, scatter_figure
-from orchestrator.sweep.artifacts import breakdown_figure, pareto_figure
+from orchestrator.sweep.artifacts import breakdown_parts, breakdown_png, breakdown_xlabel, pareto_figure
 from orchestrator.sweep.results import Breakdown
 from sim.specs.catalog import list_hardware
 
@@ -62,9 +67,39 @@ def test_validation_scatter_uses_the_same_gpu_colours_and_units() -> None:
     assert scatter_figure([], "empty") is None
 
 
+def _decode(png: bytes) -> Any:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+
+def test_breakdown_png_draws_each_share_as_its_width_of_the_bar() -> None:
+    names = {"gate_up_proj": 3.0, "paged_decode_attention": 1.0, "qkv_proj": 0.5}
+    bd = Breakdown(seconds_by_kind={"gemm": 4.5}, seconds_by_name=names, host_s=0.5, launch_floor_s=0.0)
+    parts = breakdown_parts(bd)
+    assert parts == [("gate_up_proj", 0.6), ("paged_decode_attention", 0.2), ("qkv_proj", 0.1), ("host", 0.1),
+                     ("launch_floor", 0.0)]
+    image = _decode(breakdown_png(bd, "trial 3"))
+    assert image.shape[1] == 720
+    # a row through the bar (the axes span x = 18..702): one run of colour per part, as wide as its share
+    bar = next(row for row in image if len({tuple(px) for px in row[18:702]}) == 4)
+    runs: list[int] = []
+    previous = None
+    for px in map(tuple, bar[18:702]):
+        if px != previous:
+            runs.append(0)
+            previous = px
+        runs[-1] += 1
+    assert [w / 684 for w in runs] == pytest.approx([0.6, 0.2, 0.1, 0.1], abs=1.5 / 684)
+
+
 def test_breakdown_title_wraps_instead_of_running_off_the_figure() -> None:
     bd = Breakdown(seconds_by_kind={"gemm": 1.0}, seconds_by_name={"gemm": 1.0}, host_s=0.5, launch_floor_s=0.0)
-    fig = breakdown_figure(bd, "trial 3: " + ", ".join(f"key_{i}=value_{i}" for i in range(12)))
-    assert "\n" in fig.axes[0].get_title()
-    assert fig.get_layout_engine() is not None
-    assert "[" not in fig.axes[0].get_xlabel() and "s busy time (%)" in fig.axes[0].get_xlabel()
+    short = _decode(breakdown_png(bd, "trial 3"))
+    long_title = "trial 3: " + ", ".join(f"key_{i}=value_{i}" for i in range(12))
+    assert "\n" in wrap_title(long_title, 100)
+    wrapped = _decode(breakdown_png(bd, long_title))
+    assert wrapped.shape[0] > short.shape[0]  # a second title line, not text cut at the edge
+    # no ink in the outer columns: every line fits inside the figure
+    assert (wrapped[:, :4] == 255).all() and (wrapped[:, -4:] == 255).all()
+    assert "[" not in breakdown_xlabel(bd) and "s busy time (%)" in breakdown_xlabel(bd)
