@@ -8,6 +8,8 @@ record it as an infeasible trial rather than a failure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class ConfigError(ValueError):
     """Invalid configuration: file, key, value and the rule that was broken."""
@@ -19,6 +21,15 @@ class ConfigError(ValueError):
         self.rule = rule
         where = f"{source}: " if source else ""
         super().__init__(f"{where}{key}={value!r}: {rule}")
+
+    def __reduce__(self) -> tuple[Callable[..., ConfigError], tuple[type[ConfigError], str, str, object, str]]:
+        """Pickles with its fields (the default rebuilds from the message and fails), so the error
+        keeps its type and exit code across process boundaries (the MLflow tracker's process, Ray)."""
+        return (_rebuild, (type(self), self.source, self.key, self.value, self.rule))
+
+
+def _rebuild(cls: type[ConfigError], source: str, key: str, value: object, rule: str) -> ConfigError:
+    return cls(source=source, key=key, value=value, rule=rule)
 
 
 def file_error(exc: OSError, *, path: object = None, key: str = "<file>", writing: bool = False) -> ConfigError:

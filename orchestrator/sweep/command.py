@@ -117,7 +117,13 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
     from orchestrator.sweep.progress import ProgressBar
     from orchestrator.sweep.report import report_files
     from orchestrator.sweep.resume_hint import STORAGE_ENV, resume_hint
-    from orchestrator.sweep.session import calibration_files, connect_ray, default_num_actors, make_tracker, ui_hint
+    from orchestrator.sweep.session import (
+        calibration_files,
+        connect_ray,
+        default_num_actors,
+        make_tracker_process,
+        ui_hint,
+    )
     from orchestrator.sweep.study import open_storage, open_study, reproducibility, study_uid
 
     base = spec.load_base()
@@ -128,7 +134,7 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
     work = needs_actors(study, spec, n_trials)
     with ThreadPoolExecutor(max_workers=1) as executor:
         # Creating a fresh MLflow database takes seconds; overlap it with Ray's start-up.
-        tracker_future = executor.submit(make_tracker, args.tracking_uri, spec, study_dir)
+        tracker_future = executor.submit(make_tracker_process, args.tracking_uri, spec, study_dir)
         started = connect_ray(args.ray_address, args.actors) if work else False
         try:
             tracker = tracker_future.result()
@@ -171,6 +177,7 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
             pool.close()
         if started:
             ray.shutdown()
+        tracker.close()
     repro = reproducibility(spec, resumed_with=resumed_with)
     if args.json:
         payload = report.to_json()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.tracker_process import TrackerProcess
 from orchestrator.sweep.tracking import MlflowTracker
 from sim.specs.scenario import Scenario
 
@@ -46,13 +47,25 @@ def default_tracking_uri(study_dir: Path) -> str:
 
 
 def make_tracker(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> MlflowTracker:
-    """The study's MLflow tracker; local stores keep artifacts in the study directory."""
+    """The study's MLflow tracker in this process; local stores keep artifacts in the study directory."""
+    uri, name, artifacts = _tracker_args(tracking_uri, spec, study_dir)
+    return MlflowTracker(uri, name, artifact_location=artifacts)
+
+
+def make_tracker_process(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> TrackerProcess:
+    """The same tracker in a child process (`orchestrator.sweep.tracker_process`): what a search
+    sweep logs through, so MLflow's work does not hold the driver's GIL. Close it when done."""
+    uri, name, artifacts = _tracker_args(tracking_uri, spec, study_dir)
+    return TrackerProcess(uri, name, artifact_location=artifacts)
+
+
+def _tracker_args(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> tuple[str, str, str | None]:
     uri = tracking_uri or default_tracking_uri(study_dir)
     artifacts = None
     if not uri.startswith(("http://", "https://", "databricks")):
         study_dir.mkdir(parents=True, exist_ok=True)
         artifacts = (study_dir / MLFLOW_ARTIFACTS).resolve().as_uri()
-    return MlflowTracker(uri, spec.name, artifact_location=artifacts)
+    return uri, spec.name, artifacts
 
 
 def ui_hint(tracking_uri: str) -> str:

@@ -60,7 +60,7 @@ class LoggedRun:
 
 class Tracker(Protocol):
     """Where a sweep records itself. Call order: `start_study`, then `logged_trials` (resume),
-    any number of `log_trial`, then `finish_study`."""
+    any number of `log_trial`, then `finish_study`; `close` at the end, whatever happened."""
 
     def start_study(self, *, study_uid: str, spec: SweepSpec, tags: Mapping[str, str],
                     files: Sequence[tuple[str, Path]]) -> None: ...
@@ -75,6 +75,8 @@ class Tracker(Protocol):
     def interrupt_study(self) -> None: ...
 
     def describe(self) -> dict[str, str]: ...
+
+    def close(self) -> None: ...
 
 
 class NullTracker:
@@ -99,6 +101,9 @@ class NullTracker:
 
     def describe(self) -> dict[str, str]:
         return {}
+
+    def close(self) -> None:
+        return None
 
 
 class MlflowTracker:
@@ -258,6 +263,10 @@ class MlflowTracker:
     def describe(self) -> dict[str, str]:
         return {"tracking_uri": self.tracking_uri, "experiment_id": self.experiment_id,
                 "parent_run_id": self.parent_run_id}
+
+    def close(self) -> None:
+        """Nothing to release: the client opens connections per call."""
+        return None
 
 
 def _trial_tags(result: TrialResult) -> dict[str, str]:

@@ -1,0 +1,87 @@
+"""The MLflow tracker in a child process: same records as in-process, errors keep their type, a dead
+child is a clear error, Ctrl-C does not reach it, and closing it ends it. Real sqlite MLflow stores;
+three child processes in all (each imports MLflow, a few seconds)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from orchestrator.sweep.parse import load_sweep
+from orchestrator.sweep.results import Breakdown, TrialResult, TrialStatus
+from orchestrator.sweep.tracker_process import TrackerProcess, TrackerProcessError
+from orchestrator.sweep.tracking import LoggedRun
+from sim.errors import ConfigError, InfeasibleScenario
+
+SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "quickstart.toml"
+
+
+def _result(number: int) -> TrialResult:
+    bd = Breakdown(seconds_by_kind={"gemm": 2.0}, seconds_by_name={"qkv_proj": 2.0}, host_s=1.0, launch_floor_s=0.0)
+    return TrialResult(number=number, status=TrialStatus.OK, params={"engine.max_num_seqs": 8 * (number + 1)},
+                       scenario_hash=f"h{number}", metrics={"ttft_p90_s": 0.1 * (number + 1)}, breakdown=bd,
+                       duration_s=0.5, artifacts={"note.txt": b"hello"})
+
+
+def test_runs_logged_through_the_child_are_in_the_store(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = load_sweep(SWEEP)
+    tracker = TrackerProcess(uri, "child", artifact_location=(tmp_path / "art").as_uri())
+    try:
+        tracker.start_study(study_uid="u1", spec=spec, tags={"mode": "search"}, files=[])
+        for n in range(3):
+            tracker.log_trial(_result(n), tags={"optuna_state": "COMPLETE"}, timestamp_ms=1_700_000_000_000 + n)
+        logged = tracker.logged_trials()
+        assert sorted(logged) == [0, 1, 2] and all(run.is_done() for run in logged.values())
+        tracker.finish_study(files={"trials.csv": b"a,b\n"}, metrics={"n_ok": 3.0}, ok=True)
+        with pytest.raises(MlflowException, match="nope"):  # an error in the child keeps its type
+            tracker.log_trial(_result(0), tags={}, timestamp_ms=0, existing=LoggedRun("nope", "RUNNING"))
+        described = tracker.describe()  # and the child still answers after it
+    finally:
+        tracker.close()
+    assert not tracker._process.is_alive() and tracker._process.exitcode == 0
+    tracker.close()  # idempotent
+    with pytest.raises(TrackerProcessError):
+        tracker.describe()
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(logged[1].run_id)
+    assert run.data.metrics["ttft_p90_s"] == pytest.approx(0.2) and run.data.params["engine.max_num_seqs"] == "16"
+    assert run.data.tags["mlflow.parentRunId"] == described["parent_run_id"]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"note.txt", "kernel_breakdown.json"}
+    assert client.get_run(described["parent_run_id"]).info.status == "FINISHED"
+
+
+def test_a_config_error_in_the_child_is_a_config_error_in_the_driver(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    with pytest.raises(ConfigError, match="deleted"):  # the CLI's exit code 2, not a generic failure
+        TrackerProcess(uri, "gone")
+
+
+def test_config_errors_pickle_with_their_fields() -> None:
+    err = InfeasibleScenario(source="s.toml", key="engine.tensor_parallel_size", value=3, rule="must divide 32 heads")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is InfeasibleScenario and (back.key, back.value, str(back)) == (err.key, 3, str(err))
+
+
+def test_a_dead_child_is_a_clear_error_and_ctrl_c_does_not_reach_it(tmp_path: Path) -> None:
+    tracker = TrackerProcess(f"sqlite:///{tmp_path / 'mlflow.db'}", "dies")
+    pid = tracker._process.pid
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole process group
+        time.sleep(0.5)
+        assert tracker.describe()["experiment_id"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(TrackerProcessError, match=rf"pid {pid}.*exit code -9.*--resume"):
+            tracker.describe()
+    finally:
+        tracker.close()
