@@ -127,10 +127,14 @@ class CorrectionParams:
         for g in self.groups:
             pts = np.asarray(g.points, dtype=float).reshape(len(g.alpha), -1)
             groups[g.key] = (g.offset, pts, np.asarray(g.alpha, dtype=float), (pts * pts).sum(1))
-        return CorrectionArrays(length_scales=np.asarray(self.length_scales, dtype=float), groups=groups)
+        num_keys = len(self.categoricals)
+        levels = tuple(tuple(sorted({k[i] for k in groups} - {POOLED})) for i in range(num_keys))
+        return CorrectionArrays(length_scales=np.asarray(self.length_scales, dtype=float), groups=groups,
+                                levels=levels, level_codes=tuple({v: j for j, v in enumerate(lv)} for lv in levels))
 
 
 _G = tuple[float, np.ndarray, np.ndarray, np.ndarray]
+_RBF_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,10 @@ class CorrectionArrays:
     length_scales: np.ndarray
     groups: dict[tuple[str, ...], tuple[float, np.ndarray, np.ndarray, np.ndarray]]
     """key -> (offset, points, alpha, squared norms of the points)."""
+    levels: tuple[tuple[str, ...], ...]
+    """Per correction categorical, the values some group names (sorted, `POOLED` left out)."""
+    level_codes: tuple[dict[str, int], ...]
+    """Per correction categorical, value -> its index in `levels`."""
 
 
 def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray, sq: np.ndarray | None = None, *,
@@ -149,7 +157,19 @@ def rbf_mean(points: np.ndarray, alpha: np.ndarray, z: np.ndarray, sq: np.ndarra
     `rowwise` computes each row on its own, so its value does not depend on the other rows of
     the batch."""
     if rowwise:
-        return np.array([float(np.exp(-0.5 * ((points - row) ** 2).sum(1)) @ alpha) for row in z])
+        # Distances and kernel values for all rows at once (elementwise, and each row's sum runs
+        # over its own last axis: the same bits as one row at a time), then one dot product per row.
+        # Chunks of rows keep the n x points x d temporary near 8 MB.
+        step = max(1, _RBF_CHUNK_ELEMENTS // max(1, points.size))
+        out_rows: list[float] = []
+        for start in range(0, len(z), step):
+            diff = points[None, :, :] - z[start:start + step, None, :]
+            diff *= diff
+            kernel = diff.sum(2)
+            kernel *= -0.5
+            np.exp(kernel, out=kernel)
+            out_rows.extend(float(row @ alpha) for row in kernel)
+        return np.array(out_rows)
     k = z @ (-2.0 * points.T)
     k += (z * z).sum(1)[:, None]
     k += ((points * points).sum(1) if sq is None else sq)[None, :]
@@ -203,8 +223,8 @@ def correction_residual(c: CorrectionArrays, coords: np.ndarray, keys: list[np.n
     z = coords / c.length_scales
     # Distinct keys by integer codes per categorical (hashing, not string compares per row); a
     # value that no group names gets code -1 and can only be served by a group pooled there.
-    levels = [sorted({k[i] for k in c.groups} - {POOLED}) for i in range(len(keys))]
-    codes = [_codes(col, {v: j for j, v in enumerate(lv)}) for col, lv in zip(keys, levels, strict=True)]
+    levels = c.levels
+    codes = [_codes(col, lc) for col, lc in zip(keys, c.level_codes, strict=True)]
     combined = np.zeros(n, dtype=np.int64)
     for code, lv in zip(codes, levels, strict=True):
         combined = combined * (len(lv) + 1) + (code + 1)

@@ -33,6 +33,7 @@ from sim.perf.learners import (
     correction_residual,
     lookup_order,
     mlp_forward,
+    rbf_mean,
 )
 from sim.perf.roofline import roofline
 from sim.provenance import Provenance
@@ -250,6 +251,22 @@ def test_correction_is_an_rbf_sum_around_the_group_offset() -> None:
     assert delta[0] == pytest.approx(0.6)
     assert delta[1] == pytest.approx(0.1 + 0.5 * math.exp(-0.5))
     assert delta[2] == 0.0
+
+
+def test_rowwise_rbf_rows_do_not_depend_on_their_batch() -> None:
+    """Block pricing prices a count the same in any window: a row's rowwise correction is the same
+    bits alone, in a small batch and in a batch big enough to be split into chunks."""
+    rng = np.random.default_rng(3)
+    for num_points, dims in ((8, 2), (18, 4), (62, 5), (3000, 6)):
+        points = rng.normal(size=(num_points, dims)) * 4
+        alpha = rng.normal(size=num_points) * 8
+        z = rng.normal(size=(700, dims)) * 4
+        batch = rbf_mean(points, alpha, z, rowwise=True)
+        for i in (0, 1, 350, 699):
+            one = float(np.exp(-0.5 * ((points - z[i]) ** 2).sum(1)) @ alpha)
+            assert batch[i] == one == rbf_mean(points, alpha, z[i:i + 1], rowwise=True)[0]
+            assert rbf_mean(points, alpha, z[max(0, i - 5):i + 1], rowwise=True)[-1] == one
+        assert batch == pytest.approx(rbf_mean(points, alpha, z), rel=1e-9, abs=1e-9)
 
 
 def test_correction_falls_back_to_the_pooled_group() -> None:
