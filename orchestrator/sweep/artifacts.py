@@ -11,16 +11,17 @@ import csv
 import io
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 from orchestrator.plot_style import gpu_color, short_gpu, wrap_title
 from orchestrator.sweep import raster
 from orchestrator.sweep.results import Breakdown
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BREAKDOWN_PARQUET: Final = "kernel_breakdown.parquet"
 BREAKDOWN_PNG: Final = "kernel_breakdown.png"
@@ -130,6 +131,11 @@ def pareto_figure(points: Sequence[Sequence[float]], feasible: Sequence[bool], f
     With `modes` (`aggregated` / `disaggregated` per trial) the two kinds get different markers
     (circle / triangle) on the same axes, so aggregated and disaggregated fleets compare side by side.
     """
+    # matplotlib's figure machinery is imported here, not with the module: actors import this
+    # module for the breakdown chart, which does not need it (~1 s of imports).
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
     fig = Figure(figsize=(9.0, 5.6), dpi=90, layout="constrained")
     ax = fig.add_subplot()
     finite = [i for i, p in enumerate(points) if all(math.isfinite(v) for v in p)]
