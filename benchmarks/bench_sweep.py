@@ -7,7 +7,8 @@ local sqlite store with per-trial Parquet + PNG artifacts, journal storage) on a
 runtime with 2 CPUs. Reported: wall time of the trial loop (Ray start-up and MLflow database
 creation are reported separately), trials/s, scaling efficiency (trials/s with 2 actors / (2 x
 trials/s with 1 actor)), and the driver's time per trial in ask (+ drawing parameters), scenario
-build/hash, MLflow logging and tell. `--full N` then runs `kernelsight sweep` end to end for N
+build/hash, MLflow logging (in the child process `kernelsight sweep` logs through; its CPU is
+reported apart) and tell. `--full N` then runs `kernelsight sweep` end to end for N
 trials with 2 actors, start-up included (the 1,000-trial target).
 """
 
@@ -37,7 +38,7 @@ def run_loop(sweep: Path, trials: int, actors: int) -> dict[str, float]:
     from orchestrator.sweep.driver import SweepDriver
     from orchestrator.sweep.parse import load_sweep
     from orchestrator.sweep.pool import ShardPool
-    from orchestrator.sweep.session import make_tracker, quiet_service_loggers
+    from orchestrator.sweep.session import make_tracker_process, quiet_service_loggers
     from orchestrator.sweep.study import open_storage, open_study, study_uid
 
     quiet_service_loggers()
@@ -48,24 +49,29 @@ def run_loop(sweep: Path, trials: int, actors: int) -> dict[str, float]:
         storage, _ = open_storage(None, study_dir)
         study, _ = open_study(spec, storage, identity=spec.identity(base), resume=False)
         t0 = time.perf_counter()
-        tracker = make_tracker(None, spec, study_dir)
+        tracker = make_tracker_process(None, spec, study_dir)  # as `kernelsight sweep` logs
         tracker.start_study(study_uid=study_uid(study), spec=spec, tags={}, files=[])
         mlflow_init_s = time.perf_counter() - t0
+        mlflow_pid = tracker.pid
         pool = ShardPool(ray.put(base), num_actors=actors, name_prefix=f"bench-{actors}")
         pids = ray.get([ray.get_actor(n).pid.remote() for n in pool.current_actor_names()])  # actors up
         actor_cpu0 = sum(_cpu_s(pid) for pid in pids)
         driver_cpu0 = time.process_time()
+        mlflow_cpu0 = _cpu_s(mlflow_pid)
         driver = SweepDriver(spec, base, study, tracker, pool, n_trials=trials)
         report = driver.run()
         driver_cpu_s = time.process_time() - driver_cpu0
+        mlflow_cpu_s = _cpu_s(mlflow_pid) - mlflow_cpu0
         actor_cpu_s = sum(_cpu_s(pid) for pid in pids) - actor_cpu0
         pool.close()
+        tracker.close()
     per = report.timings.per_trial_ms()
     evaluated = trials - report.num_cache_hits
     return {"actors": actors, "trials": trials, "wall_s": report.timings.wall_s,
             "trials_per_s": trials / report.timings.wall_s, "mlflow_init_s": mlflow_init_s,
             "cache_hits": report.num_cache_hits, **per,
             "driver_cpu_ms_per_trial": driver_cpu_s / trials * 1e3,
+            "mlflow_process_cpu_ms_per_trial": mlflow_cpu_s / trials * 1e3,
             "actor_cpu_ms_per_evaluated_trial": actor_cpu_s / max(evaluated, 1) * 1e3,
             "actor_wall_ms_per_evaluated_trial": 1e3 * sum(
                 r.result.duration_s for r in report.records if r.result and r.result.cached_from is None)

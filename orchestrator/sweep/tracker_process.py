@@ -65,6 +65,12 @@ class TrackerProcess:
             self.close()
             raise
 
+    @property
+    def pid(self) -> int:
+        """The child's process id (benchmarks read its CPU time)."""
+        assert self._process.pid is not None
+        return self._process.pid
+
     # -- Tracker ------------------------------------------------------------------------------
 
     def start_study(self, *, study_uid: str, spec: SweepSpec, tags: Mapping[str, str],

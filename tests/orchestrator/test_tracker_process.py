@@ -74,8 +74,7 @@ def test_config_errors_pickle_with_their_fields() -> None:
 
 def test_a_dead_child_is_a_clear_error_and_ctrl_c_does_not_reach_it(tmp_path: Path) -> None:
     tracker = TrackerProcess(f"sqlite:///{tmp_path / 'mlflow.db'}", "dies")
-    pid = tracker._process.pid
-    assert pid is not None
+    pid = tracker.pid
     try:
         os.kill(pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole process group
         time.sleep(0.5)
