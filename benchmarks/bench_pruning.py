@@ -33,7 +33,7 @@ def run(spec: Any, base: Any, actors: int) -> Any:
     from orchestrator.sweep.driver import SweepDriver
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.study import open_storage, open_study
-    from orchestrator.sweep.tracking import NullTracker
+    from orchestrator.sweep.tracker import NullTracker
 
     with tempfile.TemporaryDirectory(prefix="bench-pruning-") as tmp:
         storage, _ = open_storage(None, Path(tmp))

@@ -67,11 +67,18 @@ def cmd_sweep(args: Namespace) -> int:
     from orchestrator.sweep.session import quiet_service_loggers
 
     quiet_service_loggers()
-    from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import OperationalError
 
     from orchestrator.sweep.resume_hint import resume_hint
     from orchestrator.sweep.stdout_guard import ReservedStdout
+
+    # A search logs through the MLflow child process, whose store errors arrive as ConnectionError;
+    # only a capacity sweep (MLflow in this process) needs MLflow's own exception type here.
+    service_errors: tuple[type[BaseException], ...] = (ConnectionError, OperationalError)
+    if spec.capacity is not None:
+        from mlflow.exceptions import MlflowException
+
+        service_errors += (MlflowException,)
 
     # Ray prints to stdout on its own (`(raylet) ...` lines, forwarded worker output): while it runs,
     # stdout points at stderr and the table or JSON is written after Ray has shut down.
@@ -82,7 +89,7 @@ def cmd_sweep(args: Namespace) -> int:
 
                 return run_capacity(spec, args, study_dir, emit=out.emit)
             return _run_search(spec, args, study_dir, emit=out.emit)
-        except (ConnectionError, MlflowException, OperationalError) as exc:
+        except service_errors as exc:
             # A service (Ray, the MLflow store, the Optuna database) is unreachable or refused us.
             sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
             if spec.capacity is None:

@@ -45,7 +45,7 @@ from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.space import suggest_params
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import grid_size, stored_result, tell, trial_state
-from orchestrator.sweep.tracking import LoggedRun, Tracker
+from orchestrator.sweep.tracker import LoggedRun, Tracker
 from orchestrator.sweep.vllm_command import kernelsight_run_command
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario

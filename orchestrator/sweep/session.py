@@ -12,12 +12,14 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.tracker_process import TrackerProcess
-from orchestrator.sweep.tracking import MlflowTracker
 from sim.specs.scenario import Scenario
+
+if TYPE_CHECKING:
+    from orchestrator.sweep.tracking import MlflowTracker
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ def default_tracking_uri(study_dir: Path) -> str:
 
 def make_tracker(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> MlflowTracker:
     """The study's MLflow tracker in this process; local stores keep artifacts in the study directory."""
+    from orchestrator.sweep.tracking import MlflowTracker
+
     uri, name, artifacts = _tracker_args(tracking_uri, spec, study_dir)
     return MlflowTracker(uri, name, artifact_location=artifacts)
 

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
@@ -32,13 +33,15 @@ from typing import Any, Final
 from orchestrator.sweep import faults
 from orchestrator.sweep.results import TrialResult
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.tracking import LoggedRun
+from orchestrator.sweep.tracker import LoggedRun
 
 _READY: Final = "ready"
 
 
-class TrackerProcessError(RuntimeError):
-    """The tracker's child process failed in a way that cannot be re-raised as its own exception."""
+class TrackerProcessError(ConnectionError):
+    """The MLflow store refused a call (MLflow's or the database driver's error, carried over by its
+    type and message), or the tracker's child process died. A `ConnectionError`, as an unreachable
+    service is to the sweep command: it stops with what was recorded kept and the `--resume` line."""
 
 
 class TrackerProcess:
@@ -152,23 +155,44 @@ def _serve(conn: Connection, tracking_uri: str, experiment_name: str, artifact_l
     try:
         tracker = MlflowTracker(tracking_uri, experiment_name, artifact_location=artifact_location)
     except BaseException as exc:
-        _reply(conn, False, exc)
+        _reply(conn, False, _store_error(exc))
+        _exit_now()
         return
     _reply(conn, True, _READY)
     while True:
         try:
             request = conn.recv()
         except (EOFError, OSError):
-            return  # the driver is gone
+            _exit_now()  # the driver is gone
+            return
         if request is None:
+            _exit_now()
             return
         method, args, kwargs = request
         try:
             value = getattr(tracker, method)(*args, **kwargs)
         except BaseException as exc:
-            _reply(conn, False, exc)
+            _reply(conn, False, _store_error(exc))
             continue
         _reply(conn, True, value)
+
+
+def _exit_now() -> None:
+    """End the child without the interpreter's teardown of MLflow's modules (~1-2 s): every call was
+    answered after MLflow returned, so what it wrote is committed and nothing is left to flush."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _store_error(exc: BaseException) -> BaseException:
+    """MLflow's and the database driver's errors as `TrackerProcessError` (the driver does not import
+    MLflow, and SQLAlchemy's errors do not survive pickling); every other error as it is."""
+    module = type(exc).__module__
+    if module.startswith(("mlflow", "sqlalchemy", "psycopg2", "pymysql", "sqlite3", "requests", "urllib3")):
+        return TrackerProcessError(f"MLflow store: {type(exc).__name__}: {exc}")
+    return exc
 
 
 def _reply(conn: Connection, ok: bool, value: Any) -> None:

@@ -23,9 +23,8 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
@@ -36,6 +35,7 @@ from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
 from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.results import Breakdown, TrialResult
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.tracker import LoggedRun
 from sim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -44,69 +44,11 @@ _MAX_PARAMS: Final = 100
 """LogBatch accepts at most 100 params, 1000 metrics and 1000 entities in total per request."""
 _MAX_METRICS: Final = 900
 _MAX_TAG_CHARS: Final = 4000
-_TERMINAL: Final = ("FINISHED", "FAILED", "KILLED")
 EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
 EXPERIMENT_KIND: Final = "custom_model_development"
 """MLflow 3's value for a classic ML experiment (the other is `genai_development`)."""
 BREAKDOWN_TABLE: Final = "kernel_breakdown.json"
 _LOGGED_ARTIFACTS_TAG: Final = "mlflow.loggedArtifacts"
-
-
-@dataclass(frozen=True, slots=True)
-class LoggedRun:
-    run_id: str
-    status: str
-
-    def is_done(self) -> bool:
-        return self.status in _TERMINAL
-
-
-class Tracker(Protocol):
-    """Where a sweep records itself. Call order: `start_study`, then `logged_trials` (resume),
-    any number of `log_trial`, then `finish_study`; `close` at the end, whatever happened."""
-
-    def start_study(self, *, study_uid: str, spec: SweepSpec, tags: Mapping[str, str],
-                    files: Sequence[tuple[str, Path]]) -> None: ...
-
-    def logged_trials(self) -> dict[int, LoggedRun]: ...
-
-    def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                  existing: LoggedRun | None = None) -> None: ...
-
-    def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None: ...
-
-    def interrupt_study(self) -> None: ...
-
-    def describe(self) -> dict[str, str]: ...
-
-    def close(self) -> None: ...
-
-
-class NullTracker:
-    """Records nothing (benchmarks of the driver without MLflow, programmatic use)."""
-
-    def start_study(self, *, study_uid: str, spec: SweepSpec, tags: Mapping[str, str],
-                    files: Sequence[tuple[str, Path]]) -> None:
-        return None
-
-    def logged_trials(self) -> dict[int, LoggedRun]:
-        return {}
-
-    def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                  existing: LoggedRun | None = None) -> None:
-        return None
-
-    def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None:
-        return None
-
-    def interrupt_study(self) -> None:
-        return None
-
-    def describe(self) -> dict[str, str]:
-        return {}
-
-    def close(self) -> None:
-        return None
 
 
 class MlflowTracker:

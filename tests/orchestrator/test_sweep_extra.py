@@ -35,7 +35,7 @@ from orchestrator.sweep.results import TrialResult
 from orchestrator.sweep.space import suggest_params
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.study import make_sampler, open_storage, open_study
-from orchestrator.sweep.tracking import NullTracker
+from orchestrator.sweep.tracker import NullTracker
 from sim.api import simulate
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario

@@ -21,7 +21,7 @@ from orchestrator.sweep.report import report_files
 from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.spec import SearchSpec
 from orchestrator.sweep.study import open_storage, open_study
-from orchestrator.sweep.tracking import NullTracker
+from orchestrator.sweep.tracker import NullTracker
 from sim.errors import ConfigError
 
 SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"

@@ -37,7 +37,7 @@ from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.results import TrialResult
 from orchestrator.sweep.study import JOURNAL_FILE, open_storage, open_study
-from orchestrator.sweep.tracking import NullTracker
+from orchestrator.sweep.tracker import NullTracker
 from sim.api import simulate
 from sim.specs.scenario import Scenario
 

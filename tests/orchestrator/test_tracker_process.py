@@ -7,17 +7,18 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.results import Breakdown, TrialResult, TrialStatus
+from orchestrator.sweep.tracker import LoggedRun
 from orchestrator.sweep.tracker_process import TrackerProcess, TrackerProcessError
-from orchestrator.sweep.tracking import LoggedRun
 from sim.errors import ConfigError, InfeasibleScenario
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "quickstart.toml"
@@ -41,7 +42,7 @@ def test_runs_logged_through_the_child_are_in_the_store(tmp_path: Path) -> None:
         logged = tracker.logged_trials()
         assert sorted(logged) == [0, 1, 2] and all(run.is_done() for run in logged.values())
         tracker.finish_study(files={"trials.csv": b"a,b\n"}, metrics={"n_ok": 3.0}, ok=True)
-        with pytest.raises(MlflowException, match="nope"):  # an error in the child keeps its type
+        with pytest.raises(TrackerProcessError, match=r"MLflow store: MlflowException: .*nope"):
             tracker.log_trial(_result(0), tags={}, timestamp_ms=0, existing=LoggedRun("nope", "RUNNING"))
         described = tracker.describe()  # and the child still answers after it
     finally:
@@ -84,3 +85,14 @@ def test_a_dead_child_is_a_clear_error_and_ctrl_c_does_not_reach_it(tmp_path: Pa
             tracker.describe()
     finally:
         tracker.close()
+
+
+def test_the_driver_side_of_a_search_sweep_does_not_import_mlflow() -> None:
+    """MLflow's imports (~3 s) happen in the child only; the driver's start-up does not wait for them."""
+    code = ("import sys\n"
+            "import orchestrator.sweep.command, orchestrator.sweep.driver, orchestrator.sweep.session\n"
+            "import orchestrator.sweep.tracker_process, orchestrator.sweep.report, orchestrator.sweep.pool\n"
+            "print(sorted(m for m in sys.modules if m == 'mlflow' or m.startswith('mlflow.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SWEEP.parents[1])})
+    assert out.stdout.strip() == "[]"
