@@ -25,6 +25,7 @@ Which families there are and how each is built: `sim.engine.step_parts`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, TypeVar
@@ -63,7 +64,7 @@ class Part:
     worst_provenance: Provenance
 
 
-class NodeTemplate:
+class NodeTemplate(ABC):
     """The kernel nodes of a part as a function of a count n >= 1: node labels and repeats (the
     same for every n), distinct kernel rows, and the rows' columns at many counts."""
 
@@ -88,9 +89,9 @@ class NodeTemplate:
     def same_nodes(self, nodes: NodeList) -> bool:
         return [(w.kind, w.name, w.dtype, w.group_size, len(w.shape), w.variant, r) for w, r in nodes] == self.nodes
 
+    @abstractmethod
     def columns(self, rows: list[int], ns: np.ndarray) -> KernelColumns:
         """Columns of `rows` (one kind, dtype, group) at counts `ns`, row after row."""
-        raise NotImplementedError
 
 
 class BuiltNodes(NodeTemplate):
