@@ -1,7 +1,7 @@
 """Files recorded with MLflow runs: kernel breakdown (Parquet + stacked bar), Pareto front (CSV + plot).
 
 The Pareto plot uses matplotlib's object API on the Agg canvas (no pyplot global state); the
-per-trial breakdown bar is drawn on `raster.Canvas`, which is ~50x cheaper. Both are returned as
+per-trial breakdown bar is drawn on `raster.Canvas` (~15 ms against 160-340 ms for a figure). Both are returned as
 bytes, so actors can render a trial's files and the driver only uploads them.
 """
 

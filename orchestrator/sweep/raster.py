@@ -5,8 +5,8 @@ A matplotlib figure with a legend costs ~150-350 ms to draw on the 2-core box, m
 and rasterising the same few dozen glyphs again for every string; one trial's whole simulation
 costs less. Here each glyph is rasterised once per process and font size (matplotlib's FreeType
 wrapper and its default font, so the text looks like the project's other plots) and strings are
-composited from the cached bitmaps with the font's advances and kerning: a chart is a few
-milliseconds, most of it the PNG encoder.
+composited from the cached bitmaps with the font's advances and kerning: a chart is ~15 ms
+(docs/benchmarks.md, "Sweeps").
 """
 
 from __future__ import annotations
@@ -117,12 +117,6 @@ def fit_text(text: str, size_pt: float, width_px: float) -> str:
     while text and text_width_px(text + "\u2026", size_pt) > width_px:
         text = text[:-1]
     return text + "\u2026"
-
-
-def hex_rgb(color: str) -> RGB:
-    """`#rrggbb` as floats in 0..1."""
-    value = color.lstrip("#")
-    return (int(value[0:2], 16) / 255.0, int(value[2:4], 16) / 255.0, int(value[4:6], 16) / 255.0)
 
 
 class Canvas:

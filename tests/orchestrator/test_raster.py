@@ -55,7 +55,7 @@ def test_long_labels_are_cut_with_an_ellipsis_to_fit() -> None:
 
 def test_fills_are_clipped_to_the_canvas_and_text_off_the_edge_is_dropped() -> None:
     canvas = raster.Canvas(50, 20)
-    canvas.fill(-10, -10, 5, 5, raster.hex_rgb("#ff0000"))
+    canvas.fill(-10, -10, 5, 5, (1.0, 0.0, 0.0))
     canvas.fill(48, 18, 80, 80, (0.0, 0.0, 1.0))
     canvas.text(45, 15, "clipped text", 9.0)
     canvas.text(-500, 10, "gone", 9.0)
