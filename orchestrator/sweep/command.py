@@ -142,7 +142,12 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
     with ThreadPoolExecutor(max_workers=1) as executor:
         # Creating a fresh MLflow database takes seconds; overlap it with Ray's start-up.
         tracker_future = executor.submit(make_tracker_process, args.tracking_uri, spec, study_dir)
-        started = connect_ray(args.ray_address, args.actors) if work else False
+        try:
+            started = connect_ray(args.ray_address, args.actors) if work else False
+        except BaseException:
+            with contextlib.suppress(Exception):  # the MLflow child started meanwhile: end it too
+                tracker_future.result().close()
+            raise
         try:
             tracker = tracker_future.result()
         except BaseException:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.tracker_process import TrackerProcess
+from sim.errors import ConfigError
 from sim.specs.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -99,8 +100,15 @@ def connect_ray(address: str | None, num_actors: int | None) -> bool:
         import sim
 
         modules = [str(Path(m.__file__).parent) for m in (sim, orchestrator) if m.__file__]
-        ray.init(address=address, log_to_driver=log_to_driver, logging_level=logging.WARNING,
-                 runtime_env={"py_modules": modules})
+        try:
+            ray.init(address=address, log_to_driver=log_to_driver, logging_level=logging.WARNING,
+                     runtime_env={"py_modules": modules})
+        except ValueError as exc:
+            if address not in str(exc):  # not Ray's parse of the address ("... (full address = X)")
+                raise
+            raise ConfigError(source="sweep", key="--ray-address", value=address,
+                              rule=f"must be a Ray cluster address such as 10.0.0.5:6379, ray://host:10001 or auto "
+                                   f"({exc})") from None
     return True
 
 

@@ -4,6 +4,7 @@ three child processes in all (each imports MLflow, ~3 s), on copies of one migra
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -111,3 +112,16 @@ def test_the_driver_side_of_a_search_sweep_does_not_import_mlflow() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(SWEEP.parents[1])})
     assert out.stdout.strip() == "[]"
+
+
+def test_a_malformed_ray_address_is_bad_input_and_ends_the_mlflow_child(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The MLflow child starts while Ray connects; when the connection is refused as bad input, the
+    sweep exits 2 naming the flag and the child does not outlive it."""
+    from orchestrator.cli import main
+
+    code = main(["sweep", str(SWEEP), "--ray-address", "not a host:port", "--study-dir", str(tmp_path / "study")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "--ray-address='not a host:port'" in err and "Traceback" not in err
+    assert multiprocessing.active_children() == []
