@@ -1,7 +1,10 @@
-"""Shared builders for tests: toy hardware with round numbers and small scenarios."""
+"""Shared builders for tests: toy hardware with round numbers and small scenarios; the local Ray
+runtime and the migrated MLflow store that many tests share."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,3 +51,82 @@ def scenario_dict(**sections: Mapping[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# -- a local Ray runtime shared by the tests that ask for it --------------------------------------
+
+_RAY_FIXTURES = ("ray_address", "ray_runtime")
+_last_ray_item: list[pytest.Item] = []
+
+
+@pytest.fixture
+def ray_address() -> str:
+    """GCS address of a local Ray runtime (2 CPUs) that this process is connected to.
+
+    Ray starts in ~6 s on 2 cores, so the runtime is started by the first test that asks for it and
+    shut down after the last one (`pytest_runtest_teardown`), not once per module. A test that needs
+    a connection elsewhere (tests/infra) shuts it down first; the next test here starts it again.
+    """
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+@pytest.fixture
+def ray_runtime(ray_address: str) -> None:
+    """The shared local Ray runtime, for tests that only need this process connected to it."""
+
+
+@pytest.fixture
+def no_ray() -> None:
+    """This process not connected to Ray: the shared runtime is shut down if it is up (the next test
+    that asks for it starts it again)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    using = [item for item in items if any(f in getattr(item, "fixturenames", ()) for f in _RAY_FIXTURES)]
+    _last_ray_item[:] = using[-1:]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Shut the shared Ray runtime down after the last test that uses it: later tests run without its
+    processes taking CPU."""
+    if _last_ray_item and item is _last_ray_item[0]:
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
+# -- a migrated, empty MLflow sqlite store -------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()  # runs the schema migrations
+    return path
+
+
+@pytest.fixture
+def tracking_uri(_mlflow_template: Path, tmp_path: Path) -> str:
+    """`sqlite:///` URI of a fresh, empty MLflow store in this test's tmp_path.
+
+    Creating an MLflow sqlite store runs its schema migrations (~4 s); the store here is a copy of
+    one migrated once per session, which MLflow opens as it opens any existing store. Tests of a
+    store that the sweep creates itself (the README command, default paths) do not use this.
+    """
+    path = tmp_path / "mlflow.db"
+    shutil.copyfile(_mlflow_template, path)
+    return f"sqlite:///{path}"

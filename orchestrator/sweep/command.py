@@ -139,22 +139,28 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
     resumed_with = sum(t.state is not TrialState.WAITING for t in study.get_trials(deepcopy=False))
     n_trials = args.trials or spec.n_trials
     work = needs_actors(study, spec, n_trials)
+    pool = None
+    started = False
+    num_actors = 0
     with ThreadPoolExecutor(max_workers=1) as executor:
-        # Creating a fresh MLflow database takes seconds; overlap it with Ray's start-up.
+        # The MLflow child takes seconds to start (importing MLflow; migrating a new database): Ray
+        # connects and the simulator actors start meanwhile.
         tracker_future = executor.submit(make_tracker_process, args.tracking_uri, spec, study_dir)
         try:
-            started = connect_ray(args.ray_address, args.actors) if work else False
+            if work:
+                started = connect_ray(args.ray_address, args.actors)
+                num_actors = args.actors or default_num_actors()
+                pool = ShardPool(ray.put(base), num_actors=num_actors, render_artifacts=not args.no_trial_plots,
+                                 name_prefix=f"kernelsight-{spec.name}-{uuid.uuid4().hex[:6]}")
+            tracker = tracker_future.result()
         except BaseException:
+            if pool is not None:
+                pool.close()
+            if started:
+                ray.shutdown()
             with contextlib.suppress(Exception):  # the MLflow child started meanwhile: end it too
                 tracker_future.result().close()
             raise
-        try:
-            tracker = tracker_future.result()
-        except BaseException:
-            if started:
-                ray.shutdown()
-            raise
-    pool = None
     try:
         tracker.start_study(study_uid=study_uid(study), spec=spec,
                             tags={"mode": "search", "storage": storage_desc, "n_trials": str(n_trials),
@@ -162,11 +168,6 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
                                   **study_identity_tags(base, spec)},
                             files=[("scenario", Path(spec.base_scenario)),
                                    *(("calibrations", f) for f in calibration_files(base, spec))])
-        num_actors = 0
-        if work:
-            num_actors = args.actors or default_num_actors()
-            pool = ShardPool(ray.put(base), num_actors=num_actors, render_artifacts=not args.no_trial_plots,
-                             name_prefix=f"kernelsight-{spec.name}-{uuid.uuid4().hex[:6]}")
         logger.info("study %s: %s, %d actor(s), storage %s, tracking %s", spec.name,
                     "resuming" if existed else "new", num_actors, storage_desc, tracker.tracking_uri)
         finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))

@@ -1,16 +1,29 @@
 """The local multi-node stack is real and complete: two Ray nodes that both run work, an Optuna study
 in PostgreSQL, an MLflow server that stores runs in PostgreSQL and artifacts on disk, and nothing left
-running once it is stopped. Tests run in file order; the last one stops the stack."""
+running once it is stopped; and a real sweep across it. Tests run in file order; the last one stops
+the stack."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
-from tests.infra.services import LocalStack, NodeProbe, current_node_id, port_is_open, tagged_pids
+from tests.infra.services import (
+    RAY_NODE_ENV,
+    LocalStack,
+    NodeProbe,
+    current_node_id,
+    port_is_open,
+    tagged_pids,
+)
 from tests.infra.services import local_stack as start_local_stack
 
 ray = pytest.importorskip("ray")
@@ -33,7 +46,7 @@ def local_stack() -> Iterator[LocalStack]:
 
 
 @pytest.fixture
-def ray_driver(local_stack: LocalStack) -> Iterator[None]:
+def ray_driver(no_ray: None, local_stack: LocalStack) -> Iterator[None]:
     ray.init(address=local_stack.ray.address, logging_level="ERROR", log_to_driver=False)
     try:
         yield
@@ -122,6 +135,84 @@ def test_mlflow_server_stores_runs_in_postgres_and_artifacts_on_disk(local_stack
     assert _pg_rows(local_stack, "mlflow", f"SELECT status FROM runs WHERE run_uuid = '{run_id}'") == [("FINISHED",)]
     stored = list(local_stack.mlflow.artifacts_dir.rglob("kernel_breakdown.csv"))
     assert len(stored) == 1 and stored[0].read_text() == artifact.read_text()
+
+
+NUM_TRIALS = 12
+
+
+def _sweep_file(tmp_path: Path) -> Path:
+    """The quickstart sweep with a smaller workload per trial (the space and objectives unchanged)."""
+    text = (REPO / "sweeps" / "quickstart.toml").read_text()
+    base = str((REPO / "scenarios" / "llama3_8b-h100.toml").resolve())
+    text = text.replace('scenario = "../scenarios/llama3_8b-h100.toml"', f"scenario = {json.dumps(base)}")
+    text = text.replace('"workload.num_prompts" = 60', '"workload.num_prompts" = 24')
+    assert base in text and '"workload.num_prompts" = 24' in text
+    path = tmp_path / "multinode.toml"
+    path.write_text(text)
+    return path
+
+
+def _trial_runs(tracking_uri: str, experiment_name: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    assert experiment is not None, f"no MLflow experiment {experiment_name!r}"
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.role = 'trial'", max_results=1000)
+    return list(runs)
+
+
+def test_sweep_runs_on_both_nodes_and_records_each_trial_once(local_stack: LocalStack, tmp_path: Path) -> None:
+    """A real sweep across the two nodes, the MLflow server and the study in PostgreSQL: the driver is
+    `python -m orchestrator.cli sweep` in its own process, as a user runs it against infra/. The checks
+    read what the services stored, not what the driver says."""
+    services = local_stack.services
+    sweep_file = _sweep_file(tmp_path)
+
+    # A driver whose auth mode differs from the cluster's gets its actors cancelled: exit 2, named fix.
+    refused = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep_file), "--trials", "2",
+         "--ray-address", local_stack.ray.address, "--study-dir", str(tmp_path / "refused")],
+        cwd=tmp_path, env=services.driver_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}),
+        capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "RAY_AUTH_MODE" in refused.stderr and "disabled" in refused.stderr
+
+    storage = local_stack.postgres.url("optuna", driver="postgresql")  # bare scheme, as users write it
+    argv = [sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep_file),
+            "--trials", str(NUM_TRIALS), "--actors", "2", "--ray-address", local_stack.ray.address,
+            "--tracking-uri", local_stack.mlflow.tracking_uri,
+            "--study-dir", str(tmp_path / "study"), "--no-trial-plots", "--json"]
+    # The storage URL carries the password: passed in KERNELSIGHT_STORAGE, as infra/ does, not in argv.
+    assert local_stack.postgres.password not in " ".join(argv)
+    done = subprocess.run(argv, cwd=tmp_path, env=services.driver_env({**RAY_NODE_ENV, "KERNELSIGHT_STORAGE": storage}),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout)
+    assert summary["n_trials"] == NUM_TRIALS
+    assert "postgresql" in summary["storage"] and local_stack.postgres.password not in summary["storage"]
+
+    # Optuna: the study in PostgreSQL holds every trial number once, all finished.
+    study = optuna.load_study(study_name=summary["study"],
+                              storage=local_stack.postgres.url("optuna"))
+    numbers = [t.number for t in study.trials]
+    assert sorted(numbers) == list(range(NUM_TRIALS))
+    assert all(t.state.is_finished() for t in study.trials)
+
+    # MLflow: the server holds one trial run per trial number, each finished.
+    runs = _trial_runs(local_stack.mlflow.tracking_uri, summary["study"])
+    per_number = Counter(int(r.data.tags["trial_number"]) for r in runs)
+    assert per_number == Counter(range(NUM_TRIALS)), per_number
+    assert {r.info.status for r in runs} <= {"FINISHED", "FAILED"}
+
+    # Both nodes evaluated trials: the actors say so in each run, and the GCS placed one per node.
+    alive = set(services.node_ids(local_stack.ray).values())
+    assert len(alive) == 2
+    # (Trials whose parameters make no scenario are answered by the driver: they carry no node.)
+    evaluated_on = Counter(r.data.tags["ray_node_id"] for r in runs
+                           if "ray_node_id" in r.data.tags and "cached_from_trial" not in r.data.tags)
+    assert set(evaluated_on) == alive, (evaluated_on, alive)
+    assert set(services.actor_nodes(local_stack.ray, "SimShard")) == alive
 
 
 def test_stop_ends_every_process_and_frees_every_port(local_stack: LocalStack) -> None:

@@ -4,12 +4,9 @@ fleet, and the plan's cost from the GPU-hours it provisioned."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 from conftest import REPO
 
 from orchestrator.cli import main
@@ -58,18 +55,9 @@ def test_a_profile_base_is_refused_with_the_reason(tmp_path: Path) -> None:
     assert info.value.key == "base.scenario"
 
 
-@pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def test_the_chosen_fleet_is_verified_autoscaled_and_costed_by_its_gpu_hours(
-        ray_runtime: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        ray_runtime: None, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri = tracking_uri
     path = _sweep(tmp_path, BASE + AUTOSCALING)
     assert main(["sweep", str(path), "--tracking-uri", uri, "--study-dir", str(tmp_path), "--json",
                  "--actors", "1"]) == 0

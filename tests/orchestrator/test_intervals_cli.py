@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 from conftest import REPO
 from mlflow import MlflowClient
 from test_sweep_ray import child_runs
@@ -112,18 +109,9 @@ def test_slo_confidence_is_checked(tmp_path: Path) -> None:
     assert spec.identity(base) != plain.identity(base)
 
 
-@pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.ray
 def test_sweep_with_slo_confidence_rejects_a_trial_whose_upper_end_misses(
-        ray_runtime: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        ray_runtime: None, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The bound sits between the trial's point TTFT and the upper end of its interval: the plain sweep
     accepts the trial, the robust one rejects it and shows the interval in its table."""
     spec = load_sweep(_sweep(tmp_path, "probe", 1.0, "slo_confidence = 0.9\ninterval_runs = 3"))
@@ -132,7 +120,7 @@ def test_sweep_with_slo_confidence_rejects_a_trial_whose_upper_end_misses(
     point, hi = probe.metrics["ttft_mean_s"], probe.metrics["ttft_mean_s_hi"]
     assert point < hi
     bound = (point + hi) / 2
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     plain = _sweep(tmp_path, "plain", bound, "")
     assert main(["sweep", str(plain), "--tracking-uri", uri, "--study-dir", str(tmp_path / "plain"),
                  "--no-trial-plots", "--json"]) == 0

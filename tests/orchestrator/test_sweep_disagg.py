@@ -4,11 +4,9 @@ and a real sweep on local Ray comparing aggregated and disaggregated candidates.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shlex
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -157,21 +155,13 @@ def test_dynamo_launch_lines_are_the_pool_engines_under_dynamo_workers(tmp_path:
     assert dynamo_command(base, CandidatePlan(params={"serving": "aggregated"}, status="ok", replicas=3)) == ""
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.ray
-def test_sweep_compares_aggregated_and_disaggregated(local_ray: None, tmp_path: Path,
+def test_sweep_compares_aggregated_and_disaggregated(ray_runtime: None, tracking_uri: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     address = str(ray.get_runtime_context().gcs_address)
     path = write(tmp_path, SWEEP)
     assert main(["sweep", str(path), "--ray-address", address, "--actors", "1", "--study-dir", str(tmp_path / "s"),
+                 "--tracking-uri", tracking_uri,
                  "--json", "--no-trial-plots"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["counts"] == {"ok": 2}
@@ -215,7 +205,7 @@ set = {{ "workload.num_prompts" = 16, "workload.random_input_len" = 64, "workloa
 
 
 @pytest.mark.ray
-def test_capacity_plan_compares_aggregated_and_disaggregated_fleets(local_ray: None, tmp_path: Path,
+def test_capacity_plan_compares_aggregated_and_disaggregated_fleets(ray_runtime: None, tracking_uri: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     # One aggregated replica (1 GPU) against one 1P1D unit (2 GPUs) of Llama-3.1-8B on H100 for
     # 40 requests/s of 64-in/4-out traffic: both are planned by bisection and priced as fleets.
@@ -223,7 +213,8 @@ def test_capacity_plan_compares_aggregated_and_disaggregated_fleets(local_ray: N
     path = tmp_path / "cap.toml"
     path.write_text(textwrap.dedent(CAPACITY))
     study = tmp_path / "s"
-    assert main(["sweep", str(path), "--ray-address", address, "--actors", "1", "--study-dir", str(study)]) == 0
+    assert main(["sweep", str(path), "--ray-address", address, "--actors", "1", "--study-dir", str(study),
+                 "--tracking-uri", tracking_uri]) == 0
     text = capsys.readouterr().out
     # The table names both kinds and the cheapest fleet of each.
     assert "cheapest aggregated: candidate 0" in text and "cheapest disaggregated: candidate 1" in text

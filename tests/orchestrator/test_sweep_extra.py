@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
@@ -46,23 +46,6 @@ OBJECTIVES = ("cost_per_million_output_tokens_usd", "ttft_p90_s")
 """The two objectives (both minimised) that `sweep_file` writes."""
 HARDWARE_SPACE = ('"hardware.name" = { choices = ["h100_sxm", "a100_sxm", "l40s"] }\n'
                   '"engine.max_num_seqs" = { type = "int", low = 8, high = 256, log = true }\n')
-
-
-@pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One MLflow sqlite store for the module: its schema migrations (seconds) run once, here."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).search_experiments()
-    return uri
 
 
 def feasible_front(trials: Sequence[FrozenTrial]) -> dict[tuple[float, ...], list[int]]:

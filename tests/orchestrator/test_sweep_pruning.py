@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -92,15 +91,6 @@ def test_rung_score_ranks_slo_violation_then_the_metric(tmp_path: Path) -> None:
     by_cost = load_sweep(_sweep(tmp_path, ON + 'pruning_metric = "cost_per_million_output_tokens_usd"\n'))
     assert rung_score({"ttft_p90_s": 0.2, "cost_per_million_output_tokens_usd": 4.0}, by_cost) == 4.0
     assert math.isinf(rung_score({"ttft_p90_s": 0.6, "cost_per_million_output_tokens_usd": 4.0}, by_cost))
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
-    try:
-        yield str(ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.ray

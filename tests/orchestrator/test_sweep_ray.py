@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,15 +48,6 @@ SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
-    try:
-        yield str(ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,8 +55,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mlflow_server(_mlflow_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copyfile(_mlflow_template, root / "mlflow.db")  # migrated once per session (conftest)
     port = _free_port()
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(

@@ -24,7 +24,7 @@ import pytest
 from conftest import REPO
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
-from test_sweep_ray import ENV, SMALL, journal_study, ray_address, sweep_file  # noqa: F401  (ray_address: fixture)
+from test_sweep_ray import ENV, SMALL, journal_study, sweep_file
 
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.resume_hint import resume_command
@@ -126,11 +126,12 @@ def test_resume_hint_repeats_every_state_flag_and_masks_passwords(tmp_path: Path
     assert flags  # parsed
 
 
-def test_sigint_prints_a_hint_that_resumes_into_the_same_stores(ray_address: str, tmp_path: Path) -> None:  # noqa: F811
+def test_sigint_prints_a_hint_that_resumes_into_the_same_stores(ray_address: str, tracking_uri: str,
+                                                                 tmp_path: Path) -> None:
     path = sweep_file(tmp_path, name="hint", sampler="random", n_trials=8, space=SPACE,
                       base_set='"workload.num_prompts" = 120, "workload.request_rate" = 16.0')
     study_dir = tmp_path / "elsewhere" / "study"
-    tracking = f"sqlite:///{tmp_path / 'tracking.db'}"
+    tracking = tracking_uri
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
                                ray_address, "--tracking-uri", tracking, "--study-dir", str(study_dir)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
@@ -170,12 +171,12 @@ def test_sigint_prints_a_hint_that_resumes_into_the_same_stores(ray_address: str
 
 @pytest.mark.parametrize("point", ["trial-run-created", "trial-metrics-logged"])
 def test_driver_killed_mid_write_resumes_without_duplicate_points_or_running_runs(
-        ray_address: str, tmp_path: Path, point: str) -> None:  # noqa: F811
+        ray_address: str, tracking_uri: str, tmp_path: Path, point: str) -> None:
     """The driver SIGKILLs itself inside a trial's MLflow write (KERNELSIGHT_FAULT_POINT); a retried create
     left an extra empty RUNNING copy of that run and of the parent. Resume: one finished run per trial,
     nothing RUNNING, one point per metric."""
     path = sweep_file(tmp_path, name="torn", sampler="random", n_trials=4, space=SPACE, base_set=SMALL)
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = tracking_uri
     cmd = [sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address", ray_address,
            "--tracking-uri", tracking, "--study-dir", str(tmp_path / "study"), "--json"]
     killed = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "KERNELSIGHT_FAULT_POINT": point},

@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,20 +25,6 @@ from sim.errors import ConfigError, InfeasibleScenario
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "quickstart.toml"
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty MLflow sqlite database, made once: a fresh one costs each child ~4 s of
-    schema migrations."""
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
-
-
-def _store(empty_store: Path, tmp_path: Path) -> str:
-    shutil.copy(empty_store, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
 def _result(number: int) -> TrialResult:
     bd = Breakdown(seconds_by_kind={"gemm": 2.0}, seconds_by_name={"qkv_proj": 2.0}, host_s=1.0, launch_floor_s=0.0)
     return TrialResult(number=number, status=TrialStatus.OK, params={"engine.max_num_seqs": 8 * (number + 1)},
@@ -47,8 +32,8 @@ def _result(number: int) -> TrialResult:
                        duration_s=0.5, artifacts={"note.txt": b"hello"})
 
 
-def test_runs_logged_through_the_child_are_in_the_store(empty_store: Path, tmp_path: Path) -> None:
-    uri = _store(empty_store, tmp_path)
+def test_runs_logged_through_the_child_are_in_the_store(tracking_uri: str, tmp_path: Path) -> None:
+    uri = tracking_uri
     spec = load_sweep(SWEEP)
     tracker = TrackerProcess(uri, "child", artifact_location=(tmp_path / "art").as_uri())
     try:
@@ -75,8 +60,8 @@ def test_runs_logged_through_the_child_are_in_the_store(empty_store: Path, tmp_p
     assert client.get_run(described["parent_run_id"]).info.status == "FINISHED"
 
 
-def test_a_config_error_in_the_child_is_a_config_error_in_the_driver(empty_store: Path, tmp_path: Path) -> None:
-    uri = _store(empty_store, tmp_path)
+def test_a_config_error_in_the_child_is_a_config_error_in_the_driver(tracking_uri: str) -> None:
+    uri = tracking_uri
     client = MlflowClient(tracking_uri=uri)
     client.delete_experiment(client.create_experiment("gone"))
     with pytest.raises(ConfigError, match="deleted"):  # the CLI's exit code 2, not a generic failure
@@ -89,8 +74,8 @@ def test_config_errors_pickle_with_their_fields() -> None:
     assert type(back) is InfeasibleScenario and (back.key, back.value, str(back)) == (err.key, 3, str(err))
 
 
-def test_a_dead_child_is_a_clear_error_and_ctrl_c_does_not_reach_it(empty_store: Path, tmp_path: Path) -> None:
-    tracker = TrackerProcess(_store(empty_store, tmp_path), "dies")
+def test_a_dead_child_is_a_clear_error_and_ctrl_c_does_not_reach_it(tracking_uri: str) -> None:
+    tracker = TrackerProcess(tracking_uri, "dies")
     pid = tracker.pid
     try:
         os.kill(pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole process group
@@ -115,12 +100,13 @@ def test_the_driver_side_of_a_search_sweep_does_not_import_mlflow() -> None:
 
 
 def test_a_malformed_ray_address_is_bad_input_and_ends_the_mlflow_child(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        no_ray: None, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The MLflow child starts while Ray connects; when the connection is refused as bad input, the
     sweep exits 2 naming the flag and the child does not outlive it."""
     from orchestrator.cli import main
 
-    code = main(["sweep", str(SWEEP), "--ray-address", "not a host:port", "--study-dir", str(tmp_path / "study")])
+    code = main(["sweep", str(SWEEP), "--ray-address", "not a host:port", "--study-dir", str(tmp_path / "study"),
+                 "--tracking-uri", tracking_uri])
     err = capsys.readouterr().err
     assert code == 2, err
     assert "--ray-address='not a host:port'" in err and "Traceback" not in err
