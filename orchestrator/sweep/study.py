@@ -30,6 +30,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from orchestrator.sweep import fast_truncnorm
 from orchestrator.sweep.journal_lock import InterruptSafeLock
 from orchestrator.sweep.objective import CONFIG_CONSTRAINT, constraint_values, objective_values
 from orchestrator.sweep.results import TrialResult, TrialStatus
@@ -134,6 +135,7 @@ def make_sampler(spec: SweepSpec, *, seed: int | None = None) -> BaseSampler:
     seed = spec.seed if seed is None else seed
     opts = dict(spec.sampler_options)
     if spec.sampler == "tpe":
+        fast_truncnorm.install()  # the same asks, ~half the time at 1,000 trials
         conditional = any(p.when for p in spec.space)
         multivariate = bool(opts.pop("multivariate", True))
         # constant_liar is set explicitly: its default has changed across Optuna versions, and
