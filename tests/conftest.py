@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,15 +80,17 @@ def ray_runtime(ray_address: str) -> None:
     """The shared local Ray runtime, for tests that only need this process connected to it."""
 
 
+def _shutdown_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture
 def no_ray() -> None:
     """This process not connected to Ray: the shared runtime is shut down if it is up (the next test
     that asks for it starts it again)."""
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    _shutdown_ray()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -100,11 +103,12 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Shut the shared Ray runtime down after the last test that uses it: later tests run without its
     processes taking CPU."""
     if _last_ray_item and item is _last_ray_item[0]:
-        import sys
+        _shutdown_ray()
 
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            ray.shutdown()
+
+def pytest_sessionfinish() -> None:
+    """A run stopped early (`-x`, Ctrl-C) still stops the shared runtime."""
+    _shutdown_ray()
 
 
 # -- a migrated, empty MLflow sqlite store -------------------------------------------------------

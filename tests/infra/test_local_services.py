@@ -177,6 +177,12 @@ def test_sweep_runs_on_both_nodes_and_records_each_trial_once(local_stack: Local
         capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert "RAY_AUTH_MODE" in refused.stderr and "disabled" in refused.stderr
+    # The actors are refused while the MLflow child starts, before the study's parent run exists.
+    from mlflow.tracking import MlflowClient
+
+    refused_store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'refused' / 'mlflow.db'}")
+    refused_experiment = refused_store.get_experiment_by_name("quickstart")
+    assert refused_experiment is None or not refused_store.search_runs([refused_experiment.experiment_id])
 
     storage = local_stack.postgres.url("optuna", driver="postgresql")  # bare scheme, as users write it
     argv = [sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep_file),
