@@ -3,11 +3,10 @@
 Per trial, in this order: ask and draw parameters; build the scenario and its hash (cache key;
 an impossible combination is answered at once as `INVALID`); answer from the cache or submit
 to the pool; when the result is back, hand it to the recorder thread, which writes the MLflow
-run and then tells Optuna (telling one trial while the MLflow child writes the next one's run).
-Logging before telling is what makes resume exact: a trial that is finished in Optuna is always
-recorded in MLflow, and a trial still RUNNING in Optuna is evaluated again and told once. The main
-thread makes every decision (asking, the cache, the pool); the recorder only writes, in completion
-order.
+run and then tells Optuna. Logging before telling is what makes resume exact: a trial that is
+finished in Optuna is always recorded in MLflow, and a trial still RUNNING in Optuna is
+evaluated again and told once. The main thread makes every decision (asking, the cache, the
+pool); the recorder only writes, one trial at a time in completion order.
 
 Resume (`SweepDriver.run` on an existing study) first reconciles the two stores:
 - trials WAITING in Optuna (enqueued with `study.enqueue_trial`, never started) are left to `ask`,
@@ -278,24 +277,16 @@ class SweepDriver:
         assert self._recorder is not None
         self._recorder.submit(result.number, lambda: self._record(live, result))
 
-    def _record(self, live: _Live, result: TrialResult) -> Callable[[], None]:
-        """Runs on the recorder thread: begins the trial's MLflow run and returns what waits for it
-        and then tells Optuna (the recorder may begin the next trial's run in between)."""
+    def _record(self, live: _Live, result: TrialResult) -> None:
+        """Runs on the recorder thread."""
         state = trial_state(result, self.spec)
         t0 = time.perf_counter()
-        wait_logged = self.tracker.begin_log_trial(result, tags=self._state_tags(state, result),
-                                                   timestamp_ms=live.timestamp_ms, existing=live.existing)
-        self._t["log"] += time.perf_counter() - t0
-
-        def finish() -> None:
-            t1 = time.perf_counter()
-            wait_logged()
-            t2 = time.perf_counter()
-            tell(self.study, live.trial, result, self.spec)
-            self._t["log"] += t2 - t1
-            self._t["tell"] += time.perf_counter() - t2
-
-        return finish
+        self.tracker.log_trial(result, tags=self._state_tags(state, result), timestamp_ms=live.timestamp_ms,
+                               existing=live.existing)
+        t1 = time.perf_counter()
+        tell(self.study, live.trial, result, self.spec)
+        self._t["log"] += t1 - t0
+        self._t["tell"] += time.perf_counter() - t1
 
     def _state_tags(self, state: TrialState, result: TrialResult) -> dict[str, str]:
         feasible = result.status is TrialStatus.OK and all(

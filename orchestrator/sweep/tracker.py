@@ -6,7 +6,7 @@ imports MLflow (~3 s of imports before Ray could start, ~1 s more at exit).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -38,13 +38,6 @@ class Tracker(Protocol):
     def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
                   existing: LoggedRun | None = None) -> None: ...
 
-    def begin_log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                        existing: LoggedRun | None = None) -> Callable[[], None]:
-        """`log_trial`, possibly still running when this returns: the returned function waits until
-        the run is written and raises its error. A tracker that logs in the calling process logs here
-        and returns `logged`."""
-        ...
-
     def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None: ...
 
     def interrupt_study(self) -> None: ...
@@ -52,10 +45,6 @@ class Tracker(Protocol):
     def describe(self) -> dict[str, str]: ...
 
     def close(self) -> None: ...
-
-
-def logged() -> None:
-    """The waiter `begin_log_trial` returns when the run is already written."""
 
 
 class NullTracker:
@@ -71,10 +60,6 @@ class NullTracker:
     def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
                   existing: LoggedRun | None = None) -> None:
         return None
-
-    def begin_log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                        existing: LoggedRun | None = None) -> Callable[[], None]:
-        return logged
 
     def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None:
         return None

@@ -8,9 +8,8 @@ quickstart sweep MLflow held it 40% of the time and TPE 28% (py-spy `--gil`). He
 thread sends each call down a pipe and waits on it, which releases the GIL.
 
 The call order, the error handling and what a killed driver leaves behind are those of an in-process
-`MlflowTracker`: the child answers calls one at a time in the order they were sent (a trial's run
-may be sent before the previous one's answer is read: `begin_log_trial`), an error raised in the
-child is raised again in the driver, a child that dies makes the next call fail with a clear error, and a
+`MlflowTracker`: every call is answered before the next is sent, an error raised in the child is
+raised again in the driver, a child that dies makes the next call fail with a clear error, and a
 driver that dies closes the pipe, which ends the child. The child ignores SIGINT, so Ctrl-C reaches
 only the driver, which then marks the parent run KILLED through the child.
 """
@@ -26,7 +25,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
@@ -54,12 +53,8 @@ class TrackerProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._lock = threading.Lock()
-        self._sent = 0
-        """Requests sent; the child answers them in order, so request k's answer is the k-th read."""
-        self._read = 0
-        self._unclaimed: dict[int, tuple[bool, Any]] = {}
-        """Answers read while waiting for a later one (a pipelined log, or a call whose waiter was
-        interrupted by Ctrl-C): kept until claimed."""
+        self._unanswered = 0
+        """Requests whose answers were never read (a Ctrl-C while waiting): read before the next call."""
         self._process = context.Process(
             target=_serve, name="kernelsight-mlflow",
             args=(child_conn, tracking_uri, experiment_name, artifact_location, os.getpid(),
@@ -67,9 +62,8 @@ class TrackerProcess:
             daemon=True)
         self._process.start()
         child_conn.close()
-        self._sent = 1  # the tracker's constructor: creates or finds the experiment
         try:
-            self._wait(1, "MlflowTracker()")
+            self._answer()  # the tracker's constructor: creates or finds the experiment
         except BaseException:
             self.close()
             raise
@@ -92,15 +86,7 @@ class TrackerProcess:
 
     def log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
                   existing: LoggedRun | None = None) -> None:
-        self.begin_log_trial(result, tags=tags, timestamp_ms=timestamp_ms, existing=existing)()
-
-    def begin_log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                        existing: LoggedRun | None = None) -> Callable[[], None]:
-        """Send the run to the child and return at once; the returned function waits until it is
-        written (raising the child's error). Calls made meanwhile are answered after it."""
-        ticket = self._send("log_trial", (result,), {"tags": dict(tags), "timestamp_ms": timestamp_ms,
-                                                      "existing": existing})
-        return lambda: self._wait(ticket, "log_trial")
+        self._call("log_trial", result, tags=dict(tags), timestamp_ms=timestamp_ms, existing=existing)
 
     def finish_study(self, *, files: Mapping[str, bytes], metrics: Mapping[str, float], ok: bool) -> None:
         self._call("finish_study", files=dict(files), metrics=dict(metrics), ok=ok)
@@ -127,31 +113,24 @@ class TrackerProcess:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._wait(self._send(method, args, kwargs), method)
-
-    def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-        """Send a request; its ticket is what `_wait` takes."""
         with self._lock:
+            while self._unanswered:
+                self._answer(method, stale=True)
             try:
                 self._conn.send((method, args, kwargs))
             except (BrokenPipeError, OSError) as exc:
                 raise self._died(method) from exc
-            self._sent += 1
-            return self._sent
+            self._unanswered += 1
+            return self._answer(method)
 
-    def _wait(self, ticket: int, method: str) -> Any:
-        """The answer to request `ticket`: its value, or its error raised here."""
-        with self._lock:
-            while ticket not in self._unclaimed:
-                if self._read >= ticket:
-                    raise RuntimeError(f"answer {ticket} ({method}) was already claimed")
-                try:
-                    answer = self._conn.recv()
-                except (EOFError, OSError) as exc:
-                    raise self._died(method) from exc
-                self._read += 1
-                self._unclaimed[self._read] = answer
-            ok, value = self._unclaimed.pop(ticket)
+    def _answer(self, method: str = "MlflowTracker()", *, stale: bool = False) -> Any:
+        try:
+            ok, value = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise self._died(method) from exc
+        self._unanswered = max(0, self._unanswered - 1)
+        if stale:
+            return None
         if not ok:
             raise value
         return value

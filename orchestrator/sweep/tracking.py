@@ -22,7 +22,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,7 +35,7 @@ from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
 from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.results import Breakdown, TrialResult
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.tracker import LoggedRun, logged
+from orchestrator.sweep.tracker import LoggedRun
 from sim.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -151,12 +151,6 @@ class MlflowTracker:
         self.log_child(run_name=f"trial-{result.number:05d}", params=result.params, metrics=_trial_metrics(result),
                        tags=all_tags, artifacts=artifacts, failed=result.status.value == "failed",
                        timestamp_ms=timestamp_ms, duration_s=result.duration_s, existing=existing)
-
-    def begin_log_trial(self, result: TrialResult, *, tags: Mapping[str, str], timestamp_ms: int,
-                        existing: LoggedRun | None = None) -> Callable[[], None]:
-        """Logs now (this tracker works in the calling process)."""
-        self.log_trial(result, tags=tags, timestamp_ms=timestamp_ms, existing=existing)
-        return logged
 
     def log_child(self, *, run_name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
                   tags: Mapping[str, str], artifacts: Mapping[str, bytes], failed: bool, timestamp_ms: int,
