@@ -4,8 +4,8 @@ TPE prices an integer or discrete parameter (`max_num_seqs`, `max_num_batched_to
 Gaussian mass of each candidate's unit interval under every kernel of its Parzen estimators. Optuna
 (5.0) computes that log-CDF one element at a time through a Python function behind a
 1,000-entry `lru_cache` (`optuna.samplers._tpe._truncnorm._log_ndtr`, via `np.frompyfunc`); a
-study of 1,000 trials asks it ~15,000 distinct values per ask, so the cache misses and half of
-each ask goes there (docs/benchmarks.md).
+study of 1,000 trials asks it ~15,000 distinct values per ask, so the cache misses and this is
+the largest part of each ask (docs/benchmarks.md, "TPE's log-CDF array-wise").
 
 `log_ndtr` below takes the same branches with the same C functions (`math.erf`, `math.erfc`,
 `math.log`, applied element-wise) and the same IEEE operations, so every value is bitwise the one
