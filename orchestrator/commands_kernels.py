@@ -83,10 +83,10 @@ def resolved_tier(hw: HardwareSpec, tier: str, calibration: str | None) -> str:
     return tier
 
 
-def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: str
+def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: str, sm_version: int | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) seconds: the shipped split-conformal interval of each row's family in `tier`
-    (lo = hi = the prediction when no interval table ships)."""
+    """(lo, hi) seconds: the shipped split-conformal interval of each row's family in `tier` on a GPU
+    of `sm_version` (its architecture class) (lo = hi = the prediction when no interval table ships)."""
     from sim.calibration.intervals import shipped_intervals
     from sim.calibration.tables import FAMILY_OF_KERNEL
 
@@ -94,7 +94,7 @@ def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: s
     if table is None:
         return latency_s.copy(), latency_s.copy()
     families = np.array([FAMILY_OF_KERNEL.get(str(k), "") for k in cols["kernel"]], dtype=object)
-    return table.bounds(tier, families, latency_s)
+    return table.bounds(tier, families, latency_s, sm_version)
 
 
 def _read_header(src: Path) -> list[str]:
@@ -240,7 +240,7 @@ def cmd_predict_kernels(args: Namespace) -> int:
             raise
         _validate_rows(src)
         raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
-    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration))
+    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration), hw.sm_version)
     out = Path(args.out)
     try:
         _write_predictions(out, fast is not None, text if fast is not None else {}, header, rows, n,
@@ -332,19 +332,33 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     from orchestrator.progress import ProgressBar
     from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, run_logo
     from sim.calibration.intervals import nested_coverage, table_from_logo
+    from sim.calibration.logo_run import load_logo_run, save_logo_run
     from sim.calibration.report import render_kernels_section, replace_section
+    from sim.specs.catalog import load_hardware
 
     start = time.perf_counter()
     families = tuple(args.family) if args.family else None
-    # loading each GPU's tables, then evaluating each GPU left out
-    with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
-        result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
-    result["wall_s"] = time.perf_counter() - start
-    residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
-    result["intervals"] = nested_coverage(residuals, TRAIN_GPUS)
+    if args.from_run:
+        if families is not None:
+            raise ConfigError(source="accuracy kernels", key="--family", value=list(families),
+                              rule="a saved run is rendered whole: give --from-run or --family, not both")
+        # The saved run's own scores, residuals and wall time: nothing is refitted.
+        result, residuals = load_logo_run(Path(args.from_run))
+        result.pop("intervals", None)
+    else:
+        # loading each GPU's tables, then evaluating each GPU left out
+        with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
+            result = run_logo(_data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
+        result["wall_s"] = time.perf_counter() - start
+        residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
+        if args.save_run:
+            save_logo_run(result, residuals, Path(args.save_run))
+            sys.stderr.write(f"saved the run to {args.save_run}\n")
+    architectures = {g: load_hardware(g).sm_version for g in residuals}
+    result["intervals"] = nested_coverage(residuals, TRAIN_GPUS, architectures=architectures)
     if args.intervals_out:
         table = table_from_logo(residuals, TRAIN_GPUS, result["data_sha256"],
-                                "kernelsight accuracy kernels --intervals-out PATH")
+                                "kernelsight accuracy kernels --intervals-out PATH", architectures=architectures)
         table.save(Path(args.intervals_out))
         sys.stderr.write(f"wrote the interval table to {args.intervals_out}\n")
     if args.json:
@@ -435,6 +449,11 @@ def register(sub: Any) -> None:
     ak.add_argument("--intervals-out", metavar="INTERVALS.json",
                     help="also write the split-conformal interval table fitted on the dev GPUs' leave-one-GPU-out "
                          "residuals (shipped as sim/data/calibration/intervals.json)")
+    ak.add_argument("--save-run", metavar="DIR",
+                    help="also save the leave-one-GPU-out run (scores and residuals) under DIR")
+    ak.add_argument("--from-run", metavar="DIR",
+                    help="render the report (and --intervals-out) from a run saved with --save-run instead of "
+                         "refitting (seconds instead of ~50 minutes; --data and --workers are not used)")
     ak.set_defaults(func=cmd_accuracy_kernels)
 
     fx = sub.add_parser("fit-cross-generation", help="refit the shipped cross-generation model")

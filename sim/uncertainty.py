@@ -52,10 +52,13 @@ def kernel_tier(scenario: Scenario) -> str:
     return tier
 
 
-def draw_log_factors(table: IntervalTable, tier: str, k: int, seed: int) -> list[dict[str, float]]:
-    """K dicts family -> log latency factor (draw i from SeedSequence([seed, 21, i]))."""
+def draw_log_factors(table: IntervalTable, tier: str, k: int, seed: int, sm_version: int | None = None
+                     ) -> list[dict[str, float]]:
+    """K dicts family -> log latency factor on a GPU of `sm_version` (its architecture class's
+    intervals; draw i from SeedSequence([seed, 21, i]))."""
     fams = sorted(set(SIM_FAMILY.values()))
-    return [sample_log_factors(table, tier, fams, np.random.default_rng(np.random.SeedSequence([seed, _STREAM, i])))
+    return [sample_log_factors(table, tier, fams, np.random.default_rng(np.random.SeedSequence([seed, _STREAM, i])),
+                               sm_version)
             for i in range(k)]
 
 
@@ -93,15 +96,16 @@ class PerturbedModels:
     priced parts in its `PriceCache`, whose key is the model object) across trials."""
 
     def __init__(self) -> None:
-        self._models: dict[tuple[int, str, int, int], tuple[EfficiencyModel, list[PerturbedEfficiency]]] = {}
+        self._models: dict[tuple[int, str, int, int, int | None],
+                           tuple[EfficiencyModel, list[PerturbedEfficiency]]] = {}
 
-    def get(self, base: EfficiencyModel, table: IntervalTable, tier: str, k: int, seed: int
-            ) -> list[PerturbedEfficiency]:
-        key = (id(base), tier, k, seed)
+    def get(self, base: EfficiencyModel, table: IntervalTable, tier: str, k: int, seed: int,
+            sm_version: int | None = None) -> list[PerturbedEfficiency]:
+        key = (id(base), tier, k, seed, sm_version)
         hit = self._models.get(key)
         if hit is not None and hit[0] is base:
             return hit[1]
-        models = [PerturbedEfficiency(base, f) for f in draw_log_factors(table, tier, k, seed)]
+        models = [PerturbedEfficiency(base, f) for f in draw_log_factors(table, tier, k, seed, sm_version)]
         self._models[key] = (base, models)
         return models
 
@@ -122,7 +126,7 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
     samples: list[SimSummary] = []
     if table is not None and k > 0 and tier in table.tiers:
         base = efficiency or scenario_efficiency(scenario, profile)
-        for model in (models or PerturbedModels()).get(base, table, tier, k, seed):
+        for model in (models or PerturbedModels()).get(base, table, tier, k, seed, scenario.hardware.sm_version):
             samples.append(simulate(scenario, efficiency=model, profile=profile, limits=limits,
                                     prices=prices).summary)
             if progress is not None:

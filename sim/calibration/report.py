@@ -64,10 +64,14 @@ def _intervals_table(rows: list[Mapping[str, Any]]) -> list[str]:
            "Nominal 90% central intervals (split-conformal, docs/kernel-model.md#intervals). On a dev GPU the "
            "quantiles come from the other dev GPUs' leave-one-GPU-out residuals only (nested); b200_sxm "
            "(evaluation only) is scored with the quantiles of all dev GPUs and never contributes to one. "
+           "Fitted tiers take the quantiles of the dev GPUs of the GPU's architecture class: `seen` (another "
+           "dev GPU has its SM version: h100_sxm, h200_sxm) or `new` (none has: a100_sxm, l40s, "
+           "rtx_pro_6000_server; b200_sxm). "
            "Coverage = share of rows whose measured latency lies in the interval; width = (hi - lo) / "
            "predicted. Per GPU: mean over families (min family in brackets) and over rows.", "",
-           "| GPU | tier | coverage, mean of families (min) | coverage over rows | mean relative width |",
-           "|---|---|---|---|---|"]
+           "| GPU | tier | architecture | coverage, mean of families (min) | coverage over rows "
+           "| mean relative width |",
+           "|---|---|---|---|---|---|"]
     keys = sorted({(r["gpu"], r["tier"]) for r in rows}, key=lambda k: (k[0] == "b200_sxm", k[0], k[1]))
     for gpu, tier in keys:
         sel = [r for r in rows if r["gpu"] == gpu and r["tier"] == tier]
@@ -75,7 +79,8 @@ def _intervals_table(rows: list[Mapping[str, Any]]) -> list[str]:
         n = sum(r["rows"] for r in sel)
         pooled = sum(r["coverage"] * r["rows"] for r in sel) / n
         width = sum(r["rel_width"] for r in sel) / len(sel)
-        out.append(f"| {gpu} | {tier} | {_pct(sum(cov) / len(cov))} ({_pct(min(cov))}) | {_pct(pooled)} "
+        arch = (sel[0].get("architecture") or "-").removesuffix("-architecture")
+        out.append(f"| {gpu} | {tier} | {arch} | {_pct(sum(cov) / len(cov))} ({_pct(min(cov))}) | {_pct(pooled)} "
                    f"| {_pct(width)} |")
     out += ["", "| GPU | tier | family | rows | coverage | relative width |", "|---|---|---|---|---|---|"]
     for gpu, tier in keys:

@@ -66,6 +66,60 @@ def test_coverage_on_exchangeable_synthetic_gpus_is_near_nominal() -> None:
     assert all(again[(g, "gemm")] == r["coverage"] for g, r in zip(gpus, rows, strict=True))
 
 
+def _two_architecture_classes(seed: int) -> tuple[dict[str, dict[str, dict[str, np.ndarray]]], dict[str, int]]:
+    """Two 'GPUs' of one SM version whose residuals are narrow, three of SM versions of their own
+    whose residuals are wide (as leave-one-GPU-out makes them: a GPU like one in training is easy)."""
+    rng = np.random.default_rng(seed)
+    arch = {"s1": 90, "s2": 90, "n1": 80, "n2": 89, "n3": 120}
+    res = {g: {"cross-generation": {"gemm": rng.normal(0.0, 0.1 if g.startswith("s") else 0.5, 3000)},
+               "roofline": {"gemm": rng.normal(0.0, 0.3, 300)}} for g in arch}
+    return res, arch
+
+
+def test_architecture_classes_calibrate_each_class() -> None:
+    """Pooled over all dev GPUs, a GPU of a new architecture is under-covered and one of a seen
+    architecture over-covered; with the classes each is near nominal."""
+    res, arch = _two_architecture_classes(11)
+    pooled = {r["gpu"]: r for r in nested_coverage(res, tuple(arch)) if r["tier"] == "cross-generation"}
+    assert all(pooled[g]["coverage"] < 0.85 for g in ("n1", "n2", "n3"))
+    assert all(pooled[g]["coverage"] > 0.97 for g in ("s1", "s2"))
+    rows = nested_coverage(res, tuple(arch), architectures=arch)
+    by_class = {r["gpu"]: r for r in rows if r["tier"] == "cross-generation"}
+    for g, r in by_class.items():
+        assert 0.86 <= r["coverage"] <= 0.94, r
+        assert r["architecture"] == ("seen-architecture" if g.startswith("s") else "new-architecture")
+    assert by_class["s1"]["rel_width"] < 0.5 < by_class["n1"]["rel_width"]
+    # roofline fits nothing: no classes
+    assert all(r["architecture"] == "" for r in rows if r["tier"] == "roofline")
+
+
+def test_table_by_architecture_class(tmp_path: Path) -> None:
+    res, arch = _two_architecture_classes(5)
+    res["s1"]["cross-generation"]["nccl"] = np.random.default_rng(1).normal(0.2, 0.3, 200)
+    table = table_from_logo(res, tuple(arch), dict.fromkeys(arch, "x"), "test", architectures=arch)
+    assert table.seen_sm_versions == (80, 89, 90, 120)
+    assert {"cross-generation:seen-architecture", "cross-generation:new-architecture"} <= set(table.tiers)
+    assert "roofline:new-architecture" not in table.tiers
+    path = tmp_path / "iv.json"
+    table.save(path)
+    loaded = load_intervals(path)
+    assert loaded.seen_sm_versions == (80, 89, 90, 120)
+    seen, new = loaded.family("cross-generation", "gemm", 90), loaded.family("cross-generation", "gemm", 100)
+    assert seen is not None and new is not None and seen.relative_width() < 0.5 < new.relative_width()
+    assert loaded.family("cross-generation", "gemm") == loaded.tiers["cross-generation"]["gemm"]
+    # nccl only in the seen class: a new architecture falls back to the tier's own nccl interval
+    assert loaded.family("cross-generation", "nccl", 100) == loaded.tiers["cross-generation"]["nccl"]
+    point = np.ones(1)
+    fams = np.array(["gemm"], dtype=object)
+    assert loaded.bounds("cross-generation", fams, point, 90)[1] < loaded.bounds("cross-generation", fams, point, 100)[1]
+    draws = [sample_log_factors(loaded, "cross-generation", ["gemm"], np.random.default_rng(i), 90)["gemm"]
+             for i in range(50)]
+    assert seen.lo_log <= min(draws) and max(draws) <= seen.hi_log
+    path.write_text(path.read_text().replace('"cross-generation:new-architecture"', '"cross-generation:other"'))
+    with pytest.raises(ConfigError, match="tier must be one of"):
+        load_intervals(path)
+
+
 def test_table_round_trip_bounds_and_samples(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     res = {g: {"cross-generation": {"gemm": rng.normal(0, 0.2, 300), "nccl": rng.normal(0.3, 0.5, 100)}}
