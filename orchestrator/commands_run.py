@@ -117,7 +117,8 @@ def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunInt
                            progress=bar.update_to)
     if iv.k == 0:
         sys.stderr.write("warning: no interval table ships for this kernel tier: intervals are the point\n")
-    sys.stderr.write(f"intervals: {iv.k} perturbed runs ({iv.tier} residuals) took {iv.wall_s:.1f} s\n")
+    arch = f", {iv.architecture.replace('-', ' ')} class" if iv.architecture else ""
+    sys.stderr.write(f"intervals: {iv.k} perturbed runs ({iv.tier} residuals{arch}) took {iv.wall_s:.1f} s\n")
     return iv
 
 

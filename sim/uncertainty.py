@@ -73,6 +73,8 @@ class RunIntervals:
     samples: tuple[SimSummary, ...] = ()
     """The perturbed runs' summaries (for bounds on other metrics, see `bounds_of`)."""
     alpha: float = 0.1
+    architecture: str | None = None
+    """The architecture class whose residuals the draws came from (`IntervalTable.architecture`)."""
 
     def fields(self) -> dict[str, float | None]:
         """{`<metric>_lo`: ..., `<metric>_hi`: ...} in `INTERVAL_METRICS` order."""
@@ -142,7 +144,8 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
             continue
         lo[m], hi[m] = order_bounds([float(v) for v in vals], float(p), alpha) if vals else (p, p)
     return RunIntervals(k=len(samples), seed=seed, tier=tier, lo=lo, hi=hi, wall_s=time.perf_counter() - start,
-                        samples=tuple(samples), alpha=alpha)
+                        samples=tuple(samples), alpha=alpha,
+                        architecture=table.architecture(tier, scenario.hardware.sm_version) if table else None)
 
 
 def bounds_of(point: Mapping[str, float], samples: list[Mapping[str, float]], alpha: float

@@ -157,15 +157,20 @@ class IntervalTable:
     seen_sm_versions: tuple[int, ...] = ()
     """SM versions of the dev GPUs the shipped models are fitted on (empty: no classes)."""
 
+    def architecture(self, tier: str, sm_version: int | None) -> str | None:
+        """The architecture class (`SEEN` / `NEW`) whose table `tier` takes for a GPU of
+        `sm_version`; None where the unstratified tier serves (no version, no class tables)."""
+        if sm_version is None or not self.seen_sm_versions:
+            return None
+        cls = architecture_class(sm_version, self.seen_sm_versions)
+        return cls if class_tier(tier, cls) in self.tiers else None
+
     def family(self, tier: str, family: str, sm_version: int | None = None) -> FamilyInterval | None:
         """The family's interval in `tier` for a GPU of `sm_version` (its architecture class's table
         where there is one; None: the unstratified tier), else the class's pooled one, else the
         tier's pooled one, else None."""
-        base = self.tiers.get(tier, {})
-        cls: dict[str, FamilyInterval] = {}
-        if sm_version is not None and self.seen_sm_versions:
-            cls = self.tiers.get(class_tier(tier, architecture_class(sm_version, self.seen_sm_versions)), {})
-        return lookup(cls, base, family)
+        cls = self.architecture(tier, sm_version)
+        return lookup(self.tiers.get(class_tier(tier, cls), {}) if cls else {}, self.tiers.get(tier, {}), family)
 
     def bounds(self, tier: str, families: np.ndarray, latency: np.ndarray, sm_version: int | None = None
                ) -> tuple[np.ndarray, np.ndarray]:

@@ -104,6 +104,9 @@ def test_table_by_architecture_class(tmp_path: Path) -> None:
     table.save(path)
     loaded = load_intervals(path)
     assert loaded.seen_sm_versions == (80, 89, 90, 120)
+    assert loaded.architecture("cross-generation", 100) == "new-architecture"
+    assert loaded.architecture("cross-generation", 89) == "seen-architecture"
+    assert loaded.architecture("roofline", 100) is None and loaded.architecture("cross-generation", None) is None
     seen, new = loaded.family("cross-generation", "gemm", 90), loaded.family("cross-generation", "gemm", 100)
     assert seen is not None and new is not None and seen.relative_width() < 0.5 < new.relative_width()
     assert loaded.family("cross-generation", "gemm") == loaded.tiers["cross-generation"]["gemm"]
