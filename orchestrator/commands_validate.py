@@ -50,12 +50,13 @@ def _profiles() -> dict[str, EngineProfile]:
     return {b: load_engine_profile(b) for b in BACKENDS}
 
 
-Task = tuple[ValidationRow, Tier, Path, EngineProfile | None]
+Task = tuple[ValidationRow, Tier, Path, EngineProfile | None, int]
+"""(row, tier, trace directory, engine profile override, perturbed runs for intervals)."""
 
 
 def _evaluate(task: Task) -> RowResult:
-    row, tier, work_dir, profile = task
-    return evaluate_row(row, tier, work_dir, profile=profile)
+    row, tier, work_dir, profile, intervals = task
+    return evaluate_row(row, tier, work_dir, profile=profile, intervals=intervals)
 
 
 def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
@@ -63,8 +64,8 @@ def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
     rows of the same hardware, model, precision, layout and tier price the same step parts (the
     results are those of pricing each row afresh, `sim.engine.part_prices`)."""
     models, prices = EfficiencyModels(), PriceCache()
-    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices)
-            for row, tier, work_dir, profile in batch]
+    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices, intervals=intervals)
+            for row, tier, work_dir, profile, intervals in batch]
 
 
 def pricing_group(row: ValidationRow, tier: Tier) -> str:
@@ -85,7 +86,7 @@ def pricing_group(row: ValidationRow, tier: Tier) -> str:
 def _batches(tasks: Sequence[Task], cost: CostModel | None) -> list[list[int]]:
     """Task indices grouped by pricing group, dearest group first (by the cost model) for an even finish."""
     groups: dict[str, list[int]] = {}
-    for i, (row, tier, _, _) in enumerate(tasks):
+    for i, (row, tier, *_) in enumerate(tasks):
         groups.setdefault(pricing_group(row, tier), []).append(i)
     batches = list(groups.values())
     if cost is not None:
@@ -153,6 +154,8 @@ def cmd_validate(args: Namespace) -> int:
     from sim.validation.load import data_sha256, load_rows
 
     start = time.perf_counter()
+    if args.intervals < 0:
+        raise ConfigError(source="validate", key="--intervals", value=args.intervals, rule="must be >= 0")
     e2e = _e2e_dir(args.data)
     profiles = _profiles()
     sources: tuple[Source, ...] | None = tuple(args.source) if args.source else None
@@ -167,7 +170,8 @@ def cmd_validate(args: Namespace) -> int:
         return _fit_profiles(args, rows, profiles, data_sha256(e2e))
     tiers: list[Tier] = [args.tier] if args.tier else list(TIERS)
     tiers_per_row = {r.row_id: len(_tiers_for(r, tiers)) for r in rows}
-    cost = measure_cost_model()
+    # With --intervals K a row costs its run and K perturbed runs: the budget buys that many fewer rows.
+    cost = measure_cost_model().scaled(1 + args.intervals)
     chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
                                    jobs=args.jobs, max_row_s=args.max_row_s)
     sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
@@ -175,7 +179,7 @@ def cmd_validate(args: Namespace) -> int:
                      f"{expected_wall_s(chosen, tiers_per_row, cost, args.jobs):.0f} s on {args.jobs} workers\n")
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
     work = out_dir / "traces"
-    tasks = [(r, t, work, None) for r in chosen for t in _tiers_for(r, tiers)]
+    tasks = [(r, t, work, None, args.intervals) for r in chosen for t in _tiers_for(r, tiers)]
     with ProgressBar(len(tasks), desc="validate", unit="simulation") as bar:
         results = run_pool(tasks, args.jobs, cost, bar.update_to)
     results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
@@ -200,9 +204,10 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
             tiers: list[Tier], cost: CostModel, wall: float, sha: str, out_dir: Path) -> int:
     from sim.calibration.report import replace_section
     from sim.validation.report import HEADING, carry_analysis, render_section
-    from sim.validation.score import score_groups
+    from sim.validation.score import interval_coverage, score_groups
 
     groups = score_groups(rows, results, tiers=tiers, deferred=deferred)
+    coverage = interval_coverage(rows, results) if args.intervals else []
     result: dict[str, Any] = {
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
         "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
@@ -211,6 +216,8 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
                        "per_plain_request_step_s": cost.per_plain_request_step_s,
                        "request_by_request": sorted(cost.request_by_request)},
     }
+    if args.intervals:
+        result.update(intervals=args.intervals, interval_coverage=coverage)
     full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
     write_doc = not args.no_doc and (full_run or args.doc is not None)
     plots: list[str] = []
@@ -226,9 +233,10 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
     if args.json:
         sys.stdout.write(json.dumps({**result, "groups": to_jsonable(groups)}, indent=1) + "\n")
     else:
-        from sim.validation.report import groups_table, headline_table
+        from sim.validation.report import groups_table, headline_table, interval_coverage_table
 
-        sys.stdout.write("\n".join([*headline_table(groups), "", *groups_table(groups)]) + "\n")
+        sys.stdout.write("\n".join([*headline_table(groups), "", *groups_table(groups), "",
+                                    *interval_coverage_table(coverage)]) + "\n")
     if write_doc:
         old = doc.read_text() if doc.is_file() else "# Accuracy\n"
         section = render_section(result, rows, results, groups, deferred,
@@ -279,7 +287,7 @@ def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str
             continue
 
         def evaluate(profile: EngineProfile, rs: Sequence[ValidationRow]) -> list[RowResult]:
-            tasks = [(r, _fit_tier(r), work, profile) for r in rs]
+            tasks: list[Task] = [(r, _fit_tier(r), work, profile, 0) for r in rs]
             return run_pool(tasks, args.jobs, cost)
 
         sys.stderr.write(f"{backend}: fitting on {len(chosen)} dev rows\n")
@@ -315,6 +323,9 @@ def register(sub: Any) -> None:
                    help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")
     v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
     v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")
+    v.add_argument("--intervals", type=int, default=0, metavar="K",
+                   help="also K perturbed runs per aggregated row (run --intervals K) and the coverage of their "
+                        "nominal 90%% intervals of TTFT, TPOT and throughput (default 0: off)")
     v.add_argument("--out", metavar="DIR", help="where validate.json and trace files go (default: a temp dir)")
     v.add_argument("--doc", help="document whose End-to-end section is rewritten (default docs/accuracy.md, "
                                  "written only by a full run: all suites, both tiers, every source)")

@@ -17,6 +17,7 @@ sampled, at random with respect to the rows.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -39,6 +40,12 @@ class CostModel:
     """Per running request per step for the `request_by_request` backends (0: as the others)."""
     request_by_request: frozenset[str] = frozenset()
     """Backends whose engine profile has prefill priority (SGLang), timed on their own."""
+
+    def scaled(self, factor: float) -> CostModel:
+        """The cost of `factor` simulations of a row for each one (rows with perturbed interval runs)."""
+        return dataclasses.replace(self, per_step_s=self.per_step_s * factor,
+                                   per_request_step_s=self.per_request_step_s * factor,
+                                   per_plain_request_step_s=self.per_plain_request_step_s * factor)
 
     def estimate_s(self, row: ValidationRow) -> float:
         steps, request_steps = work_of(row)

@@ -356,8 +356,26 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
         if any(r.suite == suite for r in rows):
             out += breakdown_tables(rows, results, suite=suite)
             out += worst_rows_table(rows, results, suite=suite)
+    coverage = interval_coverage_table(result.get("interval_coverage", []))
+    if coverage:
+        out += ["### Interval coverage (`--intervals K`)", "",
+                f"Nominal 90% intervals of each scored aggregated row from {result.get('intervals', 0)} perturbed "
+                "runs (`run --intervals`, docs/kernel-model.md#intervals: one latency factor per kernel family "
+                "and run, drawn from the kernel intervals of the row's tier and architecture class). Coverage: "
+                "share of rows whose measured value lies in the interval; width: mean (hi - lo) / predicted.", "",
+                *coverage, ""]
     out += ["### Skipped and deferred rows", "", *skipped_table(rows, results, deferred), ""]
     return "\n".join(out) + "\n"
+
+
+def interval_coverage_table(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown of `score.interval_coverage` (empty without intervals)."""
+    if not cells:
+        return []
+    lines = ["| suite | tier | metric | rows | coverage | mean relative width |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['suite']} | {c['tier']} | {c['metric']} | {c['rows']} | {_pct(c['coverage'])} "
+              f"| {_pct(c['mean_rel_width'])} |" for c in cells]
+    return lines
 
 
 def carry_analysis(old_doc: str) -> str:

@@ -18,6 +18,7 @@ from sim.errors import ConfigError
 from sim.metrics.summary import SimSummary
 from sim.perf.profile import EngineProfile
 from sim.specs.scenario import scenario_from_dict
+from sim.uncertainty import bounds_of, run_intervals
 from sim.validation.rows import Replay, ValidationRow
 
 Tier = Literal["cross-generation", "target-measured"]
@@ -39,6 +40,10 @@ class RowResult:
     num_preemptions: int = 0
     kv_usage_max_frac: float = 0.0
     worst_provenance: str = ""
+    bounds: Mapping[str, float] = field(default_factory=dict)
+    """`<metric>_lo` / `<metric>_hi` of each predicted metric from `interval_runs` perturbed runs
+    (`validate --intervals K`, sim.uncertainty); empty without them."""
+    interval_runs: int = 0
 
 
 def tier_skip_reason(row: ValidationRow, tier: Tier) -> str | None:
@@ -72,12 +77,14 @@ def write_trace(path: Path, replay: Replay) -> None:
 
 def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
                  profile: EngineProfile | None = None, models: EfficiencyModels | None = None,
-                 prices: PriceCache | None = None) -> RowResult:
+                 prices: PriceCache | None = None, intervals: int = 0) -> RowResult:
     """Simulate `row` with the `tier` kernel model; `profile` overrides the backend's shipped profile.
 
     `models` and `prices` are a long-lived caller's kernel models and priced step parts (a validate
     worker's, shared by the rows it simulates of the same hardware, model, precision, layout and
-    tier): the same results as building and pricing them afresh for each row, at less cost."""
+    tier): the same results as building and pricing them afresh for each row, at less cost.
+    `intervals` > 0: also the nominal 90% intervals of the predicted metrics from that many perturbed
+    runs (`sim.uncertainty.run_intervals`; aggregated rows: the perturbation wraps one kernel model)."""
     reason = tier_skip_reason(row, tier)
     if reason is not None:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=reason)
@@ -94,12 +101,18 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     s = result.summary
     predicted = _predicted(row.replay, s)
     status: Status = "scored" if all(math.isfinite(v) for v in predicted.values()) else "failed"
+    bounds: dict[str, float] = {}
+    runs = 0
+    if intervals > 0 and status == "scored" and scenario.disaggregation is None:
+        iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices)
+        bounds = bounds_of(predicted, [_predicted(row.replay, x) for x in iv.samples], iv.alpha)
+        runs = iv.k
     return RowResult(
         row_id=row.row_id, tier=tier, status=status, predicted=predicted,
         reason=None if status == "scored" else "simulation produced no finished requests",
         wall_s=time.perf_counter() - start, num_steps=s.num_steps, time_share=result.breakdown.share_by_kind(),
         num_preemptions=s.num_preemptions, kv_usage_max_frac=s.kv_usage_max_frac,
-        worst_provenance=s.worst_provenance,
+        worst_provenance=s.worst_provenance, bounds=bounds, interval_runs=runs,
     )
 
 

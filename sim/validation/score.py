@@ -88,3 +88,24 @@ def score_groups(rows: Iterable[ValidationRow], results: Iterable[RowResult], *,
             rows_failed=sum(1 for _, r in items if r is not None and r.status == "failed"),
             metrics=metrics))
     return out
+
+
+def interval_coverage(rows: Iterable[ValidationRow], results: Iterable[RowResult]) -> list[dict[str, object]]:
+    """Per suite x tier x headline metric, over scored rows with intervals (`validate --intervals K`):
+    rows, the share whose measured value lies in [lo, hi], and the mean of (hi - lo) / predicted."""
+    by_id = {r.row_id: r for r in rows}
+    cells: dict[tuple[str, str, str], list[tuple[bool, float]]] = {}
+    for res in results:
+        row = by_id.get(res.row_id)
+        if row is None or res.status != "scored" or not res.bounds:
+            continue
+        for name, key in HEADLINE_METRICS.items():
+            values = (res.predicted.get(key), row.measured.get(key), res.bounds.get(f"{key}_lo"),
+                      res.bounds.get(f"{key}_hi"))
+            if any(v is None or not math.isfinite(v) for v in values):
+                continue
+            point, meas, lo, hi = (float(v or 0.0) for v in values)
+            cells.setdefault((row.suite, res.tier, name), []).append((lo <= meas <= hi, (hi - lo) / point))
+    return [{"suite": suite, "tier": tier, "metric": metric, "rows": len(v),
+             "coverage": sum(c for c, _ in v) / len(v), "mean_rel_width": sum(w for _, w in v) / len(v)}
+            for (suite, tier, metric), v in sorted(cells.items())]

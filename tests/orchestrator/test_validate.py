@@ -45,6 +45,25 @@ def test_smoke_run_scores_rows_and_rewrites_only_the_end_to_end_section(tmp_path
     assert list((tmp_path / "img").glob("e2e_*.png"))
 
 
+def test_intervals_give_each_aggregated_row_bounds_and_the_report_their_coverage(tmp_path: Path) -> None:
+    doc = tmp_path / "accuracy.md"
+    proc = _run("--suite", "dev", "--source", "llmservingsim", "--limit", "1", "--tier", "cross-generation",
+                "--intervals", "2", "--jobs", "1", "--json", "--out", str(tmp_path / "out"), "--doc", str(doc))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["intervals"] == 2
+    cells = {(c["suite"], c["tier"], c["metric"]): c for c in summary["interval_coverage"]}
+    assert set(cells) == {("dev", "cross-generation", m) for m in ("ttft", "tpot", "throughput")}
+    assert all(c["rows"] == 1 and c["coverage"] in (0.0, 1.0) and c["mean_rel_width"] > 0 for c in cells.values())
+    full = json.loads((tmp_path / "out" / "validate.json").read_text())
+    (res,) = [r for r in full["results"] if r["status"] == "scored"]
+    assert res["interval_runs"] == 2
+    for key, point in res["predicted"].items():
+        assert res["bounds"][f"{key}_lo"] <= point <= res["bounds"][f"{key}_hi"]
+    assert "### Interval coverage (`--intervals K`)" in doc.read_text()
+    assert _run("--intervals", "-1", "--limit", "1").returncode == 2
+
+
 def test_data_must_hold_e2e(tmp_path: Path) -> None:
     proc = _run("--data", str(tmp_path), "--limit", "1")
     assert proc.returncode == 2

@@ -24,7 +24,7 @@ def test_rows_of_one_pricing_group_share_prices_and_score_as_if_simulated_alone(
     # Rows of different concurrency and lengths, one MoE layout: one pricing group; the tier splits it.
     assert len({r.row_id for r in same}) == 3
     assert pricing_group(same[0], "target-measured") != group
-    tasks = [(r, "cross-generation", tmp_path, None) for r in same]
+    tasks = [(r, "cross-generation", tmp_path, None, 0) for r in same]
     pooled = run_pool(tasks, jobs=1)  # type: ignore[arg-type]
     alone = [evaluate_row(r, "cross-generation", tmp_path) for r in same]
     assert [r.row_id for r in pooled] == [r.row_id for r in same]
