@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from orchestrator import commands_kernels
 
-    commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, accuracy, fit-cross-generation
+    commands_kernels.register(sub)  # predict-kernels, calibrate, microbench, fit-cross-generation
+    __import__("orchestrator.commands_accuracy", fromlist=["register"]).register(sub)  # accuracy kernels
     __import__("orchestrator.commands_validate", fromlist=["register"]).register(sub)  # validate
 
     from orchestrator.sweep import command as sweep_command

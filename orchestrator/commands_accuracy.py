@@ -1,0 +1,100 @@
+"""`kernelsight accuracy kernels`: leave-one-GPU-out kernel accuracy, its report and the interval table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.commands_kernels import DATA_HELP, data_root
+from sim.errors import ConfigError
+from sim.perf.kernel_features import FAMILIES
+
+_ACCURACY_MD = Path("docs/accuracy.md")
+
+
+def cmd_accuracy_kernels(args: Namespace) -> int:
+    from orchestrator.progress import ProgressBar
+    from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, run_logo
+    from sim.calibration.intervals import nested_coverage, table_from_logo
+    from sim.calibration.logo_run import load_logo_run, save_logo_run
+    from sim.calibration.report import render_kernels_section, replace_section
+    from sim.specs.catalog import load_hardware
+
+    start = time.perf_counter()
+    families = tuple(args.family) if args.family else None
+    if args.from_run:
+        if families is not None:
+            raise ConfigError(source="accuracy kernels", key="--family", value=list(families),
+                              rule="a saved run is rendered whole: give --from-run or --family, not both")
+        # The saved run's own scores, residuals and wall time: nothing is refitted.
+        result, residuals = load_logo_run(Path(args.from_run))
+        result.pop("intervals", None)
+    else:
+        # loading each GPU's tables, then evaluating each GPU left out
+        with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
+            result = run_logo(data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
+        result["wall_s"] = time.perf_counter() - start
+        residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
+        if args.save_run:
+            save_logo_run(result, residuals, Path(args.save_run))
+            sys.stderr.write(f"saved the run to {args.save_run}\n")
+    architectures = {g: load_hardware(g).sm_version for g in residuals}
+    result["intervals"] = nested_coverage(residuals, TRAIN_GPUS, architectures=architectures)
+    if args.intervals_out:
+        table = table_from_logo(residuals, TRAIN_GPUS, result["data_sha256"],
+                                "kernelsight accuracy kernels --intervals-out PATH", architectures=architectures)
+        table.save(Path(args.intervals_out))
+        sys.stderr.write(f"wrote the interval table to {args.intervals_out}\n")
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    if families is not None:
+        # A family subset is a diagnostic: printed, never written into docs/accuracy.md.
+        sys.stdout.write(_family_table(result))
+        return 0
+    section = render_kernels_section(result)
+    path = Path(args.doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.is_file() else "# Accuracy\n"
+    path.write_text(replace_section(old, "## Kernels", section))
+    sys.stderr.write(f"wrote the kernel section of {path} in {result['wall_s']:.0f} s\n")
+    return 0
+
+
+def _family_table(result: dict[str, Any]) -> str:
+    """Per GPU and family: median APE and median predicted / measured, per tier."""
+    lines = ["| GPU | family | tier | rows | median APE | p90 APE | median predicted / measured |",
+             "|---|---|---|---|---|---|---|"]
+    for g in result["gpus"]:
+        for tier in ("cross-generation", "target-measured"):
+            for fam, sc in sorted(g["tiers"].get(tier, {}).items()):
+                lines.append(f"| {g['gpu']} | {fam} | {tier} | {sc['rows']} | {100 * sc['median_ape']:.1f}% | "
+                             f"{100 * sc['p90_ape']:.1f}% | {sc['median_ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def register(sub: Any) -> None:
+    """Add `accuracy kernels` to the `kernelsight` sub-parser collection."""
+    acc = sub.add_parser("accuracy", help="accuracy reports against measured data")
+    acc_sub = acc.add_subparsers(dest="accuracy_verb", required=True)
+    ak = acc_sub.add_parser("kernels", help="leave-one-GPU-out kernel accuracy (docs/accuracy.md)")
+    ak.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    ak.add_argument("--data", help=DATA_HELP)
+    ak.add_argument("--workers", type=int, default=2)
+    ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
+    ak.add_argument("--family", action="append", choices=FAMILIES, metavar="NAME",
+                    help="score only this kernel family (repeatable); prints a table instead of "
+                         "writing docs/accuracy.md")
+    ak.add_argument("--intervals-out", metavar="INTERVALS.json",
+                    help="also write the split-conformal interval table fitted on the dev GPUs' leave-one-GPU-out "
+                         "residuals (shipped as sim/data/calibration/intervals.json)")
+    ak.add_argument("--save-run", metavar="DIR",
+                    help="also save the leave-one-GPU-out run (scores and residuals) under DIR")
+    ak.add_argument("--from-run", metavar="DIR",
+                    help="render the report (and --intervals-out) from a run saved with --save-run instead of "
+                         "refitting (seconds instead of ~50 minutes; --data and --workers are not used)")
+    ak.set_defaults(func=cmd_accuracy_kernels)
