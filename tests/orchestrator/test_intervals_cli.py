@@ -43,6 +43,23 @@ def test_predict_kernels_writes_interval_columns(tmp_path: Path) -> None:
             assert 0 < lo < t < hi, p
 
 
+def test_predict_kernels_interval_follows_the_architecture_class(tmp_path: Path) -> None:
+    """A GPU whose SM version no dev GPU has (b200_sxm) takes the new-architecture intervals, wider
+    than those of a seen architecture (h100_sxm) for the same kernel."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("kernel,dtype,m,n,k\ngemm,bfloat16,4096,4096,4096\n")
+    width = {}
+    for hw in ("h100_sxm", "b200_sxm"):
+        out = tmp_path / f"{hw}.csv"
+        assert main(["predict-kernels", "--hardware", hw, "--tier", "cross-generation", "--in", str(rows),
+                     "--out", str(out)]) == 0
+        with out.open() as f:
+            (p,) = list(csv.DictReader(f))
+        width[hw] = (float(p["predicted_latency_hi_ms"]) - float(p["predicted_latency_lo_ms"])) / float(
+            p["predicted_latency_ms"])
+    assert width["h100_sxm"] < width["b200_sxm"]
+
+
 def _run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
     assert main(["run", str(SCENARIO), *SMALL, "--json", *extra]) == 0
     out: dict[str, object] = json.loads(capsys.readouterr().out)

@@ -164,10 +164,12 @@ def test_shipped_table_is_fitted_on_dev_gpus_only() -> None:
     table = shipped_intervals()
     assert table is not None
     assert "aiconfigurator/b200_sxm" not in table.data_sha256 and len(table.data_sha256) == 5
+    assert table.seen_sm_versions == (80, 89, 90, 120)
     for tier in ("cross-generation", "target-measured"):
-        fams = table.tiers[tier]
-        assert "all" in fams
-        assert all(f.lo_log <= 0.0 <= f.hi_log for f in fams.values())
+        for key in (tier, f"{tier}:seen-architecture", f"{tier}:new-architecture"):
+            fams = table.tiers[key]
+            assert "all" in fams
+            assert all(f.lo_log <= 0.0 <= f.hi_log for f in fams.values())
 
 
 class _Half:
