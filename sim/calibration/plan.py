@@ -24,7 +24,7 @@ from sim.specs.hardware import HardwareSpec
 
 GEMM_NK: Final = (128, 512, 2048, 6144, 16384, 65536)
 """n and k values of the GEMM sites (every pair: a 6 x 6 grid in log space)."""
-GEMM_TOKENS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+GEMM_TOKENS: Final = (1, 16, 64, 256, 1024, 4096, 16384)
 MAX_GEMM_FLOPS: Final = 5.0e11
 """Largest GEMM point (2mnk) measured: keeps the sweep inside its GPU-time budget."""
 HEAD_CONFIGS: Final[tuple[tuple[int, int, int, int], ...]] = (
@@ -63,7 +63,7 @@ DEEPEP_CONFIGS: Final[tuple[tuple[int, int, int], ...]] = ((7168, 8, 256), (4096
 """(hidden, top-k, experts) of the DeepEP points (8 GPUs of one NVLink node)."""
 DEEPEP_LL_TOKENS: Final = (1, 16, 128, 512)
 DEEPEP_NORMAL_TOKENS: Final = (128, 1024, 8192, 32768)
-MAX_POINTS: Final = 2750
+MAX_POINTS: Final = 2500
 MAX_GPU_S: Final = 20 * 60.0
 CALLS_PER_POINT: Final = 30
 SETUP_S_PER_POINT: Final = 0.15

@@ -158,6 +158,7 @@ def test_cross_generation_tier_refuses_target_measurements(tmp_path: Path) -> No
 
 
 def test_plan_budget_respected_for_every_gpu() -> None:
+    assert MAX_POINTS <= 2500  # issue 19: the whole plan in at most 2,500 points, on every GPU
     for name in list_hardware():
         rows = microbench_plan(load_hardware(name))
         assert 0 < len(rows) <= MAX_POINTS
