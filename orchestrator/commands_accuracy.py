@@ -31,14 +31,17 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
         if families is not None:
             raise ConfigError(source="accuracy kernels", key="--family", value=list(families),
                               rule="a saved run is rendered whole: give --from-run or --family, not both")
-        # The saved run's own scores, residuals and wall time: nothing is refitted.
+        # The saved run's own scores, residuals and wall time: nothing is refitted. A run of some
+        # families only stays a diagnostic (printed, not written into the report).
         result, residuals = load_logo_run(Path(args.from_run))
         result.pop("intervals", None)
+        families = tuple(result.get("families") or ()) or None
     else:
         # loading each GPU's tables, then evaluating each GPU left out
         with ProgressBar(2 * len((*TRAIN_GPUS, *EVAL_ONLY)), desc="accuracy kernels", unit="step") as bar:
             result = run_logo(data_root(args.data), workers=args.workers, progress=bar.update_to, families=families)
         result["wall_s"] = time.perf_counter() - start
+        result["families"] = list(families) if families else None
         residuals = {g["gpu"]: g.pop("residuals") for g in result["gpus"]}
         if args.save_run:
             save_logo_run(result, residuals, Path(args.save_run))

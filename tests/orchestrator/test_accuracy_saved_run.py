@@ -59,4 +59,11 @@ def test_from_run_errors_name_the_file(tmp_path: Path) -> None:
     (run / "result.json").write_text(json.dumps({"gpus": "none"}))
     with pytest.raises(ConfigError, match="list 'gpus'"):
         load_logo_run(run)
+    # a run of some families only is printed, never written into the report
+    _saved_run(run)
+    result, residuals = load_logo_run(run)
+    save_logo_run({**result, "families": ["gemm"]}, residuals, run)
+    doc = tmp_path / "accuracy.md"
+    assert main(["accuracy", "kernels", "--from-run", str(run), "--doc", str(doc)]) == 0
+    assert not doc.exists()
     assert main(["accuracy", "kernels", "--from-run", str(run), "--family", "gemm"]) == 2
