@@ -48,7 +48,9 @@ def autoscaling_summary(*, min_replicas: int, max_replicas: int, initial_replica
                         timeline: list[tuple[float, int, int, int]]) -> AutoscalingSummary:
     gpu_hours = replica_s * gpus_per_replica / 3600.0
     price = summary.price_per_gpu_hour_usd
-    good = summary.goodput_requests_per_s * summary.duration_s
+    # The good requests are a count: recover it exactly from the rate (rate x duration rounds to
+    # e.g. 5.000000000000001 for 5 requests over 11.3 s, an attainment above 1).
+    good = round(summary.goodput_requests_per_s * summary.duration_s) if summary.duration_s > 0 else 0
     return AutoscalingSummary(
         min_replicas=min_replicas, max_replicas=max_replicas, initial_replicas=initial_replicas,
         gpus_per_replica=gpus_per_replica, peak_replicas=peak_replicas, peak_gpus=peak_replicas * gpus_per_replica,

@@ -95,3 +95,17 @@ def test_simulated_cost_uses_the_price_table_or_the_scenario_override() -> None:
     assert s.cost_per_million_output_tokens_usd == pytest.approx(
         2.5 / (s.output_throughput_tokens_per_s * 3600) * 1e6, rel=1e-12)
     assert s.output_throughput_tokens_per_s == table.output_throughput_tokens_per_s  # the run is the same
+
+
+def test_slo_attainment_of_an_autoscaled_run_never_exceeds_one() -> None:
+    """Five requests all meeting the SLO over 11.3 s: goodput x duration is 5.000000000000001, but
+    the attainment is the count over the count, exactly 1."""
+    from sim.metrics.autoscaling import autoscaling_summary
+
+    records = [_record(i, first_token_s=0.1, finish_s=11.3, output_tokens=10) for i in range(5)]
+    summary = _summary(records)
+    assert summary.duration_s == 11.3 and summary.goodput_requests_per_s * 11.3 > 5.0
+    auto = autoscaling_summary(min_replicas=1, max_replicas=2, initial_replicas=1, gpus_per_replica=1,
+                               peak_replicas=1, window_s=11.3, replica_s=11.3, startup_s=0.0, num_started=0,
+                               num_drained=0, summary=summary, timeline=[(0.0, 1, 0, 0)])
+    assert auto.slo_attainment == 1.0
