@@ -170,8 +170,8 @@ def cmd_validate(args: Namespace) -> int:
         return _fit_profiles(args, rows, profiles, data_sha256(e2e))
     tiers: list[Tier] = [args.tier] if args.tier else list(TIERS)
     tiers_per_row = {r.row_id: len(_tiers_for(r, tiers)) for r in rows}
-    # With --intervals K a row costs its run and K perturbed runs: the budget buys that many fewer rows.
-    cost = measure_cost_model().scaled(1 + args.intervals)
+    # With --intervals K an aggregated row costs its run and K perturbed runs: the budget buys fewer rows.
+    cost = measure_cost_model().with_interval_runs(args.intervals)
     chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
                                    jobs=args.jobs, max_row_s=args.max_row_s)
     sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
@@ -214,7 +214,8 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
         "max_row_s": args.max_row_s,
         "cost_model": {"per_step_s": cost.per_step_s, "per_request_step_s": cost.per_request_step_s,
                        "per_plain_request_step_s": cost.per_plain_request_step_s,
-                       "request_by_request": sorted(cost.request_by_request)},
+                       "request_by_request": sorted(cost.request_by_request),
+                       "interval_runs": cost.interval_runs},
     }
     if args.intervals:
         result.update(intervals=args.intervals, interval_coverage=coverage)

@@ -40,19 +40,20 @@ class CostModel:
     """Per running request per step for the `request_by_request` backends (0: as the others)."""
     request_by_request: frozenset[str] = frozenset()
     """Backends whose engine profile has prefill priority (SGLang), timed on their own."""
+    interval_runs: int = 0
+    """Perturbed runs an aggregated row adds (`validate --intervals K`): it costs K + 1 simulations."""
 
-    def scaled(self, factor: float) -> CostModel:
-        """The cost of `factor` simulations of a row for each one (rows with perturbed interval runs)."""
-        return dataclasses.replace(self, per_step_s=self.per_step_s * factor,
-                                   per_request_step_s=self.per_request_step_s * factor,
-                                   per_plain_request_step_s=self.per_plain_request_step_s * factor)
+    def with_interval_runs(self, k: int) -> CostModel:
+        return dataclasses.replace(self, interval_runs=k)
 
     def estimate_s(self, row: ValidationRow) -> float:
         steps, request_steps = work_of(row)
         per_request = self.per_request_step_s
         if row.backend in self.request_by_request and self.per_plain_request_step_s > 0:
             per_request = self.per_plain_request_step_s
-        return self.per_step_s * steps + per_request * request_steps
+        # Disaggregated rows get no perturbed runs (`sim.validation.runner.evaluate_row`).
+        runs = 1 + (self.interval_runs if "disaggregation" not in (row.sections or {}) else 0)
+        return runs * (self.per_step_s * steps + per_request * request_steps)
 
 
 def work_of(row: ValidationRow) -> tuple[float, float]:
