@@ -29,6 +29,7 @@ from sim.errors import ConfigError
 from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
+from sim.uncertainty import PerturbedModels
 from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
 from sim.validation.rows import FAMILIES, SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
@@ -63,8 +64,9 @@ def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
     """Evaluate tasks of one pricing group with one set of kernel models and priced step parts:
     rows of the same hardware, model, precision, layout and tier price the same step parts (the
     results are those of pricing each row afresh, `sim.engine.part_prices`)."""
-    models, prices = EfficiencyModels(), PriceCache()
-    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices, intervals=intervals)
+    models, prices, perturbed = EfficiencyModels(), PriceCache(), PerturbedModels()
+    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices, intervals=intervals,
+                         perturbed=perturbed)
             for row, tier, work_dir, profile, intervals in batch]
 
 

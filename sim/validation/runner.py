@@ -18,7 +18,7 @@ from sim.errors import ConfigError
 from sim.metrics.summary import SimSummary
 from sim.perf.profile import EngineProfile
 from sim.specs.scenario import scenario_from_dict
-from sim.uncertainty import bounds_of, run_intervals
+from sim.uncertainty import PerturbedModels, bounds_of, run_intervals
 from sim.validation.rows import Replay, ValidationRow
 
 Tier = Literal["cross-generation", "target-measured"]
@@ -77,14 +77,16 @@ def write_trace(path: Path, replay: Replay) -> None:
 
 def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
                  profile: EngineProfile | None = None, models: EfficiencyModels | None = None,
-                 prices: PriceCache | None = None, intervals: int = 0) -> RowResult:
+                 prices: PriceCache | None = None, intervals: int = 0,
+                 perturbed: PerturbedModels | None = None) -> RowResult:
     """Simulate `row` with the `tier` kernel model; `profile` overrides the backend's shipped profile.
 
     `models` and `prices` are a long-lived caller's kernel models and priced step parts (a validate
     worker's, shared by the rows it simulates of the same hardware, model, precision, layout and
     tier): the same results as building and pricing them afresh for each row, at less cost.
     `intervals` > 0: also the nominal 90% intervals of the predicted metrics from that many perturbed
-    runs (`sim.uncertainty.run_intervals`; aggregated rows: the perturbation wraps one kernel model)."""
+    runs (`sim.uncertainty.run_intervals`; aggregated rows: the perturbation wraps one kernel model);
+    `perturbed` keeps the perturbed models across a worker's rows, so `prices` serves them too."""
     reason = tier_skip_reason(row, tier)
     if reason is not None:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=reason)
@@ -104,7 +106,8 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     bounds: dict[str, float] = {}
     runs = 0
     if intervals > 0 and status == "scored" and scenario.disaggregation is None:
-        iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices)
+        iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices,
+                           models=perturbed)
         bounds = bounds_of(predicted, [_predicted(row.replay, x) for x in iv.samples], iv.alpha)
         runs = iv.k
     return RowResult(

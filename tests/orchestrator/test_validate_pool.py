@@ -31,3 +31,9 @@ def test_rows_of_one_pricing_group_share_prices_and_score_as_if_simulated_alone(
     for a, b in zip(pooled, alone, strict=True):
         assert a.status == "scored"
         assert dataclasses.replace(a, wall_s=0.0) == dataclasses.replace(b, wall_s=0.0)
+    # With interval runs the pooled rows share the perturbed models too: the same bounds as alone.
+    with_iv = run_pool([(r, "cross-generation", tmp_path, None, 2) for r in same[:2]], jobs=1)
+    alone_iv = [evaluate_row(r, "cross-generation", tmp_path, intervals=2) for r in same[:2]]
+    for a, b in zip(with_iv, alone_iv, strict=True):
+        assert a.interval_runs == 2 and a.bounds
+        assert dataclasses.replace(a, wall_s=0.0) == dataclasses.replace(b, wall_s=0.0)
