@@ -174,7 +174,7 @@ def _fused(fn: Callable[[PointwiseShape, BenchContext, bool], Prepared], fused: 
 
 _BY_VARIANT: Final[dict[tuple[str, str], list[tuple[str, Builder]]]] = {
     **{("norm", v): [("flashinfer", _fused(_rmsnorm, True)), ("torch", _fused(_rmsnorm, False))]
-       for v in ("", "rmsnorm", "fused_add_rmsnorm")},
+       for v in ("", "rmsnorm", "rms_norm", "fused_add_rmsnorm")},  # rms_norm: Vidur's name, the plan's
     **{("elementwise", v): [("flashinfer", _fused(_gated, True)), ("torch", _fused(_gated, False))]
        for v in ("silu_and_mul", "gelu_and_mul")},
     **{("elementwise", v): [("torch", _add)] for v in ("add", "residual_add")},

@@ -228,3 +228,19 @@ def test_measure_cuda_control_flow(fail_capture: bool) -> None:
     else:
         assert m.timing == "cuda_graph" and not m.note and cuda.replays == 6
         assert len(eager) == 3 + 2
+
+
+def test_every_pointwise_kernel_the_shipped_plan_lists_has_a_benchmark() -> None:
+    """The plan names norms as Vidur does (`rms_norm`); on the H200 run of 2026-11-28 its 12 norm
+    points were skipped as 'no benchmark' until the collector accepted that name."""
+    from orchestrator.microbench import pointwise
+    from orchestrator.microbench.points import PointwiseShape
+    from sim.calibration.plan import microbench_plan
+    from sim.specs.catalog import load_hardware
+
+    rows = [r for r in microbench_plan(load_hardware("h200_sxm")) if family_of(str(r["kernel"])) == "pointwise"]
+    assert rows
+    for r in rows:
+        shape = PointwiseShape(kernel=str(r["kernel"]), variant=str(r.get("variant") or ""), dtype="bfloat16",
+                               tokens=16, width=256)
+        assert pointwise.candidates(shape), (r["kernel"], r.get("variant"))
