@@ -1,4 +1,5 @@
-"""`kernelsight accuracy kernels`: leave-one-GPU-out kernel accuracy, its report and the interval table."""
+"""`kernelsight accuracy kernels` (leave-one-GPU-out kernel accuracy, its report and the interval table) and
+`kernelsight accuracy microbench` (target-measured accuracy from our own microbenchmark tables)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,37 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
     return 0
 
 
+def cmd_accuracy_microbench(args: Namespace) -> int:
+    from sim.calibration.own_tables import render_own_tables, score_own_tables
+    from sim.calibration.report import replace_section
+
+    start = time.perf_counter()
+    for key, value in (("--microbench", args.microbench), ("--reference-microbench", args.reference_microbench)):
+        if not Path(value).is_dir():
+            raise ConfigError(source="accuracy microbench", key=key, value=value,
+                              rule="must be a directory written by `kernelsight microbench run`")
+
+    def say(msg: str) -> None:
+        sys.stderr.write(f"accuracy microbench: {msg}\n")
+
+    result = score_own_tables(data_root(args.data), Path(args.microbench), args.hardware,
+                              (Path(args.reference_microbench), args.reference_hardware), progress=say)
+    wall_s = time.perf_counter() - start
+    command = (f"kernelsight accuracy microbench --hardware {args.hardware} --microbench {args.microbench} "
+               f"--reference-hardware {args.reference_hardware} --reference-microbench {args.reference_microbench}")
+    section = render_own_tables(result, command, wall_s)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+    else:
+        sys.stdout.write(section)
+    if not args.no_doc:
+        path = Path(args.doc)
+        old = path.read_text() if path.is_file() else "# Accuracy\n"
+        path.write_text(replace_section(old, section.splitlines()[0], section))
+        sys.stderr.write(f"wrote '{section.splitlines()[0][3:]}' in {path} ({wall_s:.0f} s)\n")
+    return 0
+
+
 def _family_table(result: dict[str, Any]) -> str:
     """Per GPU and family: median APE and median predicted / measured, per tier."""
     lines = ["| GPU | family | tier | rows | median APE | p90 APE | median predicted / measured |",
@@ -101,3 +133,15 @@ def register(sub: Any) -> None:
                     help="render the report (and --intervals-out) from a run saved with --save-run instead of "
                          "refitting (seconds instead of ~50 minutes; --data and --workers are not used)")
     ak.set_defaults(func=cmd_accuracy_kernels)
+    am = acc_sub.add_parser("microbench", help="target-measured accuracy from our own microbenchmark tables of a GPU, "
+                                               "scored on its AIConfigurator tables (docs/accuracy.md)")
+    am.add_argument("--hardware", required=True, help="the GPU the tables were measured on (a dev GPU with data)")
+    am.add_argument("--microbench", required=True, metavar="DIR", help="a `kernelsight microbench run` directory")
+    am.add_argument("--reference-hardware", required=True,
+                    help="another dev GPU with our tables, on which the torch-to-framework gap is learned")
+    am.add_argument("--reference-microbench", required=True, metavar="DIR", help="our tables of that GPU")
+    am.add_argument("--data", help=DATA_HELP)
+    am.add_argument("--json", action="store_true", help="print the full result as JSON instead of the table")
+    am.add_argument("--no-doc", action="store_true", help="do not write the section into docs/accuracy.md")
+    am.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
+    am.set_defaults(func=cmd_accuracy_microbench)

@@ -126,22 +126,9 @@ def _median_ms(fn: Any, repeats: int, sync: Any) -> float:
 
 
 def time_shape(model: Model, shape: str, repeats: int) -> dict[str, Any]:
-    c, dev = model.cfg, model.device
-    kind, dims = shape.split(":")
-    parts = [int(x) for x in dims.split("x")]
-    batch, length = (parts[0], parts[1]) if len(parts) == 2 else (1, parts[0])
-    cuda = dev.startswith("cuda")
+    ids, pos, kv, batch, length, kind = _inputs(model, shape)
+    cuda = model.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if kind == "prefill":
-        ids = torch.randint(0, c.vocab, (batch, length), device=dev)
-        pos = torch.arange(length, device=dev)
-        kv = None
-    else:
-        ids = torch.randint(0, c.vocab, (batch, 1), device=dev)
-        pos = torch.full((batch, 1), length, device=dev)[:, None]
-        kv = [(torch.randn(batch, c.kv_heads, length + 1, c.head_dim, device=dev, dtype=model.dtype),
-               torch.randn(batch, c.kv_heads, length + 1, c.head_dim, device=dev, dtype=model.dtype))
-              for _ in range(c.layers)]
     with torch.inference_mode():
         for _ in range(3):
             model.forward(ids, pos, kv)
@@ -167,27 +154,38 @@ def time_shape(model: Model, shape: str, repeats: int) -> dict[str, Any]:
             "eager_ms": round(eager, 4), "graph_ms": round(graph_ms, 4), "note": note}
 
 
-def profile_shape(model: Model, shape: str) -> list[dict[str, Any]]:
-    """Per CUDA kernel name: launches and total device time of one eager forward pass of `shape`."""
+def _inputs(model: Model, shape: str) -> tuple[Any, Any, list[tuple[Any, Any]] | None, int, int, str]:
+    """(ids, positions, per-layer KV cache or None, batch, length, phase) of a `phase:[BxN]` shape."""
+    c, dev = model.cfg, model.device
     kind, dims = shape.split(":")
     parts = [int(x) for x in dims.split("x")]
     batch, length = (parts[0], parts[1]) if len(parts) == 2 else (1, parts[0])
-    c, dev = model.cfg, model.device
-    if kind != "prefill":
-        raise ValueError("--profile takes a prefill shape")
-    ids = torch.randint(0, c.vocab, (batch, length), device=dev)
-    pos = torch.arange(length, device=dev)
+    if kind == "prefill":
+        return (torch.randint(0, c.vocab, (batch, length), device=dev), torch.arange(length, device=dev), None,
+                batch, length, kind)
+    kv = [(torch.randn(batch, c.kv_heads, length + 1, c.head_dim, device=dev, dtype=model.dtype),
+           torch.randn(batch, c.kv_heads, length + 1, c.head_dim, device=dev, dtype=model.dtype))
+          for _ in range(c.layers)]
+    return (torch.randint(0, c.vocab, (batch, 1), device=dev), torch.full((batch, 1), length, device=dev)[:, None],
+            kv, batch, length, kind)
+
+
+def profile_shape(model: Model, shape: str) -> list[dict[str, Any]]:
+    """Per CUDA kernel name: launches and total device time of one eager forward pass of `shape`."""
+    ids, pos, kv, _, _, _ = _inputs(model, shape)
     with torch.inference_mode():
-        model.forward(ids, pos, None)
+        model.forward(ids, pos, kv)
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            model.forward(ids, pos, None)
+            model.forward(ids, pos, kv)
             torch.cuda.synchronize()
     out = []
     for ev in prof.key_averages():
         us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0))
         if us > 0:
             out.append({"shape": shape, "kernel": ev.key[:160], "launches": ev.count, "device_us": round(us, 1)})
+    kv = None  # frees the cache before the next shape allocates its own
+    torch.cuda.empty_cache()
     return sorted(out, key=lambda r: -r["device_us"])
 
 
@@ -198,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out")
-    ap.add_argument("--profile", help="also write the per-kernel profile of one prefill shape to --profile-out")
-    ap.add_argument("--profile-out")
+    ap.add_argument("--profile", help="also profile these shapes (comma-separated) per CUDA kernel")
+    ap.add_argument("--profile-out", help="profile CSV (default profile.csv); one file for every profiled shape")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     model = Model(MODELS[args.model], args.device, torch.bfloat16)
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{b.flash_sdp_enabled()}, cudnn {b.cudnn_sdp_enabled()}, mem_efficient {b.mem_efficient_sdp_enabled()}",
               file=sys.stderr, flush=True)
     if args.profile:
-        prof = profile_shape(model, args.profile)
+        prof = [r for shape in args.profile.split(",") for r in profile_shape(model, shape)]
         with open(args.profile_out or "profile.csv", "w", newline="") as f:
             _write_csv(f, prof)
         for r in prof[:12]:

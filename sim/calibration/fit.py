@@ -92,6 +92,17 @@ MAX_CENTERS: Final = 128
 """Kernel centres per correction group: bounds artifact size and prediction cost (each row is
 compared with its group's centres)."""
 _FASTER_THAN_ROOFLINE: Final = float(np.log(0.95))
+OUTLIER_MADS: Final = 4.0
+"""A calibration point whose leave-one-out residual lies beyond this many robust standard deviations
+(1.4826 x MAD) of its group's leave-one-out residuals, and beyond `OUTLIER_MIN_LOG`, is an outlier."""
+OUTLIER_MIN_LOG: Final = 0.2
+OUTLIER_WEIGHT: Final = 0.01
+"""An outlier keeps this share of its weight (its noise is 100 x): one slow measurement, such as
+h100_sxm's vLLM bf16 GEMM at (m, n, k) = (4096, 16384, 2048) at 348 TFLOP/s among neighbours at
+600-880, no longer bends the correction of every large GEMM around it."""
+MAX_OUTLIER_SHARE: Final = 0.05
+ROBUST_MAX_POINTS: Final = 1000
+"""Groups with more distinct points skip the outlier step (each leave-one-out solve is cubic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +241,33 @@ def _farthest_points(z: np.ndarray, m: int) -> np.ndarray:
     return np.array(sorted(chosen))
 
 
+def robust_weights(z: np.ndarray, counts: np.ndarray, resid: np.ndarray, noise: float) -> np.ndarray:
+    """`counts` with outliers' weight cut to `OUTLIER_WEIGHT` (see `OUTLIER_MADS`).
+
+    Leave-one-out residuals of the exact GP posterior mean in closed form: loo_i = a_i / [K^-1]_ii
+    with a = K^-1 resid (Rasmussen & Williams, eq. 5.12); an isolated bad point stands out there,
+    while a region that is genuinely slower is predicted by its neighbours and is kept. One point
+    at a time, worst first, then the residuals are recomputed: a bad point also pulls its
+    neighbours' leave-one-out predictions, and those must not be flagged with it. At most
+    `MAX_OUTLIER_SHARE` of a group's points are cut.
+    """
+    n = len(z)
+    if n < 8 or n > ROBUST_MAX_POINTS:
+        return counts
+    kernel = np.exp(-0.5 * ((z[:, None, :] - z[None, :, :]) ** 2).sum(-1))
+    weights = counts.astype(float).copy()
+    for _ in range(int(MAX_OUTLIER_SHARE * n)):
+        k_inv = np.linalg.inv(kernel + np.diag(noise / weights))
+        loo = (k_inv @ resid) / np.diag(k_inv)
+        loo[weights < counts] = 0.0  # already cut
+        spread = 1.4826 * float(np.median(np.abs(loo - np.median(loo))))
+        worst = int(np.argmax(np.abs(loo)))
+        if abs(loo[worst]) <= max(OUTLIER_MADS * spread, OUTLIER_MIN_LOG):
+            break
+        weights[worst] *= OUTLIER_WEIGHT
+    return weights
+
+
 def _group(key: tuple[str, ...], z: np.ndarray, r: np.ndarray, noise: float,
            max_centers: int = MAX_CENTERS) -> CorrectionGroup:
     """GP posterior-mean weights of one group's points (duplicates of a point averaged).
@@ -242,6 +280,7 @@ def _group(key: tuple[str, ...], z: np.ndarray, r: np.ndarray, noise: float,
     inverse = inverse.ravel()
     counts = np.bincount(inverse, minlength=len(uniq)).astype(float)
     rm = np.bincount(inverse, weights=r, minlength=len(uniq)) / counts
+    counts = robust_weights(uniq, counts, rm - float(np.average(rm, weights=counts)), noise)
     offset = float(np.average(rm, weights=counts))
     resid = rm - offset
     if len(uniq) <= max_centers:
