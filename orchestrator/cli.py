@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "costs K more simulations (0: off; 8 is a good choice)")
     run.add_argument("--interval-seed", type=int, metavar="SEED", help="seed of the perturbations (default: the "
                      "scenario's seed)")
+    run.add_argument("--kernel-only-intervals", action="store_true",
+                     help="leave out the end-to-end widening (sim/data/calibration/e2e_widening.json): the intervals "
+                          "then cover only the kernel model's uncertainty")
     run.set_defaults(func=commands_run.cmd_run)
 
     check = sub.add_parser("check", help="validate scenario, hardware or sweep TOML files")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from argparse import Namespace
@@ -114,11 +115,13 @@ def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunInt
         raise ConfigError(source="run", key="--intervals", value=args.intervals, rule="must be >= 0")
     with ProgressBar(args.intervals, desc="intervals", unit="run") as bar:
         iv = run_intervals(scenario, result.summary, args.intervals, seed=args.interval_seed,
-                           progress=bar.update_to)
+                           progress=bar.update_to, kernel_only=args.kernel_only_intervals)
     if iv.k == 0:
         sys.stderr.write("warning: no interval table ships for this kernel tier: intervals are the point\n")
     arch = f", {iv.architecture.replace('-', ' ')} class" if iv.architecture else ""
-    sys.stderr.write(f"intervals: {iv.k} perturbed runs ({iv.tier} residuals{arch}) took {iv.wall_s:.1f} s\n")
+    widened = (", end-to-end widening " + ", ".join(f"{g} x{math.exp(w):.2f}" for g, w in iv.e2e_log_widths.items())
+               if iv.e2e_log_widths else ", kernel draws only")
+    sys.stderr.write(f"intervals: {iv.k} perturbed runs ({iv.tier} residuals{arch}{widened}) took {iv.wall_s:.1f} s\n")
     return iv
 
 
@@ -154,7 +157,8 @@ def cmd_run(args: Namespace) -> int:
     if args.intervals:
         iv = _intervals(scenario, result, args)
         payload["summary"].update(iv.fields())
-        payload["intervals"] = {"k": iv.k, "seed": iv.seed, "tier": iv.tier, "nominal": 0.9}
+        payload["intervals"] = {"k": iv.k, "seed": iv.seed, "tier": iv.tier, "nominal": 0.9,
+                                "e2e_log_widths": iv.e2e_log_widths}
         rows += [(f"{m} 90% interval", f"[{_cell(iv.lo[m])}, {_cell(iv.hi[m])}]") for m in iv.lo]
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.progress import ProgressBar
+from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_widening
 from sim.calibration.select import EfficiencyModels
 from sim.engine.part_prices import SCHEDULING_ONLY_FIELDS, PriceCache
 from sim.errors import ConfigError
@@ -33,6 +34,7 @@ from sim.uncertainty import PerturbedModels
 from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
 from sim.validation.rows import FAMILIES, SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, evaluate_row, tier_skip_reason
+from sim.validation.score import interval_samples
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 
@@ -190,6 +192,21 @@ def cmd_validate(args: Namespace) -> int:
     return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
 
 
+def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResult]) -> E2EWidening | None:
+    """With --e2e-widening-out: fitted on this run's dev rows (kernel-only bounds) and written;
+    else the shipped widening (None where none ships)."""
+    if not args.e2e_widening_out:
+        return shipped_widening()
+    dev = [(tier, metric, lo, hi, meas) for suite, tier, metric, _, meas, lo, hi in interval_samples(rows, results)
+           if suite == "dev"]
+    widening = fit_widening(dev, source=f"kernelsight validate --intervals {args.intervals} --e2e-widening-out: "
+                                        f"dev suite, {len(dev)} row x metric intervals")
+    widening.save(Path(args.e2e_widening_out))
+    sys.stderr.write(f"wrote the end-to-end widening fitted on {len(dev)} dev row x metric intervals to "
+                     f"{args.e2e_widening_out}\n")
+    return widening
+
+
 def _limit(rows: list[ValidationRow], n: int) -> list[ValidationRow]:
     """At most `n` simulatable rows per (suite, source), cheapest first (smoke runs)."""
     keep: list[ValidationRow] = []
@@ -209,7 +226,8 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
     from sim.validation.score import interval_coverage, score_groups
 
     groups = score_groups(rows, results, tiers=tiers, deferred=deferred)
-    coverage = interval_coverage(rows, results) if args.intervals else []
+    widening = _widening(args, rows, results) if args.intervals else None
+    coverage = interval_coverage(rows, results, widening) if args.intervals else []
     result: dict[str, Any] = {
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,
         "machine": f"{platform.machine()} {os.cpu_count()}-core box", "budget_s": args.budget_s,
@@ -220,7 +238,8 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
                        "interval_runs": cost.interval_runs},
     }
     if args.intervals:
-        result.update(intervals=args.intervals, interval_coverage=coverage)
+        result.update(intervals=args.intervals, interval_coverage=coverage,
+                      e2e_widening=widening.to_json() if widening else None)
     full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
     write_doc = not args.no_doc and (full_run or args.doc is not None)
     plots: list[str] = []
@@ -329,6 +348,9 @@ def register(sub: Any) -> None:
     v.add_argument("--intervals", type=int, default=0, metavar="K",
                    help="also K perturbed runs per aggregated row (run --intervals K) and the coverage of their "
                         "nominal 90%% intervals of TTFT, TPOT and throughput (default 0: off)")
+    v.add_argument("--e2e-widening-out", metavar="WIDENING.json",
+                   help="with --intervals: fit the end-to-end widening on this run's dev rows and write it (shipped as "
+                        "sim/data/calibration/e2e_widening.json); the coverage table then uses it")
     v.add_argument("--out", metavar="DIR", help="where validate.json and trace files go (default: a temp dir)")
     v.add_argument("--doc", help="document whose End-to-end section is rewritten (default docs/accuracy.md, "
                                  "written only by a full run: all suites, both tiers, every source)")

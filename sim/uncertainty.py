@@ -7,11 +7,15 @@ all its kernels in a run, as a GPU's systematic error is. Draw i of seed s uses 
 SeedSequence([s, 21, i]), families in sorted order, so the same seed gives the same factors (and
 results) in any process. The interval of a metric is the pair of order statistics of the K perturbed
 values that split-conformal uses at the table's level (k = ceil((K + 1)(1 - alpha / 2)), the range
-when k > K, i.e. K < 19 at 90%), widened to hold the point run. Cost: K more simulations.
+when k > K, i.e. K < 19 at 90%), widened to hold the point run. Then the end-to-end widening
+(`sim.calibration.e2e_widening`, conformalized on the measured dev rows of `kernelsight validate`)
+stretches it by a per-tier, per-metric-group factor for what the kernel draws do not cover (host,
+scheduling, client protocol). Cost: K more simulations; the widening is free.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +25,7 @@ from typing import Final
 import numpy as np
 
 from sim.api import scenario_efficiency, simulate
+from sim.calibration.e2e_widening import E2EWidening, shipped_widening
 from sim.calibration.intervals import IntervalTable, sample_log_factors, shipped_intervals
 from sim.calibration.select import shipped_calibration
 from sim.engine.part_prices import PriceCache
@@ -75,6 +80,8 @@ class RunIntervals:
     alpha: float = 0.1
     architecture: str | None = None
     """The architecture class whose residuals the draws came from (`IntervalTable.architecture`)."""
+    e2e_log_widths: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Group -> end-to-end log width applied on top of the kernel draws (empty: kernel-only bounds)."""
 
     def fields(self) -> dict[str, float | None]:
         """{`<metric>_lo`: ..., `<metric>_hi`: ...} in `INTERVAL_METRICS` order."""
@@ -116,11 +123,12 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
                   table: IntervalTable | None = None, efficiency: EfficiencyModel | None = None,
                   profile: EngineProfile | None = None, limits: SimLimits | None = None,
                   prices: PriceCache | None = None, models: PerturbedModels | None = None,
-                  progress: Callable[[int], None] | None = None, confidence: float | None = None
-                  ) -> RunIntervals:
+                  progress: Callable[[int], None] | None = None, confidence: float | None = None,
+                  widening: E2EWidening | None = None, kernel_only: bool = False) -> RunIntervals:
     """Intervals of `INTERVAL_METRICS` around `point` (the unperturbed run of `scenario`) from K
     perturbed runs; seed defaults to the scenario's, confidence to the table's nominal level (the
-    draws themselves always come from the table's central interval). No table or k = 0: lo = hi = point."""
+    draws themselves always come from the table's central interval). No table or k = 0: lo = hi = point.
+    `widening` defaults to the shipped end-to-end widening; `kernel_only` leaves it out."""
     start = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     tier = kernel_tier(scenario)
@@ -143,9 +151,17 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
             lo[m] = hi[m] = p
             continue
         lo[m], hi[m] = order_bounds([float(v) for v in vals], float(p), alpha) if vals else (p, p)
+    wide = None if kernel_only or not samples else (widening if widening is not None else shipped_widening())
+    if wide is not None:
+        for m in INTERVAL_METRICS:
+            p, low, high = getattr(point, m), lo[m], hi[m]
+            if p is not None and low is not None and high is not None:
+                lo[m], hi[m] = wide.widen(tier, m, float(p), low, high)
+    widths = dict(wide.log_widths.get(tier, {})) if wide else {}
     return RunIntervals(k=len(samples), seed=seed, tier=tier, lo=lo, hi=hi, wall_s=time.perf_counter() - start,
                         samples=tuple(samples), alpha=alpha,
-                        architecture=table.architecture(tier, scenario.hardware.sm_version) if table else None)
+                        architecture=table.architecture(tier, scenario.hardware.sm_version) if table else None,
+                        e2e_log_widths=widths)
 
 
 def bounds_of(point: Mapping[str, float], samples: list[Mapping[str, float]], alpha: float
@@ -164,4 +180,5 @@ def bounds_of(point: Mapping[str, float], samples: list[Mapping[str, float]], al
 
 def interval_fields(summary: Mapping[str, object], intervals: RunIntervals) -> dict[str, object]:
     """`summary` with the interval fields added after the point fields."""
-    return {**summary, **intervals.fields(), "intervals_k": intervals.k, "intervals_seed": intervals.seed}
+    return {**summary, **intervals.fields(), "intervals_k": intervals.k, "intervals_seed": intervals.seed,
+            "intervals_e2e_log_widths": intervals.e2e_log_widths}

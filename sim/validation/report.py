@@ -362,7 +362,10 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
                 f"Nominal 90% intervals of each scored aggregated row from {result.get('intervals', 0)} perturbed "
                 "runs (`run --intervals`, docs/kernel-model.md#intervals: one latency factor per kernel family "
                 "and run, drawn from the kernel intervals of the row's tier and architecture class). Coverage: "
-                "share of rows whose measured value lies in the interval; width: mean (hi - lo) / predicted.", "",
+                "share of rows whose measured value lies in the interval; width: mean (hi - lo) / predicted. "
+                "End-to-end widened: the same intervals stretched by the end-to-end widening "
+                "(`sim/calibration/e2e_widening.py`), conformalized on the dev suite's rows only: on the dev rows "
+                "it was fitted on, its coverage is in-sample; the eval rows never fitted anything.", "",
                 *coverage, ""]
     out += ["### Skipped and deferred rows", "", *skipped_table(rows, results, deferred), ""]
     return "\n".join(out) + "\n"
@@ -372,9 +375,16 @@ def interval_coverage_table(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     """Markdown of `score.interval_coverage` (empty without intervals)."""
     if not cells:
         return []
-    lines = ["| suite | tier | metric | rows | coverage | mean relative width |", "|---|---|---|---|---|---|"]
-    lines += [f"| {c['suite']} | {c['tier']} | {c['metric']} | {c['rows']} | {_pct(c['coverage'])} "
-              f"| {_pct(c['mean_rel_width'])} |" for c in cells]
+    e2e = "coverage_e2e" in cells[0]
+    head = "| suite | tier | metric | rows | coverage (kernel draws) | mean relative width |"
+    lines = [head + (" coverage (end-to-end widened) | mean relative width |" if e2e else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if e2e else "")]
+    for c in cells:
+        line = (f"| {c['suite']} | {c['tier']} | {c['metric']} | {c['rows']} | {_pct(c['coverage'])} "
+                f"| {_pct(c['mean_rel_width'])} |")
+        if e2e:
+            line += f" {_pct(c['coverage_e2e'])} | {_pct(c['mean_rel_width_e2e'])} |"
+        lines.append(line)
     return lines
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.calibration.e2e_widening import E2EWidening
 from sim.validation.rows import HEADLINE_METRICS, ValidationRow
 from sim.validation.runner import RowResult
 
@@ -90,11 +91,32 @@ def score_groups(rows: Iterable[ValidationRow], results: Iterable[RowResult], *,
     return out
 
 
-def interval_coverage(rows: Iterable[ValidationRow], results: Iterable[RowResult]) -> list[dict[str, object]]:
+def interval_coverage(rows: Iterable[ValidationRow], results: Iterable[RowResult],
+                      widening: E2EWidening | None = None) -> list[dict[str, object]]:
     """Per suite x tier x headline metric, over scored rows with intervals (`validate --intervals K`):
-    rows, the share whose measured value lies in [lo, hi], and the mean of (hi - lo) / predicted."""
+    rows, the share whose measured value lies in [lo, hi], and the mean of (hi - lo) / predicted; with
+    `widening`, the same for the end-to-end widened bounds (`coverage_e2e`, `mean_rel_width_e2e`)."""
+    cells: dict[tuple[str, str, str], list[tuple[bool, float, bool, float]]] = {}
+    for suite, tier, name, point, meas, lo, hi in interval_samples(rows, results):
+        wlo, whi = widening.widen(tier, name, point, lo, hi) if widening else (lo, hi)
+        cells.setdefault((suite, tier, name), []).append(
+            (lo <= meas <= hi, (hi - lo) / point, wlo <= meas <= whi, (whi - wlo) / point))
+    out: list[dict[str, object]] = []
+    for (suite, tier, metric), v in sorted(cells.items()):
+        cell: dict[str, object] = {"suite": suite, "tier": tier, "metric": metric, "rows": len(v),
+                                   "coverage": sum(c[0] for c in v) / len(v),
+                                   "mean_rel_width": sum(c[1] for c in v) / len(v)}
+        if widening is not None:
+            cell.update(coverage_e2e=sum(c[2] for c in v) / len(v), mean_rel_width_e2e=sum(c[3] for c in v) / len(v))
+        out.append(cell)
+    return out
+
+
+def interval_samples(rows: Iterable[ValidationRow], results: Iterable[RowResult]
+                     ) -> list[tuple[str, str, str, float, float, float, float]]:
+    """(suite, tier, headline metric, predicted, measured, lo, hi) of every scored row with kernel-only bounds."""
     by_id = {r.row_id: r for r in rows}
-    cells: dict[tuple[str, str, str], list[tuple[bool, float]]] = {}
+    out: list[tuple[str, str, str, float, float, float, float]] = []
     for res in results:
         row = by_id.get(res.row_id)
         if row is None or res.status != "scored" or not res.bounds:
@@ -105,7 +127,5 @@ def interval_coverage(rows: Iterable[ValidationRow], results: Iterable[RowResult
             if any(v is None or not math.isfinite(v) for v in values):
                 continue
             point, meas, lo, hi = (float(v or 0.0) for v in values)
-            cells.setdefault((row.suite, res.tier, name), []).append((lo <= meas <= hi, (hi - lo) / point))
-    return [{"suite": suite, "tier": tier, "metric": metric, "rows": len(v),
-             "coverage": sum(c for c, _ in v) / len(v), "mean_rel_width": sum(w for _, w in v) / len(v)}
-            for (suite, tier, metric), v in sorted(cells.items())]
+            out.append((row.suite, res.tier, name, point, meas, lo, hi))
+    return out

@@ -17,6 +17,7 @@ from orchestrator.cli import main
 from orchestrator.sweep.evaluate import TrialEvaluator
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.results import TrialInput
+from sim.calibration.e2e_widening import shipped_widening
 from sim.errors import ConfigError
 
 SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
@@ -76,7 +77,16 @@ def test_run_intervals_fields_seeded_and_bracketing(capsys: pytest.CaptureFixtur
     assert isinstance(summary, dict) and isinstance(plain["summary"], dict)
     assert "ttft_p90_s_lo" not in plain["summary"]
     assert {k: v for k, v in summary.items() if k in plain["summary"]} == plain["summary"]  # points unchanged
+    widths = first["intervals"].pop("e2e_log_widths")  # type: ignore[union-attr]
     assert first["intervals"] == {"k": 3, "seed": 0, "tier": "target-measured", "nominal": 0.9}
+    shipped = shipped_widening()
+    assert widths == (shipped.log_widths.get("target-measured", {}) if shipped else {})
+    narrow = _run_json(capsys, "--intervals", "3", "--kernel-only-intervals")
+    assert narrow["intervals"]["e2e_log_widths"] == {}  # type: ignore[index]
+    n_sum, w_sum = narrow["summary"], first["summary"]
+    assert isinstance(n_sum, dict) and isinstance(w_sum, dict)
+    for m in ("ttft_mean_s", "tpot_mean_s", "output_throughput_tokens_per_s"):
+        assert w_sum[f"{m}_lo"] <= n_sum[f"{m}_lo"] <= n_sum[f"{m}_hi"] <= w_sum[f"{m}_hi"] or not widths, m
     for m in ("ttft_mean_s", "ttft_p90_s", "tpot_mean_s", "output_throughput_tokens_per_s",
               "cost_per_million_output_tokens_usd"):
         assert summary[f"{m}_lo"] <= summary[m] <= summary[f"{m}_hi"], m

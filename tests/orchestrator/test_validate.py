@@ -13,6 +13,8 @@ from pathlib import Path
 
 from conftest import REPO
 
+from sim.calibration.e2e_widening import load_widening
+
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     """`kernelsight validate` on the measured data shipped in the package (no --data)."""
@@ -48,10 +50,16 @@ def test_smoke_run_scores_rows_and_rewrites_only_the_end_to_end_section(tmp_path
 def test_intervals_give_each_aggregated_row_bounds_and_the_report_their_coverage(tmp_path: Path) -> None:
     doc = tmp_path / "accuracy.md"
     proc = _run("--suite", "dev", "--source", "llmservingsim", "--limit", "1", "--tier", "cross-generation",
-                "--intervals", "2", "--jobs", "1", "--json", "--out", str(tmp_path / "out"), "--doc", str(doc))
+                "--intervals", "2", "--jobs", "1", "--json", "--out", str(tmp_path / "out"), "--doc", str(doc),
+                "--e2e-widening-out", str(tmp_path / "widening.json"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["intervals"] == 2
+    # the widening is fitted on the run's dev rows (here one row: its score) and used for the widened coverage
+    widening = load_widening(tmp_path / "widening.json")
+    assert widening.rows == {"cross-generation": {"ttft": 1, "tpot": 1, "throughput": 1}}
+    assert summary["e2e_widening"] == widening.to_json()
+    assert all("coverage_e2e" in c for c in summary["interval_coverage"])
     cells = {(c["suite"], c["tier"], c["metric"]): c for c in summary["interval_coverage"]}
     assert set(cells) == {("dev", "cross-generation", m) for m in ("ttft", "tpot", "throughput")}
     assert all(c["rows"] == 1 and c["coverage"] in (0.0, 1.0) and c["mean_rel_width"] > 0 for c in cells.values())
