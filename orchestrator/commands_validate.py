@@ -192,7 +192,8 @@ def cmd_validate(args: Namespace) -> int:
     return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
 
 
-def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResult]) -> E2EWidening | None:
+def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResult], sha: str
+              ) -> E2EWidening | None:
     """With --e2e-widening-out: fitted on this run's dev rows (kernel-only bounds) and written;
     else the shipped widening (None where none ships)."""
     if not args.e2e_widening_out:
@@ -200,7 +201,8 @@ def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResul
     dev = [(tier, metric, lo, hi, meas) for suite, tier, metric, _, meas, lo, hi in interval_samples(rows, results)
            if suite == "dev"]
     widening = fit_widening(dev, source=f"kernelsight validate --intervals {args.intervals} --e2e-widening-out: "
-                                        f"dev suite, {len(dev)} row x metric intervals")
+                                        f"dev suite, {len(dev)} row x metric intervals",
+                            data_sha256={"e2e": sha})
     widening.save(Path(args.e2e_widening_out))
     sys.stderr.write(f"wrote the end-to-end widening fitted on {len(dev)} dev row x metric intervals to "
                      f"{args.e2e_widening_out}\n")
@@ -226,7 +228,7 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
     from sim.validation.score import interval_coverage, score_groups
 
     groups = score_groups(rows, results, tiers=tiers, deferred=deferred)
-    widening = _widening(args, rows, results) if args.intervals else None
+    widening = _widening(args, rows, results, sha) if args.intervals else None
     coverage = interval_coverage(rows, results, widening) if args.intervals else []
     result: dict[str, Any] = {
         "suite": args.suite, "tiers": tiers, "wall_s": wall, "jobs": args.jobs, "data_sha256": sha,

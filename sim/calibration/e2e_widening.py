@@ -51,6 +51,8 @@ class E2EWidening:
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
     """tier -> group -> calibration rows (below ceil((n + 1) x nominal) <= n the width is the largest score)."""
     source: str = ""
+    data_sha256: dict[str, str] = field(default_factory=dict)
+    """Digest of the measured data the calibration rows came from (`e2e`: `sim.validation.load.data_sha256`)."""
 
     def log_width(self, tier: str, metric: str) -> float:
         """w for `metric` under `tier` (0 where nothing was fitted); E2E latency takes the wider of TTFT and TPOT."""
@@ -66,7 +68,7 @@ class E2EWidening:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "nominal": self.nominal, "log_widths": self.log_widths, "rows": self.rows,
-                "source": self.source}
+                "source": self.source, "data_sha256": self.data_sha256}
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ def conformal_width(scores: list[float], nominal: float) -> float:
 
 
 def fit_widening(samples: Iterable[tuple[str, str, float, float, float]], *, nominal: float = 0.9,
-                 source: str = "") -> E2EWidening:
+                 source: str = "", data_sha256: dict[str, str] | None = None) -> E2EWidening:
     """From (tier, metric, lo, hi, measured) of calibration rows: the log width per tier and group."""
     scores: dict[str, dict[str, list[float]]] = {}
     for tier, metric, lo, hi, y in samples:
@@ -95,7 +97,7 @@ def fit_widening(samples: Iterable[tuple[str, str, float, float, float]], *, nom
                        log_widths={t: {g: conformal_width(v, nominal) for g, v in sorted(gs.items())}
                                    for t, gs in sorted(scores.items())},
                        rows={t: {g: len(v) for g, v in sorted(gs.items())} for t, gs in sorted(scores.items())},
-                       source=source)
+                       source=source, data_sha256=dict(data_sha256 or {}))
 
 
 def load_widening(path: Path) -> E2EWidening:
@@ -108,7 +110,8 @@ def load_widening(path: Path) -> E2EWidening:
     return E2EWidening(nominal=float(data["nominal"]),
                        log_widths={t: {g: float(w) for g, w in gs.items()} for t, gs in data["log_widths"].items()},
                        rows={t: {g: int(n) for g, n in gs.items()} for t, gs in data.get("rows", {}).items()},
-                       source=str(data.get("source", "")))
+                       source=str(data.get("source", "")),
+                       data_sha256={str(k): str(v) for k, v in data.get("data_sha256", {}).items()})
 
 
 @lru_cache(maxsize=1)

@@ -58,6 +58,7 @@ def test_intervals_give_each_aggregated_row_bounds_and_the_report_their_coverage
     # the widening is fitted on the run's dev rows (here one row: its score) and used for the widened coverage
     widening = load_widening(tmp_path / "widening.json")
     assert widening.rows == {"cross-generation": {"ttft": 1, "tpot": 1, "throughput": 1}}
+    assert set(widening.data_sha256) == {"e2e"}
     assert summary["e2e_widening"] == widening.to_json()
     assert all("coverage_e2e" in c for c in summary["interval_coverage"])
     cells = {(c["suite"], c["tier"], c["metric"]): c for c in summary["interval_coverage"]}

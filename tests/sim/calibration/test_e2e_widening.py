@@ -55,7 +55,7 @@ def test_widen_maps_metrics_to_groups_and_holds_the_point() -> None:
 
 
 def test_file_round_trip_and_a_wrong_schema_is_refused(tmp_path: Path) -> None:
-    w = fit_widening([("t", "ttft", 1.0, 2.0, 3.0)], source="s")
+    w = fit_widening([("t", "ttft", 1.0, 2.0, 3.0)], source="s", data_sha256={"e2e": "abc"})
     w.save(tmp_path / "w.json")
     assert load_widening(tmp_path / "w.json") == w
     (tmp_path / "bad.json").write_text('{"schema": "other"}')
