@@ -176,8 +176,11 @@ def cmd_validate(args: Namespace) -> int:
     tiers_per_row = {r.row_id: len(_tiers_for(r, tiers)) for r in rows}
     # With --intervals K an aggregated row costs its run and K perturbed runs: the budget buys fewer rows.
     cost = measure_cost_model().with_interval_runs(args.intervals)
-    chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
-                                   jobs=args.jobs, max_row_s=args.max_row_s)
+    if args.rows_from:
+        chosen, deferred = _rows_from(Path(args.rows_from), rows, tiers_per_row)
+    else:
+        chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
+                                       jobs=args.jobs, max_row_s=args.max_row_s)
     sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
                      f"simulating {len(chosen)} rows x tiers, expected "
                      f"{expected_wall_s(chosen, tiers_per_row, cost, args.jobs):.0f} s on {args.jobs} workers\n")
@@ -190,6 +193,23 @@ def cmd_validate(args: Namespace) -> int:
                 for r in rows if not r.skipped for t in tiers if tier_skip_reason(r, t) is not None]
     wall = time.perf_counter() - start
     return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
+
+
+def _rows_from(path: Path, rows: list[ValidationRow], tiers_per_row: dict[str, int]
+               ) -> tuple[list[ValidationRow], dict[str, str]]:
+    """The rows an earlier run simulated (its validate.json), budget aside: a before/after comparison
+    on the same rows; every other simulatable row is deferred with the reason."""
+    try:
+        earlier = json.loads(path.read_text())
+        simulated = {r["row_id"] for r in earlier["results"] if r["status"] in ("scored", "failed")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(source=str(path), key="--rows-from", value=str(path),
+                          rule=f"must be a validate.json written by `kernelsight validate --out` ({exc})") from None
+    live = [r for r in rows if not r.skipped and tiers_per_row.get(r.row_id, 0) > 0]
+    chosen = [r for r in live if r.row_id in simulated]
+    why = f"not simulated by the run in {path} (--rows-from)"
+    deferred = {r.row_id: why for r in live if r.row_id not in simulated}
+    return chosen, deferred
 
 
 def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResult], sha: str
@@ -350,6 +370,9 @@ def register(sub: Any) -> None:
     v.add_argument("--intervals", type=int, default=0, metavar="K",
                    help="also K perturbed runs per aggregated row (run --intervals K) and the coverage of their "
                         "nominal 90%% intervals of TTFT, TPOT and throughput (default 0: off)")
+    v.add_argument("--rows-from", metavar="VALIDATE.json",
+                   help="simulate exactly the rows an earlier run simulated (its validate.json; no budget): "
+                        "before/after comparisons on the same rows")
     v.add_argument("--e2e-widening-out", metavar="WIDENING.json",
                    help="with --intervals: fit the end-to-end widening on this run's dev rows and write it (shipped as "
                         "sim/data/calibration/e2e_widening.json); the coverage table then uses it")

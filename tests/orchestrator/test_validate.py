@@ -130,3 +130,23 @@ def test_ctrl_c_stops_the_workers_at_once_and_exits_130(tmp_path: Path) -> None:
     while alive() and time.monotonic() < gone_by:
         time.sleep(0.2)
     assert children and not alive()
+
+
+def test_rows_from_replays_exactly_the_rows_an_earlier_run_simulated(tmp_path: Path) -> None:
+    first = _run("--suite", "dev", "--source", "llmservingsim", "--limit", "2", "--tier", "cross-generation",
+                 "--jobs", "1", "--json", "--no-doc", "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    earlier = json.loads((tmp_path / "a" / "validate.json").read_text())
+    simulated = {r["row_id"] for r in earlier["results"] if r["status"] in ("scored", "failed")}
+    assert len(simulated) == 2
+    # no --limit now: every other llmservingsim dev row is deferred, the two are simulated again, same results
+    again = _run("--suite", "dev", "--source", "llmservingsim", "--tier", "cross-generation", "--jobs", "1",
+                 "--json", "--no-doc", "--out", str(tmp_path / "b"), "--rows-from", str(tmp_path / "a" / "validate.json"))
+    assert again.returncode == 0, again.stderr
+    later = json.loads((tmp_path / "b" / "validate.json").read_text())
+    assert {r["row_id"] for r in later["results"] if r["status"] in ("scored", "failed")} == simulated
+    predicted = {r["row_id"]: r["predicted"] for r in earlier["results"] if r["row_id"] in simulated}
+    assert {r["row_id"]: r["predicted"] for r in later["results"] if r["row_id"] in simulated} == predicted
+    assert any("--rows-from" in (r["deferred"] or "") for r in later["rows"])
+    bad = _run("--rows-from", str(tmp_path / "missing.json"), "--limit", "1", "--no-doc")
+    assert bad.returncode == 2 and "--rows-from" in bad.stderr
