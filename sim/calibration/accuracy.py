@@ -165,7 +165,7 @@ def _naive(train: Mapping[str, pd.DataFrame], held: pd.DataFrame) -> np.ndarray:
     return pred
 
 
-def _scores(held: pd.DataFrame, pred: np.ndarray, mask: np.ndarray) -> dict[str, dict[str, float]]:
+def family_scores(held: pd.DataFrame, pred: np.ndarray, mask: np.ndarray) -> dict[str, dict[str, float]]:
     ape = np.abs(pred - held.latency_s.to_numpy()) / held.latency_s.to_numpy()
     out: dict[str, dict[str, float]] = {}
     for fam in FAMILIES_REPORTED:
@@ -194,10 +194,10 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     cols = columns_of(held)
     everything = np.ones(len(held), dtype=bool)
     result: dict[str, Any] = {"gpu": held_gpu, "tiers": {}}
-    result["tiers"]["roofline"] = _scores(held, held.roofline_s.to_numpy(), everything)
-    result["tiers"]["naive"] = _scores(held, _naive(train, held), everything)
+    result["tiers"]["roofline"] = family_scores(held, held.roofline_s.to_numpy(), everything)
+    result["tiers"]["naive"] = family_scores(held, _naive(train, held), everything)
     cross, _ = predict_latency_s(cols, hw, FittedEfficiency(base))
-    result["tiers"]["cross-generation"] = _scores(held, cross, everything)
+    result["tiers"]["cross-generation"] = family_scores(held, cross, everything)
     # Residuals of the scored rows per tier (popped before the result is written as JSON).
     result["residuals"] = {"roofline": _residuals(held, held.roofline_s.to_numpy(), everything),
                            "cross-generation": _residuals(held, cross, everything)}
@@ -211,8 +211,8 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     calibrated = fit_correction(base, loaded.plan_rows[held_gpu], hw)
     _, in_unit = plan_mask(held, hw)
     target, _ = predict_latency_s(cols, hw, FittedEfficiency(calibrated))
-    result["tiers"]["target-measured"] = _scores(held, target, ~in_unit)
-    result["tiers"]["cross-generation (same rows as target)"] = _scores(held, cross, ~in_unit)
+    result["tiers"]["target-measured"] = family_scores(held, target, ~in_unit)
+    result["tiers"]["cross-generation (same rows as target)"] = family_scores(held, cross, ~in_unit)
     result["residuals"]["target-measured"] = _residuals(held, target, ~in_unit)
     result["calibration_points"] = len(loaded.plan_rows[held_gpu])
     result["plan_points"] = len(microbench_plan(hw))

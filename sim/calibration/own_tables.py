@@ -29,7 +29,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, _scores, load, plan_mask
+from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, family_scores, load, plan_mask
 from sim.calibration.batch import predict_latency_s
 from sim.calibration.fit import fit_correction, fit_cross_generation
 from sim.calibration.tables import FAMILY_OF_KERNEL, Exclusion, columns_of, read_microbench_dir
@@ -94,12 +94,12 @@ def score_own_tables(data_root: Path, directory: Path, gpu: str, reference: tupl
     ref_torch, _ = predict_latency_s(cols, ref_hw, FittedEfficiency(fit_correction(base, ref_own, ref_hw)))
     bridged = ours * ref_framework / ref_torch
     tiers = {
-        TIERS[0]: _scores(held, cross, everything),
-        TIERS[1]: _scores(held, ours, everything),
-        TIERS[2]: _scores(held, bridged, everything),
-        TIERS[3]: _scores(held, cross, ~in_unit),
-        TIERS[4]: _scores(held, bridged, ~in_unit),
-        TIERS[5]: _scores(held, logo, ~in_unit),
+        TIERS[0]: family_scores(held, cross, everything),
+        TIERS[1]: family_scores(held, ours, everything),
+        TIERS[2]: family_scores(held, bridged, everything),
+        TIERS[3]: family_scores(held, cross, ~in_unit),
+        TIERS[4]: family_scores(held, bridged, ~in_unit),
+        TIERS[5]: family_scores(held, logo, ~in_unit),
     }
     own_pred, _ = predict_latency_s(columns_of(own), hw, FittedEfficiency(base))
     return {"gpu": gpu, "directory": str(directory), "tables_sha256": digest, "families": list(families),
@@ -107,7 +107,7 @@ def score_own_tables(data_root: Path, directory: Path, gpu: str, reference: tupl
             "own_rows": {f: int((own.family == f).sum()) for f in families},
             "excluded": [{"table": e.table, "what": e.what, "rows": e.num_rows} for e in excluded],
             "calibration_rows_leave_one_gpu_out": len(loaded.plan_rows[gpu]),
-            "tiers": tiers, "base_on_own_rows": _scores(own, own_pred, np.ones(len(own), dtype=bool))}
+            "tiers": tiers, "base_on_own_rows": family_scores(own, own_pred, np.ones(len(own), dtype=bool))}
 
 
 def render_own_tables(result: dict[str, Any], command: str, wall_s: float) -> str:
