@@ -100,7 +100,7 @@ SHAPE_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "moe": ("log_tokens", "log_per_expert", "log_skew", "log_active", "log_local", "log_hidden", "log_width",
             "log_topk", "gated"),
     "mla_prefill": ("log_batch", "log_heads", "log_length", "module"),
-    "mla_decode": ("log_batch", "log_heads", "log_length", "module"),
+    "mla_decode": ("log_batch", "log_heads", "log_length", "module", "serial_kv", "log_serial_vs_roofline"),
     "mla_bmm": ("log_tokens", "log_heads"),
 }
 COLLECTIVE_NAMES: Final[tuple[str, ...]] = (
@@ -212,8 +212,18 @@ def _shape(xp: Ops, family: str, p: dict[str, Any]) -> list[Any]:
     if family == "moe":
         return [xp.log(p["tokens"]), xp.log(p["per_expert"]), xp.log(p["skew"]), xp.log(p["active"]),
                 xp.log(p["local"]), xp.log(p["hidden"]), xp.log(p["width"]), xp.log(p["topk"]), p["gated"]]
-    if family in ("mla_prefill", "mla_decode"):
+    if family == "mla_prefill":
         return [xp.log(p["batch"]), xp.log(p["heads"]), xp.log(p["length"]), p["module"]]
+    if family == "mla_decode":
+        # The serial KV walk (`table_kernels.trtllm_serial_mla`): its time at one clock cycle per
+        # cached token over the roofline. That time scales with the GPU's clock, not its memory
+        # bandwidth; the learner scales it (~160-210 cycles a token measured) and its occupancy
+        # features (`_tiles`: one CTA per sequence and 64 heads) say when the CTAs stop fitting in
+        # one wave.
+        serial = p["serial"]
+        tr = xp.maximum(xp.maximum(p["compute_s"], p["memory_s"]), _TINY)
+        return [xp.log(p["batch"]), xp.log(p["heads"]), xp.log(p["length"]), p["module"], serial,
+                serial * xp.log(p["length"] * p["cycle_s"] / tr)]
     if family == "mla_bmm":
         return [xp.log(p["tokens"]), xp.log(p["heads"])]
     return [xp.log(p["tokens"]), xp.log(p["width"])]

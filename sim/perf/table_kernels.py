@@ -226,6 +226,20 @@ def _projection_elems(heads: np.ndarray) -> np.ndarray:
     return out
 
 
+def trtllm_serial_mla(backend: np.ndarray, sm_version: int) -> np.ndarray:
+    """1.0 where the MLA decode kernel walks the KV cache serially: TensorRT-LLM outside Hopper and
+    datacenter Blackwell. On SM90 it runs FlashMLA-style split-KV kernels and on SM100/103 its
+    trtllm-gen kernels; elsewhere (SM80, SM86, SM89, SM120) its generation kernel gives one CTA per
+    sequence and 64 heads that steps through the cache token by token. The measured tables show it:
+    on a100, l40s and rtx_pro_6000 (TensorRT-LLM 1.0.0 and 1.3.0rc20) a sequence costs ~160-210
+    cycles per cached token at the boost clock, flat in batch until the CTAs fill the SMs and flat
+    in heads up to 64, 100-200x the memory roofline; vLLM's and SGLang's Triton MLA kernels split
+    the KV cache over CTAs like the Hopper kernels."""
+    split_kv_arch = 90 <= sm_version < 120
+    out: np.ndarray = ((backend == "trtllm") & (not split_kv_arch)).astype(float)
+    return out
+
+
 def mla_batch(cols: Mapping[str, np.ndarray], idx: np.ndarray, hw: HardwareSpec) -> TableBatch:
     kernel = text(cols, "kernel", idx, "mla_context")
     module = np.array([str(x).startswith("mla_module") for x in kernel.tolist()], dtype=bool)
@@ -263,9 +277,13 @@ def mla_batch(cols: Mapping[str, np.ndarray], idx: np.ndarray, hw: HardwareSpec)
     nbytes = nbytes + pbytes
     tm = nbytes / hw.hbm_bandwidth_bytes_per_s
     dtype = np.where(module, kvd + "/" + gt, kvd)
+    backend = text(cols, "backend", idx, "")
     prims = {"compute_s": tc, "memory_s": tm, "bytes": nbytes, "batch": b, "heads": heads, "length": length,
              "module": module.astype(float)}
-    cats = {"dtype": dtype.astype(object), "backend": text(cols, "backend", idx, "")}
+    if family == "mla_decode":
+        prims["serial"] = trtllm_serial_mla(backend, hw.sm_version or 0)
+        prims["cycle_s"] = np.full(len(idx), 1.0 / hw.boost_clock_hz)
+    cats = {"dtype": dtype.astype(object), "backend": backend}
     return TableBatch(family, np.maximum(tc, tm), prims, cats, flops, nbytes)
 
 

@@ -205,3 +205,32 @@ def test_calibrate_accepts_table_keyed_tables(tmp_path: Path) -> None:
     fams = load_artifact(out).families
     assert fams["moe"].correction is not None and fams["mla_bmm"].correction is not None
     assert fams["mla_decode"].correction is None and fams["gemm"].correction is None
+
+
+def test_mla_decode_serial_kv_path_by_backend_and_sm_generation() -> None:
+    from sim.perf.kernel_features import VECTOR, feature_names, features
+    from sim.perf.table_kernels import mla_batch, trtllm_serial_mla
+
+    backends = np.array(["trtllm", "vllm", "sglang", "trtllm"], dtype=object)
+    # TensorRT-LLM walks the KV cache serially off Hopper and datacenter Blackwell only.
+    assert trtllm_serial_mla(backends, 80).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert trtllm_serial_mla(backends, 89).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert trtllm_serial_mla(backends, 120).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert trtllm_serial_mla(backends, 90).tolist() == [0.0] * 4
+    assert trtllm_serial_mla(backends, 100).tolist() == [0.0] * 4
+    a100 = load_hardware("a100_sxm")
+    cols = {"kernel": np.array(["mla_generation"] * 4, dtype=object), "backend": backends,
+            "batch_size": np.array([1, 1, 1, 64]), "num_heads": np.array([128, 128, 128, 128]),
+            "kv_len": np.array([16384, 16384, 16384, 1024])}
+    tb = mla_batch(cols, np.arange(4), a100)
+    assert tb.prims["serial"].tolist() == [1.0, 0.0, 0.0, 1.0]
+    names = feature_names("mla_decode")
+    x = features(VECTOR, "mla_decode", tb.prims, float(a100.num_sms), float(a100.l2_cache_bytes), 80)
+    assert len(x) == len(names)
+    assert np.asarray(x[names.index("serial_kv")]).tolist() == [1.0, 0.0, 0.0, 1.0]
+    ratio = np.asarray(x[names.index("log_serial_vs_roofline")])
+    # One cycle of the 1.41 GHz clock per cached token over the row's roofline; 0 off the serial path.
+    assert ratio[0] == pytest.approx(math.log(16384 / a100.boost_clock_hz / tb.roofline_s[0]), rel=1e-12)
+    assert ratio[3] == pytest.approx(math.log(1024 / a100.boost_clock_hz / tb.roofline_s[3]), rel=1e-12)
+    assert ratio[1] == 0.0 and ratio[2] == 0.0
+    assert "serial_kv" not in feature_names("mla_prefill")
