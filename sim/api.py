@@ -144,6 +144,11 @@ def step_graph(scenario: Scenario, batch: BatchShape) -> KernelGraph:
     return build_step_graph(scenario.model, scenario.engine, scenario.precision, scenario.hardware, batch)
 
 
+EfficiencyWrapper = Callable[[EfficiencyModel, Scenario], EfficiencyModel]
+"""`simulate(efficiency_wrapper=...)`: the kernel model a run (or a disaggregated run's pool, with its
+scenario) prices with, given the one it selected."""
+
+
 def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None, *,
                         models: EfficiencyModels | None = None) -> EfficiencyModel:
     """The kernel model the scenario's `[perf]` section selects (default: best shipped tier), with
@@ -231,6 +236,7 @@ def simulate(
     max_step_events: int = 0,
     prices: PriceCache | None = None,
     max_requests: int | None = None,
+    efficiency_wrapper: EfficiencyWrapper | None = None,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
 
@@ -242,12 +248,15 @@ def simulate(
     `sim.engine.step_log`); the results are the same either way. `prices` shares priced step parts
     with earlier calls of the same pricing identity (a sweep worker's trials; see
     `sim.engine.part_prices`): same results, less pricing.
+    `efficiency_wrapper(model, scenario)` replaces the kernel model each part of the run prices with
+    (`efficiency` or the one the scenario selects; in a disaggregated run each pool's own, with the
+    pool's scenario): how `sim.uncertainty` perturbs every pool's model by its own hardware.
     Cyclic garbage collection is paused during the call (see `sim.engine.simulation.gc_paused`).
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
                          progress=progress, max_step_events=max_step_events, prices=prices,
-                         max_requests=max_requests)
+                         max_requests=max_requests, wrapper=efficiency_wrapper)
 
 
 def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
@@ -266,11 +275,12 @@ def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
 def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: HostOverheadParams | None,
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
-              prices: PriceCache | None, max_requests: int | None = None) -> SimResult:
+              prices: PriceCache | None, max_requests: int | None = None,
+              wrapper: EfficiencyWrapper | None = None) -> SimResult:
     if scenario.disaggregation is not None:
         return _simulate_disaggregated(scenario, efficiency=efficiency, host=host, limits=limits or SimLimits(),
                                        progress=progress, max_step_events=max_step_events, prices=prices,
-                                       max_requests=max_requests)
+                                       max_requests=max_requests, wrapper=wrapper)
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -289,6 +299,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         [DataParallelGroup(ranks, balance)] if lockstep else list(ranks))
     states = request_states(specs, ranks[0].kv)
     efficiency = efficiency or scenario_efficiency(scenario, profile)
+    if wrapper is not None:
+        efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
     if prices is None:
         pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
@@ -392,8 +404,11 @@ def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
 
 
 def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
-                 host: HostOverheadParams | None, prices: PriceCache | None) -> StepPricer:
+                 host: HostOverheadParams | None, prices: PriceCache | None,
+                 wrapper: EfficiencyWrapper | None = None) -> StepPricer:
     efficiency = efficiency or scenario_efficiency(scenario, profile)
+    if wrapper is not None:
+        efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
     if prices is None:
         return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
@@ -421,9 +436,11 @@ def _sum_breakdowns(parts: list[KernelBreakdown]) -> KernelBreakdown:
 def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel | None,
                             host: HostOverheadParams | None, limits: SimLimits,
                             progress: Callable[[int], None] | None, max_step_events: int,
-                            prices: PriceCache | None, max_requests: int | None) -> SimResult:
+                            prices: PriceCache | None, max_requests: int | None,
+                            wrapper: EfficiencyWrapper | None = None) -> SimResult:
     """Prefill pool -> KV transfer -> decode pool (`sim.engine.disaggregated`). `efficiency` and
-    `host`, when given, apply to both pools (a caller's single kernel model)."""
+    `host`, when given, apply to both pools (a caller's single kernel model); `wrapper` wraps each
+    pool's model with the pool's scenario."""
     disagg = scenario.disaggregation
     assert disagg is not None
     prefill_mem, decode_mem = (_check_pool(pool) for pool in disagg.pools())
@@ -439,8 +456,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                           arrival_s=s.arrival_s, keys=s.keys, segments=s.segments) for s in full]
     for s in full:
         s.keys = ()  # the decode phase takes its prompt KV from the transfer, not the prefix cache
-    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices)
-    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices)
+    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices, wrapper)
+    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices, wrapper)
     path = transfer_path(disagg)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = DisaggregatedSimulation(

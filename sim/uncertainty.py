@@ -49,7 +49,15 @@ _STREAM: Final = 21
 
 
 def kernel_tier(scenario: Scenario) -> str:
-    """The tier whose residuals describe the scenario's kernel model ("auto" resolved as the selector does)."""
+    """The tier whose residuals describe the scenario's kernel model ("auto" resolved as the selector
+    does); a disaggregated scenario's is cross-generation when either pool's is."""
+    if scenario.disaggregation is not None:
+        tiers = {_own_tier(pool.scenario) for pool in scenario.disaggregation.pools()}
+        return "cross-generation" if "cross-generation" in tiers else tiers.pop()
+    return _own_tier(scenario)
+
+
+def _own_tier(scenario: Scenario) -> str:
     tier = scenario.perf.tier
     if tier == "auto":
         found = scenario.perf.calibration is not None or shipped_calibration(scenario.hardware.name) is not None
@@ -79,7 +87,8 @@ class RunIntervals:
     """The perturbed runs' summaries (for bounds on other metrics, see `bounds_of`)."""
     alpha: float = 0.1
     architecture: str | None = None
-    """The architecture class whose residuals the draws came from (`IntervalTable.architecture`)."""
+    """The architecture class whose residuals the draws came from (`IntervalTable.architecture`); a
+    disaggregated run whose pools differ names both, prefill first (`seen-architecture / new-architecture`)."""
     e2e_log_widths: dict[str, float] = dataclasses.field(default_factory=dict)
     """Group -> end-to-end log width applied on top of the kernel draws (empty: kernel-only bounds)."""
 
@@ -98,6 +107,13 @@ def order_bounds(values: list[float], point: float, alpha: float) -> tuple[float
     n = len(v)
     k = min(n, math.ceil((n + 1) * (1.0 - alpha / 2.0) - 1e-9))
     return min(v[n - k], point), max(v[k - 1], point)
+
+
+def pool_scenarios(scenario: Scenario) -> list[Scenario]:
+    """The scenarios whose kernel models a run prices with: the scenario, or its pools'."""
+    if scenario.disaggregation is None:
+        return [scenario]
+    return [pool.scenario for pool in scenario.disaggregation.pools()]
 
 
 class PerturbedModels:
@@ -134,11 +150,25 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
     tier = kernel_tier(scenario)
     table = table if table is not None else shipped_intervals()
     samples: list[SimSummary] = []
-    if table is not None and k > 0 and tier in table.tiers:
-        base = efficiency or scenario_efficiency(scenario, profile)
-        for model in (models or PerturbedModels()).get(base, table, tier, k, seed, scenario.hardware.sm_version):
-            samples.append(simulate(scenario, efficiency=model, profile=profile, limits=limits,
-                                    prices=prices).summary)
+    parts = pool_scenarios(scenario)
+    if table is not None and k > 0 and all(kernel_tier(sc) in table.tiers for sc in parts):
+        perturbed, drawn_from = models or PerturbedModels(), table
+        if scenario.disaggregation is None:
+            efficiency = efficiency or scenario_efficiency(scenario, profile)
+        # Each pool's own model (its hardware, tier and backend) is perturbed with draws from its
+        # architecture class; the first model a pool selects is kept, so every draw wraps the same
+        # object and the perturbed models (and their priced parts) are reused.
+        bases: dict[int, EfficiencyModel] = {}
+
+        def perturb(i: int) -> Callable[[EfficiencyModel, Scenario], EfficiencyModel]:
+            def wrap(model: EfficiencyModel, sc: Scenario) -> EfficiencyModel:
+                base = bases.setdefault(id(sc), model)
+                return perturbed.get(base, drawn_from, kernel_tier(sc), k, seed, sc.hardware.sm_version)[i]
+            return wrap
+
+        for i in range(k):
+            samples.append(simulate(scenario, efficiency=efficiency, profile=profile, limits=limits,
+                                    prices=prices, efficiency_wrapper=perturb(i)).summary)
             if progress is not None:
                 progress(len(samples))
     alpha = 1.0 - (confidence if confidence is not None else table.nominal if table is not None else 0.9)
@@ -158,9 +188,11 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
             if p is not None and low is not None and high is not None:
                 lo[m], hi[m] = wide.widen(tier, m, float(p), low, high)
     widths = dict(wide.log_widths.get(tier, {})) if wide else {}
+    # A disaggregated run whose pools are of two classes names both (prefill first).
+    classes = [c for c in dict.fromkeys(table.architecture(kernel_tier(sc), sc.hardware.sm_version)
+                                        for sc in parts) if c] if table else []
     return RunIntervals(k=len(samples), seed=seed, tier=tier, lo=lo, hi=hi, wall_s=time.perf_counter() - start,
-                        samples=tuple(samples), alpha=alpha,
-                        architecture=table.architecture(tier, scenario.hardware.sm_version) if table else None,
+                        samples=tuple(samples), alpha=alpha, architecture=" / ".join(classes) or None,
                         e2e_log_widths=widths)
 
 

@@ -41,7 +41,7 @@ class CostModel:
     request_by_request: frozenset[str] = frozenset()
     """Backends whose engine profile has prefill priority (SGLang), timed on their own."""
     interval_runs: int = 0
-    """Perturbed runs an aggregated row adds (`validate --intervals K`): it costs K + 1 simulations."""
+    """Perturbed runs a row adds (`validate --intervals K`): it costs K + 1 simulations."""
 
     def with_interval_runs(self, k: int) -> CostModel:
         return dataclasses.replace(self, interval_runs=k)
@@ -51,9 +51,7 @@ class CostModel:
         per_request = self.per_request_step_s
         if row.backend in self.request_by_request and self.per_plain_request_step_s > 0:
             per_request = self.per_plain_request_step_s
-        # Disaggregated rows get no perturbed runs (`sim.validation.runner.evaluate_row`).
-        runs = 1 + (self.interval_runs if "disaggregation" not in (row.sections or {}) else 0)
-        return runs * (self.per_step_s * steps + per_request * request_steps)
+        return (1 + self.interval_runs) * (self.per_step_s * steps + per_request * request_steps)
 
 
 def work_of(row: ValidationRow) -> tuple[float, float]:

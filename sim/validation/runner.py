@@ -85,7 +85,8 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     worker's, shared by the rows it simulates of the same hardware, model, precision, layout and
     tier): the same results as building and pricing them afresh for each row, at less cost.
     `intervals` > 0: also the nominal 90% intervals of the predicted metrics from that many perturbed
-    runs (`sim.uncertainty.run_intervals`; aggregated rows: the perturbation wraps one kernel model);
+    runs (`sim.uncertainty.run_intervals`: the perturbation wraps the row's kernel model, or each
+    pool's in a disaggregated row);
     `perturbed` keeps the perturbed models across a worker's rows, so `prices` serves them too."""
     reason = tier_skip_reason(row, tier)
     if reason is not None:
@@ -105,7 +106,7 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     status: Status = "scored" if all(math.isfinite(v) for v in predicted.values()) else "failed"
     bounds: dict[str, float] = {}
     runs = 0
-    if intervals > 0 and status == "scored" and scenario.disaggregation is None:
+    if intervals > 0 and status == "scored":
         iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices,
                            models=perturbed)
         bounds = bounds_of(predicted, [_predicted(row.replay, x) for x in iv.samples], iv.alpha)

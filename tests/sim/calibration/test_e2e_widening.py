@@ -83,3 +83,16 @@ def test_validate_coverage_with_the_widening_fitted_on_dev_rows_only() -> None:
     assert cells["eval"]["coverage_e2e"] == 0.5  # 2.5 is inside [0.9 / 2.73, 3.0], 9.0 is not
     assert cells["eval"]["mean_rel_width_e2e"] == pytest.approx(3.0 - 0.9 * 1.1 / 3.0)
     assert "coverage_e2e" not in interval_coverage(rows, results)[0]
+
+
+def test_disaggregated_rows_have_their_own_coverage_cells_and_never_fit_the_widening() -> None:
+    import dataclasses
+
+    rows = [_row("d1", "dev", 1.5), dataclasses.replace(_row("p1", "dev", 30.0), disaggregated=True)]
+    results = [RowResult(row_id=r.row_id, tier="t", status="scored", predicted={"ttft_mean_s": 1.0},
+                         bounds={"ttft_mean_s_lo": 0.9, "ttft_mean_s_hi": 1.1}) for r in rows]
+    samples = interval_samples(rows, results)
+    assert sorted(s[0] for s in samples) == ["dev", "dev (disaggregated)"]
+    w = fit_widening([(t, m, lo, hi, y) for suite, t, m, _, y, lo, hi in samples if suite == "dev"])
+    assert w.log_widths["t"]["ttft"] == pytest.approx(math.log(1.5 / 1.1))  # the 30 s row is not in it
+    assert {c["suite"] for c in interval_coverage(rows, results, w)} == {"dev", "dev (disaggregated)"}

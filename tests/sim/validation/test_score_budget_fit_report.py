@@ -71,15 +71,15 @@ def test_request_by_request_backends_pay_their_own_rate_per_running_request() ->
     assert cost.estimate_s(sglang) == pytest.approx(205e-3 + 1000e-5)
 
 
-def test_interval_runs_multiply_the_cost_of_aggregated_rows_only() -> None:
-    """`validate --intervals K`: an aggregated row costs K + 1 simulations, a disaggregated row (no
-    perturbed runs) one."""
+def test_interval_runs_multiply_the_cost_of_every_row() -> None:
+    """`validate --intervals K`: a row costs K + 1 simulations, aggregated or disaggregated (whose
+    perturbed runs perturb each pool's kernel model)."""
     cost = CostModel(per_step_s=1e-3, per_request_step_s=1e-6).with_interval_runs(8)
     agg = _row("a", n=10, osl=100, conc=5)
     assert agg.sections is not None
     disagg = dataclasses.replace(agg, sections={**agg.sections, "disaggregation": {}})
     assert cost.estimate_s(agg) == pytest.approx(9 * (205e-3 + 1000e-6))
-    assert cost.estimate_s(disagg) == pytest.approx(205e-3 + 1000e-6)
+    assert cost.estimate_s(disagg) == pytest.approx(9 * (205e-3 + 1000e-6))
 
 
 def test_select_rows_respects_the_budget_weights_eval_groups_and_is_deterministic() -> None:
