@@ -237,6 +237,7 @@ def simulate(
     prices: PriceCache | None = None,
     max_requests: int | None = None,
     efficiency_wrapper: EfficiencyWrapper | None = None,
+    models: EfficiencyModels | None = None,
 ) -> SimResult:
     """Replay the scenario's workload through its replicas; same scenario + seed, same result.
 
@@ -251,12 +252,14 @@ def simulate(
     `efficiency_wrapper(model, scenario)` replaces the kernel model each part of the run prices with
     (`efficiency` or the one the scenario selects; in a disaggregated run each pool's own, with the
     pool's scenario): how `sim.uncertainty` perturbs every pool's model by its own hardware.
+    `models` is a long-lived caller's cache of kernel models (a sweep worker's): where `efficiency` is
+    not given, the run (or each pool) selects its model through it instead of building it anew.
     Cyclic garbage collection is paused during the call (see `sim.engine.simulation.gc_paused`).
     """
     with gc_paused():
         return _simulate(scenario, efficiency=efficiency, host=host, limits=limits, profile=profile,
                          progress=progress, max_step_events=max_step_events, prices=prices,
-                         max_requests=max_requests, wrapper=efficiency_wrapper)
+                         max_requests=max_requests, wrapper=efficiency_wrapper, models=models)
 
 
 def speculation_sampler(scenario: Scenario) -> AcceptanceSampler | None:
@@ -276,11 +279,11 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
               limits: SimLimits | None, profile: EngineProfile | None,
               progress: Callable[[int], None] | None, max_step_events: int,
               prices: PriceCache | None, max_requests: int | None = None,
-              wrapper: EfficiencyWrapper | None = None) -> SimResult:
+              wrapper: EfficiencyWrapper | None = None, models: EfficiencyModels | None = None) -> SimResult:
     if scenario.disaggregation is not None:
         return _simulate_disaggregated(scenario, efficiency=efficiency, host=host, limits=limits or SimLimits(),
                                        progress=progress, max_step_events=max_step_events, prices=prices,
-                                       max_requests=max_requests, wrapper=wrapper)
+                                       max_requests=max_requests, wrapper=wrapper, models=models)
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -298,7 +301,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     replicas: list[VllmV1Scheduler | DataParallelGroup] = (
         [DataParallelGroup(ranks, balance)] if lockstep else list(ranks))
     states = request_states(specs, ranks[0].kv)
-    efficiency = efficiency or scenario_efficiency(scenario, profile)
+    efficiency = efficiency or scenario_efficiency(scenario, profile, models=models)
     if wrapper is not None:
         efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
@@ -405,8 +408,9 @@ def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
 
 def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
                  host: HostOverheadParams | None, prices: PriceCache | None,
-                 wrapper: EfficiencyWrapper | None = None) -> StepPricer:
-    efficiency = efficiency or scenario_efficiency(scenario, profile)
+                 wrapper: EfficiencyWrapper | None = None, models: EfficiencyModels | None = None
+                 ) -> StepPricer:
+    efficiency = efficiency or scenario_efficiency(scenario, profile, models=models)
     if wrapper is not None:
         efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
@@ -437,7 +441,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                             host: HostOverheadParams | None, limits: SimLimits,
                             progress: Callable[[int], None] | None, max_step_events: int,
                             prices: PriceCache | None, max_requests: int | None,
-                            wrapper: EfficiencyWrapper | None = None) -> SimResult:
+                            wrapper: EfficiencyWrapper | None = None,
+                            models: EfficiencyModels | None = None) -> SimResult:
     """Prefill pool -> KV transfer -> decode pool (`sim.engine.disaggregated`). `efficiency` and
     `host`, when given, apply to both pools (a caller's single kernel model); `wrapper` wraps each
     pool's model with the pool's scenario."""
@@ -456,8 +461,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                           arrival_s=s.arrival_s, keys=s.keys, segments=s.segments) for s in full]
     for s in full:
         s.keys = ()  # the decode phase takes its prompt KV from the transfer, not the prefix cache
-    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices, wrapper)
-    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices, wrapper)
+    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices, wrapper, models)
+    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices, wrapper, models)
     path = transfer_path(disagg)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = DisaggregatedSimulation(

@@ -27,7 +27,7 @@ import numpy as np
 from sim.api import scenario_efficiency, simulate
 from sim.calibration.e2e_widening import E2EWidening, shipped_widening
 from sim.calibration.intervals import IntervalTable, sample_log_factors, shipped_intervals
-from sim.calibration.select import shipped_calibration
+from sim.calibration.select import EfficiencyModels, shipped_calibration
 from sim.engine.part_prices import PriceCache
 from sim.engine.simulation import SimLimits
 from sim.metrics.summary import SimSummary
@@ -140,11 +140,14 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
                   profile: EngineProfile | None = None, limits: SimLimits | None = None,
                   prices: PriceCache | None = None, models: PerturbedModels | None = None,
                   progress: Callable[[int], None] | None = None, confidence: float | None = None,
-                  widening: E2EWidening | None = None, kernel_only: bool = False) -> RunIntervals:
+                  widening: E2EWidening | None = None, kernel_only: bool = False,
+                  efficiency_models: EfficiencyModels | None = None) -> RunIntervals:
     """Intervals of `INTERVAL_METRICS` around `point` (the unperturbed run of `scenario`) from K
     perturbed runs; seed defaults to the scenario's, confidence to the table's nominal level (the
     draws themselves always come from the table's central interval). No table or k = 0: lo = hi = point.
-    `widening` defaults to the shipped end-to-end widening; `kernel_only` leaves it out."""
+    `widening` defaults to the shipped end-to-end widening; `kernel_only` leaves it out. `efficiency`
+    is the aggregated run's kernel model (a disaggregated run's pools select their own, through
+    `efficiency_models` when given)."""
     start = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     tier = kernel_tier(scenario)
@@ -154,7 +157,9 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
     if table is not None and k > 0 and all(kernel_tier(sc) in table.tiers for sc in parts):
         perturbed, drawn_from = models or PerturbedModels(), table
         if scenario.disaggregation is None:
-            efficiency = efficiency or scenario_efficiency(scenario, profile)
+            efficiency = efficiency or scenario_efficiency(scenario, profile, models=efficiency_models)
+        else:
+            efficiency = None
         # Each pool's own model (its hardware, tier and backend) is perturbed with draws from its
         # architecture class; the first model a pool selects is kept, so every draw wraps the same
         # object and the perturbed models (and their priced parts) are reused.
@@ -168,7 +173,7 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
 
         for i in range(k):
             samples.append(simulate(scenario, efficiency=efficiency, profile=profile, limits=limits,
-                                    prices=prices, efficiency_wrapper=perturb(i)).summary)
+                                    prices=prices, efficiency_wrapper=perturb(i), models=efficiency_models).summary)
             if progress is not None:
                 progress(len(samples))
     alpha = 1.0 - (confidence if confidence is not None else table.nominal if table is not None else 0.9)

@@ -53,11 +53,12 @@ class TrialEvaluator:
         """The perturbed runs' priced parts (sweep `slo_confidence`), kept apart so that their K
         models per pricing identity do not evict the point runs' parts."""
 
-    def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel, trial: TrialInput
+    def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel | None, trial: TrialInput
                 ) -> dict[str, float]:
         """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs (sim.uncertainty)."""
         iv = run_intervals(scenario, point, trial.interval_runs, efficiency=efficiency,
-                           prices=self._perturbed_prices, models=self._perturbed, confidence=trial.slo_confidence)
+                           prices=self._perturbed_prices, models=self._perturbed, confidence=trial.slo_confidence,
+                           efficiency_models=self._models)
         return bounds_of(trial_metrics(point), [trial_metrics(s) for s in iv.samples], iv.alpha)
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
@@ -72,9 +73,11 @@ class TrialEvaluator:
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
             cut = 0 < trial.max_requests < scenario.workload.num_prompts
-            efficiency = scenario_efficiency(scenario, models=self._models)
+            # A disaggregated trial's pools select their own models (each pool's GPU and backend).
+            efficiency = (scenario_efficiency(scenario, models=self._models)
+                          if scenario.disaggregation is None else None)
             result = simulate(scenario, efficiency=efficiency, prices=self._prices,
-                              max_requests=trial.max_requests if cut else None)
+                              max_requests=trial.max_requests if cut else None, models=self._models)
             metrics = trial_metrics(result.summary)
             if result.autoscaling is not None:
                 metrics.update(autoscaling_metrics(result.autoscaling))

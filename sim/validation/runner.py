@@ -98,7 +98,7 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
         # A disaggregated row's pools select their own kernel models (simulate does it per pool).
         efficiency = (scenario_efficiency(scenario, profile, models=models)
                       if models is not None and scenario.disaggregation is None else None)
-        result = simulate(scenario, profile=profile, efficiency=efficiency, prices=prices)
+        result = simulate(scenario, profile=profile, efficiency=efficiency, prices=prices, models=models)
     except ConfigError as exc:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=f"{exc.key}={exc.value}: {exc.rule}")
     s = result.summary
@@ -108,7 +108,7 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     runs = 0
     if intervals > 0 and status == "scored":
         iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices,
-                           models=perturbed)
+                           models=perturbed, efficiency_models=models)
         bounds = bounds_of(predicted, [_predicted(row.replay, x) for x in iv.samples], iv.alpha)
         runs = iv.k
     return RowResult(

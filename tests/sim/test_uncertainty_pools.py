@@ -35,3 +35,21 @@ def test_disaggregated_tier_is_cross_generation_when_a_pool_is() -> None:
     assert kernel_tier(both) == "target-measured"  # h100_sxm ships a calibration
     mixed = load_scenario(str(SCENARIO), {**SMALL, "disaggregation.decode.hardware": "b200_sxm"})
     assert kernel_tier(mixed) == "cross-generation"  # b200_sxm is evaluation only: none ships
+
+
+def test_a_sweep_trial_of_a_mixed_gpu_fleet_prices_each_pool_with_its_own_model() -> None:
+    from orchestrator.sweep.evaluate import TrialEvaluator
+    from orchestrator.sweep.results import TrialInput, TrialStatus
+
+    base = load_scenario(str(SCENARIO), SMALL)
+    params = {"disaggregation.decode.hardware": "h200_sxm"}
+    evaluator = TrialEvaluator(base, render_artifacts=False)
+    trial = evaluator.evaluate(TrialInput(number=0, params=params))
+    assert trial.status is TrialStatus.OK
+    alone = simulate(base.with_overrides(params)).summary  # what `kernelsight run` gives
+    assert trial.metrics["tpot_mean_s"] == alone.tpot_mean_s
+    assert trial.metrics["ttft_mean_s"] == alone.ttft_mean_s
+    # The next trial reuses the worker's models and priced parts: same numbers.
+    again = evaluator.evaluate(TrialInput(number=1, params=params, interval_runs=2))
+    assert again.metrics["tpot_mean_s"] == alone.tpot_mean_s
+    assert again.metrics["tpot_mean_s_lo"] <= alone.tpot_mean_s <= again.metrics["tpot_mean_s_hi"]
