@@ -17,12 +17,11 @@ from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, Trial
 from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.spec import ParamValue
 from sim.api import __version__ as sim_version
-from sim.api import scenario_efficiency, simulate
+from sim.api import simulate
 from sim.calibration.select import EfficiencyModels
 from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.metrics.summary import SimSummary
-from sim.perf.efficiency import EfficiencyModel
 from sim.specs.scenario import Scenario
 from sim.uncertainty import PerturbedModels, bounds_of, run_intervals
 
@@ -53,12 +52,10 @@ class TrialEvaluator:
         """The perturbed runs' priced parts (sweep `slo_confidence`), kept apart so that their K
         models per pricing identity do not evict the point runs' parts."""
 
-    def _bounds(self, scenario: Scenario, point: SimSummary, efficiency: EfficiencyModel | None, trial: TrialInput
-                ) -> dict[str, float]:
+    def _bounds(self, scenario: Scenario, point: SimSummary, trial: TrialInput) -> dict[str, float]:
         """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs (sim.uncertainty)."""
-        iv = run_intervals(scenario, point, trial.interval_runs, efficiency=efficiency,
-                           prices=self._perturbed_prices, models=self._perturbed, confidence=trial.slo_confidence,
-                           efficiency_models=self._models)
+        iv = run_intervals(scenario, point, trial.interval_runs, prices=self._perturbed_prices,
+                           models=self._perturbed, confidence=trial.slo_confidence, efficiency_models=self._models)
         return bounds_of(trial_metrics(point), [trial_metrics(s) for s in iv.samples], iv.alpha)
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
@@ -73,16 +70,15 @@ class TrialEvaluator:
                              scenario_hash=scenario_hash, sim_version=sim_version)
         try:
             cut = 0 < trial.max_requests < scenario.workload.num_prompts
-            # A disaggregated trial's pools select their own models (each pool's GPU and backend).
-            efficiency = (scenario_efficiency(scenario, models=self._models)
-                          if scenario.disaggregation is None else None)
-            result = simulate(scenario, efficiency=efficiency, prices=self._prices,
-                              max_requests=trial.max_requests if cut else None, models=self._models)
+            # The run (or each pool of a disaggregated trial: its own GPU and backend) selects its
+            # kernel model through the worker's cache.
+            result = simulate(scenario, prices=self._prices, max_requests=trial.max_requests if cut else None,
+                              models=self._models)
             metrics = trial_metrics(result.summary)
             if result.autoscaling is not None:
                 metrics.update(autoscaling_metrics(result.autoscaling))
             if trial.interval_runs > 0:
-                metrics.update(self._bounds(scenario, result.summary, efficiency, trial))
+                metrics.update(self._bounds(scenario, result.summary, trial))
         except InfeasibleScenario as exc:
             return replace(failed, status=TrialStatus.INFEASIBLE, reason=f"{exc.key}={exc.value!r}: {exc.rule}",
                            duration_s=time.perf_counter() - start_s)

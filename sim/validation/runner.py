@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sim.api import scenario_efficiency, simulate
+from sim.api import simulate
 from sim.calibration.select import EfficiencyModels, shipped_calibration
 from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError
@@ -95,10 +95,8 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     start = time.perf_counter()
     try:
         scenario = scenario_from_dict(scenario_sections(row, tier, work_dir), source=row.row_id)
-        # A disaggregated row's pools select their own kernel models (simulate does it per pool).
-        efficiency = (scenario_efficiency(scenario, profile, models=models)
-                      if models is not None and scenario.disaggregation is None else None)
-        result = simulate(scenario, profile=profile, efficiency=efficiency, prices=prices, models=models)
+        # The row (or each pool of a disaggregated row) selects its kernel model through `models`.
+        result = simulate(scenario, profile=profile, prices=prices, models=models)
     except ConfigError as exc:
         return RowResult(row_id=row.row_id, tier=tier, status="skipped", reason=f"{exc.key}={exc.value}: {exc.rule}")
     s = result.summary
@@ -107,8 +105,8 @@ def evaluate_row(row: ValidationRow, tier: Tier, work_dir: Path, *,
     bounds: dict[str, float] = {}
     runs = 0
     if intervals > 0 and status == "scored":
-        iv = run_intervals(scenario, s, intervals, efficiency=efficiency, profile=profile, prices=prices,
-                           models=perturbed, efficiency_models=models)
+        iv = run_intervals(scenario, s, intervals, profile=profile, prices=prices, models=perturbed,
+                           efficiency_models=models)
         bounds = bounds_of(predicted, [_predicted(row.replay, x) for x in iv.samples], iv.alpha)
         runs = iv.k
     return RowResult(
