@@ -50,10 +50,11 @@ _STREAM: Final = 21
 
 def kernel_tier(scenario: Scenario) -> str:
     """The tier whose residuals describe the scenario's kernel model ("auto" resolved as the selector
-    does); a disaggregated scenario's is cross-generation when either pool's is."""
+    does); a disaggregated scenario's is its pools' least measured one (roofline, then
+    cross-generation, then target-measured)."""
     if scenario.disaggregation is not None:
         tiers = {_own_tier(pool.scenario) for pool in scenario.disaggregation.pools()}
-        return "cross-generation" if "cross-generation" in tiers else tiers.pop()
+        return next(t for t in ("roofline", "cross-generation", "target-measured", *sorted(tiers)) if t in tiers)
     return _own_tier(scenario)
 
 

@@ -35,6 +35,9 @@ def test_disaggregated_tier_is_cross_generation_when_a_pool_is() -> None:
     assert kernel_tier(both) == "target-measured"  # h100_sxm ships a calibration
     mixed = load_scenario(str(SCENARIO), {**SMALL, "disaggregation.decode.hardware": "b200_sxm"})
     assert kernel_tier(mixed) == "cross-generation"  # b200_sxm is evaluation only: none ships
+    roof = load_scenario(str(SCENARIO), {**SMALL, "disaggregation.decode.hardware": "b200_sxm",
+                                         "perf.tier": "roofline"})
+    assert kernel_tier(roof) == "roofline"
 
 
 def test_a_sweep_trial_of_a_mixed_gpu_fleet_prices_each_pool_with_its_own_model() -> None:
