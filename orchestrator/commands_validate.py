@@ -368,8 +368,9 @@ def register(sub: Any) -> None:
     v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
     v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")
     v.add_argument("--intervals", type=int, default=0, metavar="K",
-                   help="also K perturbed runs per aggregated row (run --intervals K) and the coverage of their "
-                        "nominal 90%% intervals of TTFT, TPOT and throughput (default 0: off)")
+                   help="also K perturbed runs per row (run --intervals K; each pool's model in a disaggregated "
+                        "row) and the coverage of their nominal 90%% intervals of TTFT, TPOT and throughput "
+                        "(default 0: off)")
     v.add_argument("--rows-from", metavar="VALIDATE.json",
                    help="simulate exactly the rows an earlier run simulated (its validate.json; no budget): "
                         "before/after comparisons on the same rows")
