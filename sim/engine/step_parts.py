@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes, Rebuild
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe import as_decode_only, moe_work
+from sim.graph.moe import as_decode_only, draw_rank0_loads, moe_work
 from sim.graph.transformer import (
     build_step_graph,
     decode_attention_nodes,
@@ -134,15 +134,20 @@ class PartNodes:
                                                   num_requests=num_decode, context_tokens=mean_context_tokens,
                                                   num_query_tokens=query_tokens))
 
-    def _moe_at(self, first: KernelWork, shape: tuple[int, ...]) -> KernelWork:
-        """The fused MoE node `first` at another shape (`PolynomialNodes` rebuilds it per count: its
-        work follows rank 0's routed load); `PolynomialNodes.of` checks it against the real nodes."""
+    def _moe_at(self, first: KernelWork, shapes: Sequence[tuple[int, ...]]) -> list[KernelWork]:
+        """The fused MoE node `first` at other shapes (`PolynomialNodes` rebuilds it per count: its
+        work follows rank 0's routed load, drawn for all the shapes at once); `PolynomialNodes.of`
+        checks it against the real nodes."""
         precision = self._sc.precision
-        num_tokens, hidden, inter_size, topk, num_experts, moe_tp, moe_ep = shape
-        return moe_work(num_tokens=num_tokens, hidden=hidden, inter_size=inter_size, topk=topk,
-                        num_experts=num_experts, moe_tp=moe_tp, moe_ep=moe_ep, routing=first.variant,
-                        weight_dtype=precision.expert_weight_dtype, compute_dtype=first.dtype,
-                        act=precision.activation_dtype)
+        routing = first.variant
+        draw_rank0_loads(shapes, routing)
+        out = []
+        for num_tokens, hidden, inter_size, topk, num_experts, moe_tp, moe_ep in shapes:
+            out.append(moe_work(num_tokens=num_tokens, hidden=hidden, inter_size=inter_size, topk=topk,
+                                num_experts=num_experts, moe_tp=moe_tp, moe_ep=moe_ep, routing=routing,
+                                weight_dtype=precision.expert_weight_dtype, compute_dtype=first.dtype,
+                                act=precision.activation_dtype))
+        return out
 
     def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float, top: int) -> BlockPricer:
         """The block pricer of one part family over counts 1..top (the run's token budget for token and

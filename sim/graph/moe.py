@@ -25,11 +25,12 @@ low-latency format), else BF16 (2 x hidden), combine in BF16 (2 x hidden per sel
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe_routing import moe_rank0_load
+from sim.graph.moe_routing import moe_rank0_load, moe_rank0_loads
 from sim.specs.engine import routing_alpha
 
 
@@ -59,6 +60,13 @@ def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing
     assert routing_alpha(routing) is not False, routing
     pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, routing)
     return RankLoad(routed_pairs=pairs, active_experts=active)
+
+
+def draw_rank0_loads(shapes: Sequence[tuple[int, ...]], routing: str) -> None:
+    """Rank-0 loads of MOE kernels of these shapes (`moe_work`'s shape tuple) drawn at once, so that
+    `rank0_load` of each finds its value kept (the same values as drawn one by one)."""
+    routing = "balanced" if routing.endswith("_eplb") else routing
+    moe_rank0_loads([(s[0], s[4], s[3], s[6], routing) for s in shapes])
 
 
 def moe_work(*, num_tokens: int, hidden: int, inter_size: int, topk: int, num_experts: int, moe_tp: int,

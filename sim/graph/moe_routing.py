@@ -14,9 +14,9 @@ MoE family's features (`sim.perf.table_kernels`).
 
 from __future__ import annotations
 
-import functools
 import math
 import zlib
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -48,62 +48,166 @@ def _power_law_counts(tokens: int, experts: int, topk: int, ep: int, alpha: floa
     """`draws` successive draws of the collector's power-law token counts per expert, heaviest EP
     group first (draws x experts). Row i is the i-th draw of one-at-a-time calls on the same
     generator (`rng.random` fills in order; the rest is row-wise), so the draws run as one array."""
-    lo, hi = (1.0, tokens * 0.8) if tokens * topk > experts else (0.01, 2.0)
-    u = rng.random((draws, experts))
+    out: np.ndarray = _power_law_counts_of([tokens], experts, topk, ep, alpha, rng.random((1, draws, experts)))[0]
+    return out
+
+
+def _power_law_counts_of(tokens: Sequence[int], experts: int, topk: int, ep: int, alpha: float,
+                         u: np.ndarray) -> np.ndarray:
+    """`_power_law_counts` of several token counts at once from their uniforms `u` (counts x draws x
+    experts): every element goes through the same IEEE operations as one count's arrays (per-count
+    scalars are computed on Python floats as before, the row sums reduce each row on its own axis,
+    the rounding repair is integer arithmetic), so each count's draws are bitwise those of a call
+    for it alone."""
+    m, draws, _ = u.shape
+    few = [t * topk <= experts for t in tokens]
+    lo = [0.01 if f else 1.0 for f in few]
+    hi = [2.0 if f else t * 0.8 for t, f in zip(tokens, few, strict=True)]
     if abs(1.0 - alpha) < 1e-9:
-        x = lo * (hi / lo) ** u
+        # A scalar base to an array power, count by count: the base stays a scalar as in one call.
+        x = np.stack([low * (high / low) ** ui for low, high, ui in zip(lo, hi, u, strict=True)])
     else:
-        x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
-    target = tokens * topk
-    # Each row summed on its own: the order of a one-dimensional sum (pairwise), whatever the draws.
-    sums = np.array([row.sum() for row in x])
-    counts = np.round(x / sums[:, None] * target).astype(np.int64)
-    orders = np.argsort(-counts, axis=1, kind="stable")
-    for c, order, total in zip(counts, orders, counts.sum(1).tolist(), strict=True):
-        delta = target - total
-        if delta > 0:
-            c += delta // experts
-            c[order[: delta % experts]] += 1
-        elif delta < 0:
-            # Rounding up overshot by < experts pairs: take one from each of the lightest experts
-            # (from the heaviest where a light one has none), on a list for speed.
-            values = c.tolist()
-            for i in range(-delta):
-                k = int(order[-(i % experts) - 1])
-                if values[k] > 0:
-                    values[k] -= 1
-                else:
-                    values[values.index(max(values))] -= 1  # the first heaviest, as argmax picks
-            c[:] = values
+        scale = np.array([high ** (1 - alpha) - low ** (1 - alpha) for low, high in zip(lo, hi, strict=True)])
+        shift = np.array([low ** (1 - alpha) for low in lo])
+        x = (scale[:, None, None] * u + shift[:, None, None]) ** (1 / (1 - alpha))
+    target = np.array(tokens, dtype=np.int64) * topk
+    # Each row summed on its own (pairwise over its last axis), whatever the other rows.
+    sums = x.sum(axis=2)
+    counts = np.round(x / sums[:, :, None] * target[:, None, None].astype(float)).astype(np.int64)
+    # Heaviest first, ties by index: the stable order of -counts, from keys that are all distinct
+    # (so any sort gives it; numpy's default sort is several times faster than its stable one).
+    orders = np.argsort(-counts * experts + np.arange(experts), axis=2)
+    delta = target[:, None] - counts.sum(2)
+    _settle(counts, orders, delta, experts)
     group = max(experts // max(ep, 1), 1)
     usable = group * (experts // group)
-    grouped = counts[:, :usable].reshape(draws, -1, group)
-    for i, heavy in enumerate(grouped.sum(2).argmax(1).tolist()):
-        if heavy:
-            g = grouped[i].copy()
-            g[[0, heavy]] = g[[heavy, 0]]
-            counts[i, :usable] = g.ravel()
+    grouped = counts[:, :, :usable].reshape(m, draws, -1, group)
+    heavy = grouped.sum(3).argmax(2)
+    if heavy.any():
+        # Swap the heaviest group with group 0 in every draw (a no-op where group 0 is the heaviest).
+        perm = np.broadcast_to(np.arange(grouped.shape[2]), (*heavy.shape, grouped.shape[2])).copy()
+        rows = np.indices(heavy.shape)
+        perm[rows[0], rows[1], heavy] = 0
+        perm[:, :, 0] = heavy
+        counts[:, :, :usable] = np.take_along_axis(grouped, perm[:, :, :, None], axis=2).reshape(m, draws, usable)
     out: np.ndarray = counts.astype(float)
     return out
 
 
-@functools.lru_cache(maxsize=1 << 16)
+def _settle(counts: np.ndarray, orders: np.ndarray, delta: np.ndarray, experts: int) -> None:
+    """The collector's repair of the rounding, so that each draw routes exactly tokens x topk pairs:
+    `delta` > 0 pairs short, every expert gets delta // E more and the heaviest delta % E one more
+    each; `delta` < 0 (over by fewer than E), one less from each of the -delta lightest experts
+    (`orders`: heaviest first). A draw whose lightest experts include one with none takes the
+    collector's loop (`_take_surplus`); the others are all settled in one array operation."""
+    missing = np.maximum(delta, 0)
+    surplus = np.maximum(-delta, 0)
+    looped = (surplus > 0) & (counts == 0).any(2)
+    counts += (missing // experts)[:, :, None]
+    rank = np.arange(experts)
+    change = ((rank < (missing % experts)[:, :, None]).astype(np.int64)
+              - (rank >= experts - np.where(looped, 0, surplus)[:, :, None]))
+    by_expert = np.zeros_like(counts)
+    np.put_along_axis(by_expert, orders, change, axis=2)
+    counts += by_expert
+    for i, j in zip(*np.nonzero(looped), strict=True):
+        _take_surplus(counts[i, j], orders[i, j], int(surplus[i, j]), experts)
+
+
+def _take_surplus(c: np.ndarray, order: np.ndarray, surplus: int, experts: int) -> None:
+    """Rounding up overshot by `surplus` < experts pairs: take one from each of the lightest experts,
+    lightest first, and from the first heaviest where a light one has none (the collector's loop).
+    The experts with none are the lightest, so they come first: their takes all fall on the heaviest
+    before any light expert loses one; when none of those heaviest is among the light experts taken
+    from, the loop's result is that of the takes in two batches, else the loop runs as written."""
+    light = order[::-1][:surplus].tolist()
+    values = c.tolist()
+    zeros = sum(1 for k in light if values[k] == 0)
+    # Each take lowers the maximum by at most one, so the `zeros` takes only reach experts within
+    # `zeros` of the heaviest: look for the first heaviest among those (in expert order) alone.
+    floor = values[int(order[0])] - zeros
+    near = []
+    for k in order.tolist():  # heaviest first: the experts at or above `floor` are a prefix
+        if values[k] < floor:
+            break
+        near.append(k)
+    near.sort()
+    near_values = [values[k] for k in near]
+    hit = set()
+    for _ in range(zeros):
+        j = near_values.index(max(near_values))
+        near_values[j] -= 1
+        hit.add(near[j])
+    rest = light[zeros:]
+    if not hit.isdisjoint(rest):
+        for i in range(surplus):
+            k = int(order[-(i % experts) - 1])
+            if values[k] > 0:
+                values[k] -= 1
+            else:
+                values[values.index(max(values))] -= 1
+        c[:] = values
+        return
+    for k, v in zip(near, near_values, strict=True):
+        values[k] = v
+    for k in rest:
+        values[k] -= 1
+    c[:] = values
+
+
+LoadKey = tuple[int, int, int, int, str]
+"""(tokens, experts, topk, ep, distribution): the arguments of `moe_rank0_load`."""
+
+_LOADS: dict[LoadKey, tuple[float, float, float]] = {}
+_LOADS_MAX: Final = 1 << 16
+
+
 def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
     """(routed token-expert pairs, active experts, tokens of the heaviest expert) on EP rank 0.
 
-    Kept per argument tuple (a pure function of them; ~0.5 ms per power-law call, and a step's MoE
-    rows ask for it once to build the kernel and once to price it)."""
-    local = max(experts // max(ep, 1), 1)
-    tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
-    if distribution.startswith("power_law_"):
+    Kept per argument tuple (a pure function of them; ~0.5 ms per power-law call alone, and a step's
+    MoE rows ask for it once to build the kernel and once to price it)."""
+    key = (tokens, experts, topk, ep, distribution)
+    load = _LOADS.get(key)
+    return load if load is not None else moe_rank0_loads([key])[0]
+
+
+def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]:
+    """`moe_rank0_load` of every key, the power-law ones not kept yet drawn together per (experts,
+    topk, ep, distribution): one generator per key as alone, the arithmetic in arrays over the keys
+    (`_power_law_counts_of`, bitwise the values of one call each; ~0.1 ms a key instead of ~0.5)."""
+    todo: dict[tuple[int, int, int, str], dict[int, list[LoadKey]]] = {}
+    for key in keys:
+        if key in _LOADS:
+            continue
+        tokens, experts, topk, ep, distribution = key
+        tokens_n, topk_n = max(int(tokens), 1), max(min(int(topk), experts), 1)
+        if distribution.startswith("power_law_"):
+            todo.setdefault((experts, topk_n, ep, distribution), {}).setdefault(tokens_n, []).append(key)
+        else:
+            local = max(experts // max(ep, 1), 1)
+            c = _balanced_counts(tokens_n, experts, topk_n)[:local]
+            _keep(key, (float(c.sum()), float((c > 0).sum()), float(c.max())))
+    for (experts, topk, ep, distribution), by_tokens in todo.items():
+        local = max(experts // max(ep, 1), 1)
         alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
-        seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
-        rng = np.random.default_rng(seed)
-        draws = _power_law_counts(tokens, experts, topk, ep, alpha, rng, POWER_LAW_DRAWS)[:, :local]
+        counts = list(by_tokens)
+        u = np.stack([np.random.default_rng(zlib.crc32(f"{t}/{experts}/{topk}/{ep}/{distribution}".encode()))
+                      .random((POWER_LAW_DRAWS, experts)) for t in counts])
+        draws = _power_law_counts_of(counts, experts, topk, ep, alpha, u)[:, :, :local]
         # Integer-valued per draw, so their means are exact in any order of summation.
-        return (float(draws.sum(1).mean()), float((draws > 0).sum(1).mean()), float(draws.max(1).mean()))
-    c = _balanced_counts(tokens, experts, topk)[:local]
-    return float(c.sum()), float((c > 0).sum()), float(c.max())
+        loads = zip(draws.sum(2).mean(1).tolist(), (draws > 0).sum(2).mean(1).tolist(),
+                    draws.max(2).mean(1).tolist(), strict=True)
+        for t, load in zip(counts, loads, strict=True):
+            for key in by_tokens[t]:
+                _keep(key, load)
+    return [_LOADS[key] for key in keys]
+
+
+def _keep(key: LoadKey, load: tuple[float, float, float]) -> None:
+    if len(_LOADS) >= _LOADS_MAX:
+        _LOADS.clear()  # a bound, not a policy: a sweep's shapes fit many times over
+    _LOADS[key] = load
 
 
 def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe_routing import moe_rank0_load
+from sim.graph.moe_routing import moe_rank0_loads
 from sim.specs.hardware import HardwareSpec
 
 TABLE_FAMILY: Final[dict[str, str]] = {
@@ -156,11 +156,7 @@ def _moe_loads(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarray, ep: np
                dist: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     keys = list(zip(tokens.astype(np.int64).tolist(), experts.astype(np.int64).tolist(),
                     topk.astype(np.int64).tolist(), ep.astype(np.int64).tolist(), dist.tolist(), strict=True))
-    loads: dict[tuple[int, int, int, int, str], tuple[float, float, float]] = {}
-    for key in keys:
-        if key not in loads:
-            loads[key] = moe_rank0_load(*key)
-    out = np.array([loads[key] for key in keys], dtype=float).reshape(len(keys), 3)
+    out = np.array(moe_rank0_loads(keys), dtype=float).reshape(len(keys), 3)
     return out[:, 0].copy(), out[:, 1].copy(), out[:, 2].copy()
 
 

@@ -17,8 +17,8 @@ from sim.calibration.select import efficiency_model_for
 from sim.calibration.tables import read_microbench_dir
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.moe_routing import moe_rank0_load
 from sim.perf.step import StepCostModel
-from sim.perf.table_kernels import moe_rank0_load
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
 

@@ -4,6 +4,7 @@ count-by-count pricing: per step, per kernel row, in provenance and in the kerne
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -262,9 +263,9 @@ def test_a_rebuild_that_departs_from_the_real_nodes_is_refused() -> None:
     good = {KernelKind.MOE: nodes._moe_at}
     assert PolynomialNodes.of(nodes.token, top, good) is not None
 
-    def off(first: KernelWork, shape: tuple[int, ...]) -> KernelWork:
-        work = nodes._moe_at(first, shape)
-        return dataclasses.replace(work, flops=work.flops * (1.0 + 1e-15 * (shape[0] > 700)))
+    def off(first: KernelWork, shapes: Sequence[tuple[int, ...]]) -> list[KernelWork]:
+        return [dataclasses.replace(work, flops=work.flops * (1.0 + 1e-15 * (shape[0] > 700)))
+                for work, shape in zip(nodes._moe_at(first, shapes), shapes, strict=True)]
     assert PolynomialNodes.of(nodes.token, top, {KernelKind.MOE: off}) is None
 
 

@@ -176,13 +176,15 @@ def test_deepseek_r1_fp8_does_not_fit_eight_h100() -> None:
 
 
 def test_rank0_load_is_kept_per_shape_and_equals_a_fresh_draw() -> None:
+    from sim.graph import moe_routing
     from sim.graph.moe_routing import moe_rank0_load
 
     args = (777, 256, 8, 8, "power_law_1.01")
     first = moe_rank0_load(*args)
-    hits = moe_rank0_load.cache_info().hits
-    assert moe_rank0_load(*args) == first and moe_rank0_load.cache_info().hits == hits + 1
-    assert moe_rank0_load.__wrapped__(*args) == first  # seeded by the shape: the same draws afresh
+    assert moe_routing._LOADS[args] == first
+    assert moe_rank0_load(*args) == first
+    moe_routing._LOADS.clear()
+    assert moe_rank0_load(*args) == first  # seeded by the shape: the same draws afresh
 
 
 def _one_power_law_draw(tokens: int, experts: int, topk: int, ep: int, alpha: float,
@@ -231,3 +233,62 @@ def test_power_law_draws_run_as_one_array_equal_one_at_a_time(experts: int, topk
         rng = np.random.default_rng(tokens)
         slow = [_one_power_law_draw(tokens, experts, topk, ep, alpha, rng) for _ in range(POWER_LAW_DRAWS)]
         assert fast.tolist() == [d.tolist() for d in slow], tokens
+
+
+def _reference_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
+    """`moe_rank0_load` from the one-draw-at-a-time reference above (power-law distributions)."""
+    import zlib
+
+    from sim.graph.moe_routing import POWER_LAW_DRAWS
+
+    local = max(experts // max(ep, 1), 1)
+    alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
+    rng = np.random.default_rng(zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode()))
+    draws = np.stack([_one_power_law_draw(tokens, experts, topk, ep, alpha, rng)
+                      for _ in range(POWER_LAW_DRAWS)])[:, :local]
+    return float(draws.sum(1).mean()), float((draws > 0).sum(1).mean()), float(draws.max(1).mean())
+
+
+@pytest.mark.parametrize("experts,topk,ep,distribution", [
+    (256, 8, 1, "power_law_1.01"), (256, 8, 8, "power_law_1.01"), (128, 8, 4, "power_law_1.2"),
+    (8, 2, 2, "power_law_1.5"), (160, 6, 16, "power_law_1.0"), (384, 8, 64, "power_law_1.01_eplb"),
+    (512, 10, 8, "power_law_0.5"),
+])
+def test_rank0_loads_drawn_together_equal_each_drawn_alone(experts: int, topk: int, ep: int,
+                                                           distribution: str) -> None:
+    """`moe_rank0_loads` draws many token counts in arrays (the rounding repair in one operation where
+    no expert is empty, the collector's loop where one is): every load is bitwise the reference's,
+    whatever the other counts drawn with it, and `moe_rank0_load` then finds it kept."""
+    from sim.graph import moe_routing
+
+    tokens = [*range(1, 70), 100, 255, 256, 257, 1000, 1023, 4096, 5000, 8191, 30000]
+    keys = [(t, experts, topk, ep, distribution) for t in tokens]
+    moe_routing._LOADS.clear()
+    together = moe_routing.moe_rank0_loads(keys[::-1] + keys[:5])  # repeats and any order
+    assert together == [_reference_load(*k) for k in keys[::-1] + keys[:5]]
+    assert [moe_routing.moe_rank0_load(*k) for k in keys] == together[len(keys) - 1::-1]
+
+
+def test_take_surplus_runs_the_collectors_loop_where_the_takes_interact() -> None:
+    """Over by 3 with two empty experts: their takes fall on the heaviest (experts 0 and 2), and
+    expert 2 is also the third light expert, empty by its turn, so the loop takes from the first
+    heaviest again; taking in two batches would give [0, 0, -1, 0]. Both a case where the batches
+    are exact and this one equal the collector's loop."""
+    from sim.graph.moe_routing import _take_surplus
+
+    def loop(values: list[int], order: list[int], surplus: int) -> list[int]:
+        values = list(values)
+        for i in range(surplus):
+            k = order[-(i % len(values)) - 1]
+            if values[k] > 0:
+                values[k] -= 1
+            else:
+                values[values.index(max(values))] -= 1
+        return values
+
+    for values, surplus, expected in (([1, 0, 1, 0], 3, [-1, 0, 0, 0]), ([1, 0, 1, 0, 1], 3, [0, 0, 0, 0, 0]),
+                                      ([5, 0, 3, 1, 0, 2], 4, [3, 0, 3, 0, 0, 1])):
+        counts = np.array(values, dtype=np.int64)
+        order = np.argsort(-counts, kind="stable")
+        _take_surplus(counts, order, surplus, len(values))
+        assert counts.tolist() == loop(values, order.tolist(), surplus) == expected
