@@ -5,7 +5,8 @@
 Runs the two shipped DeepSeek-R1 layouts on 8x H200 (TP8; attention DP8 + EP8) at a request rate
 the DP8+EP8 layout sustains, best CPU time (`time.process_time`) of `--repeat` runs of one
 `simulate` call (calibration load, workload generation and summary included). BLAS is pinned to one
-thread before numpy loads.
+thread before numpy loads. Runs in one process share its MoE routing memo (a later run finds the
+routing draws kept); `--repeat 1` in fresh processes gives cold numbers.
 """
 
 from __future__ import annotations
