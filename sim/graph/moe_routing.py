@@ -160,6 +160,8 @@ LoadKey = tuple[int, int, int, int, str]
 
 _LOADS: dict[LoadKey, tuple[float, float, float]] = {}
 _LOADS_MAX: Final = 1 << 16
+_BATCH: Final = 512
+"""Token counts drawn in one set of arrays (~5 MB of float64 per array at 256 experts)."""
 
 
 def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
@@ -174,11 +176,15 @@ def moe_rank0_load(tokens: int, experts: int, topk: int, ep: int, distribution: 
 
 def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]:
     """`moe_rank0_load` of every key, the power-law ones not kept yet drawn together per (experts,
-    topk, ep, distribution): one generator per key as alone, the arithmetic in arrays over the keys
-    (`_power_law_counts_of`, bitwise the values of one call each; ~0.1 ms a key instead of ~0.5)."""
+    topk, ep, distribution), `_BATCH` token counts at a time: one generator per key as alone, the
+    arithmetic in arrays over the keys (`_power_law_counts_of`, bitwise the values of one call
+    each; ~0.2 ms a key instead of ~0.5)."""
+    found: dict[LoadKey, tuple[float, float, float]] = {}
     todo: dict[tuple[int, int, int, str], dict[int, list[LoadKey]]] = {}
     for key in keys:
-        if key in _LOADS:
+        load = _LOADS.get(key)
+        if load is not None:
+            found[key] = load
             continue
         tokens, experts, topk, ep, distribution = key
         tokens_n, topk_n = max(int(tokens), 1), max(min(int(topk), experts), 1)
@@ -187,27 +193,26 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
         else:
             local = max(experts // max(ep, 1), 1)
             c = _balanced_counts(tokens_n, experts, topk_n)[:local]
-            _keep(key, (float(c.sum()), float((c > 0).sum()), float(c.max())))
+            found[key] = (float(c.sum()), float((c > 0).sum()), float(c.max()))
     for (experts, topk, ep, distribution), by_tokens in todo.items():
         local = max(experts // max(ep, 1), 1)
         alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
-        counts = list(by_tokens)
-        u = np.stack([np.random.default_rng(zlib.crc32(f"{t}/{experts}/{topk}/{ep}/{distribution}".encode()))
-                      .random((POWER_LAW_DRAWS, experts)) for t in counts])
-        draws = _power_law_counts_of(counts, experts, topk, ep, alpha, u)[:, :, :local]
-        # Integer-valued per draw, so their means are exact in any order of summation.
-        loads = zip(draws.sum(2).mean(1).tolist(), (draws > 0).sum(2).mean(1).tolist(),
-                    draws.max(2).mean(1).tolist(), strict=True)
-        for t, load in zip(counts, loads, strict=True):
-            for key in by_tokens[t]:
-                _keep(key, load)
-    return [_LOADS[key] for key in keys]
-
-
-def _keep(key: LoadKey, load: tuple[float, float, float]) -> None:
-    if len(_LOADS) >= _LOADS_MAX:
+        pending = list(by_tokens)
+        for start in range(0, len(pending), _BATCH):
+            counts = pending[start:start + _BATCH]
+            u = np.stack([np.random.default_rng(zlib.crc32(f"{t}/{experts}/{topk}/{ep}/{distribution}".encode()))
+                          .random((POWER_LAW_DRAWS, experts)) for t in counts])
+            draws = _power_law_counts_of(counts, experts, topk, ep, alpha, u)[:, :, :local]
+            # Integer-valued per draw, so their means are exact in any order of summation.
+            loads = zip(draws.sum(2).mean(1).tolist(), (draws > 0).sum(2).mean(1).tolist(),
+                        draws.max(2).mean(1).tolist(), strict=True)
+            for t, load in zip(counts, loads, strict=True):
+                for key in by_tokens[t]:
+                    found[key] = load
+    if len(_LOADS) + len(found) > _LOADS_MAX:
         _LOADS.clear()  # a bound, not a policy: a sweep's shapes fit many times over
-    _LOADS[key] = load
+    _LOADS.update(found)
+    return [found[key] for key in keys]
 
 
 def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> np.ndarray:

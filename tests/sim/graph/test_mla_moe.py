@@ -269,6 +269,21 @@ def test_rank0_loads_drawn_together_equal_each_drawn_alone(experts: int, topk: i
     assert [moe_routing.moe_rank0_load(*k) for k in keys] == together[len(keys) - 1::-1]
 
 
+def test_rank0_loads_in_small_batches_and_a_full_memo_keep_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts drawn `_BATCH` at a time, and a memo cleared while a call's loads are found, change no
+    value and lose none of the call's loads."""
+    from sim.graph import moe_routing
+
+    keys = [(t, 256, 8, 8, "power_law_1.01") for t in range(1, 40)] + [(5, 256, 8, 8, "balanced")]
+    expected = [_reference_load(*k) for k in keys[:-1]] + [moe_routing.moe_rank0_load(*keys[-1])]
+    monkeypatch.setattr(moe_routing, "_BATCH", 7)
+    monkeypatch.setattr(moe_routing, "_LOADS_MAX", 10)
+    moe_routing._LOADS.clear()
+    assert moe_routing.moe_rank0_loads(keys[:20]) == expected[:20]
+    assert moe_routing.moe_rank0_loads(keys) == expected  # the memo is over its bound: cleared, refilled
+    assert moe_routing.moe_rank0_load(*keys[30]) == expected[30]
+
+
 def test_take_surplus_runs_the_collectors_loop_where_the_takes_interact() -> None:
     """Over by 3 with two empty experts: their takes fall on the heaviest (experts 0 and 2), and
     expert 2 is also the third light expert, empty by its turn, so the loop takes from the first
