@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
-from sim.engine.block_pricing import BuiltNodes, PolynomialNodes
+from sim.engine.block_pricing import BuiltNodes, PolynomialNodes, _Pending
 from sim.engine.part_prices import PartPrices
 from sim.engine.pricer import BLOCK_FROM_ASK, StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
@@ -368,3 +368,25 @@ def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
     assert block._blocks is not None and ("prefill", 777, 1) not in block._blocks
     block.step_s((((BLOCK_FROM_ASK, 777, False),), 0, 0))
     assert ("prefill", 777, 1) in block._blocks
+
+
+def test_deferred_moe_rows_are_priced_alone_then_by_chunk() -> None:
+    """A window's deferred MoE rows: the first two counts asked in a chunk of 128 columns are priced
+    alone, the third prices the rest of the chunk at once (their routing drawn together), and every
+    count's part is bitwise the part priced alone."""
+    sc = load_scenario(str(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml"), {"perf.tier": "auto"})
+    prices = PartPrices(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), 5e-6)
+    pricer = prices.block_pricer(("token",), 8192)
+    assert pricer is not None
+    asked = [300, 301, 330, 257, 384]  # columns 43, 44, 73, 0 and 127 of the window 257..384
+    done = []
+    for n in asked:
+        part = pricer.part(n)
+        assert part is not None
+        pending = pricer._where[n][0]
+        assert isinstance(pending, _Pending) and pending.counts[0] == 257 and len(pending.counts) == 128
+        done.append(int(pending.done.sum()))
+        alone = prices.priced(prices.nodes.token(n))
+        assert list(np.asarray(part.seconds)) == list(alone.seconds), n
+        assert (part.gpu_s, part.comm_s, part.worst_provenance) == (alone.gpu_s, alone.comm_s, alone.worst_provenance)
+    assert done == [1, 2, 128, 128, 128]
