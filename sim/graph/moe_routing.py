@@ -196,12 +196,12 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
             found[key] = (float(c.sum()), float((c > 0).sum()), float(c.max()))
     for (experts, topk, ep, distribution), by_tokens in todo.items():
         local = max(experts // max(ep, 1), 1)
-        alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
+        alpha = _alpha(distribution)
         pending = list(by_tokens)
         for start in range(0, len(pending), _BATCH):
             counts = pending[start:start + _BATCH]
-            u = np.stack([np.random.default_rng(zlib.crc32(f"{t}/{experts}/{topk}/{ep}/{distribution}".encode()))
-                          .random((POWER_LAW_DRAWS, experts)) for t in counts])
+            u = np.stack([_generator(t, experts, topk, ep, distribution).random((POWER_LAW_DRAWS, experts))
+                          for t in counts])
             draws = _power_law_counts_of(counts, experts, topk, ep, alpha, u)[:, :, :local]
             # Integer-valued per draw, so their means are exact in any order of summation.
             loads = zip(draws.sum(2).mean(1).tolist(), (draws > 0).sum(2).mean(1).tolist(),
@@ -215,6 +215,16 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
     return [found[key] for key in keys]
 
 
+def _alpha(distribution: str) -> float:
+    """The exponent of `power_law_<alpha>` (or of its `_eplb` variant)."""
+    return float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
+
+
+def _generator(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> np.random.Generator:
+    """The generator a power-law routing of this shape draws from, seeded by the shape alone."""
+    return np.random.default_rng(zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode()))
+
+
 def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> np.ndarray:
     """Tokens per local expert of EP rank 0 in one routing (integers): the balanced counts, or the
     first draw of the power-law generator `moe_rank0_load` averages over (same seed). What a
@@ -222,9 +232,8 @@ def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribut
     local = max(experts // max(ep, 1), 1)
     tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
     if distribution.startswith("power_law_"):
-        alpha = float(distribution.removeprefix("power_law_").removesuffix("_eplb"))
-        seed = zlib.crc32(f"{tokens}/{experts}/{topk}/{ep}/{distribution}".encode())
-        counts = _power_law_counts(tokens, experts, topk, ep, alpha, np.random.default_rng(seed))[0, :local]
+        counts = _power_law_counts(tokens, experts, topk, ep, _alpha(distribution),
+                                   _generator(tokens, experts, topk, ep, distribution))[0, :local]
     else:
         counts = _balanced_counts(tokens, experts, topk)[:local]
     out: np.ndarray = np.minimum(counts, tokens).astype(np.int64)
