@@ -145,8 +145,7 @@ class PartNodes:
         for num_tokens, hidden, inter_size, topk, num_experts, moe_tp, moe_ep in shapes:
             out.append(moe_work(num_tokens=num_tokens, hidden=hidden, inter_size=inter_size, topk=topk,
                                 num_experts=num_experts, moe_tp=moe_tp, moe_ep=moe_ep, routing=routing,
-                                weight_dtype=precision.expert_weight_dtype, compute_dtype=first.dtype,
-                                act=precision.activation_dtype))
+                                weight_dtype=first.dtype, act=precision.activation_dtype))
         return out
 
     def block_pricer(self, family: PartFamily, cost: StepCostModel, eager_launch_s: float, top: int) -> BlockPricer:

@@ -74,13 +74,17 @@ def _load_routing(routing: str) -> str:
 
 
 def moe_work(*, num_tokens: int, hidden: int, inter_size: int, topk: int, num_experts: int, moe_tp: int,
-             moe_ep: int, routing: str, weight_dtype: DType, compute_dtype: DType, act: DType) -> KernelWork:
-    """One fused MoE layer on rank 0 (no communication)."""
+             moe_ep: int, routing: str, weight_dtype: DType, act: DType) -> KernelWork:
+    """One fused MoE layer on rank 0 (no communication). Its `dtype` is the expert weight format, as
+    the measured tables key the fused layer (`moe_dtype`): a weight-only format keeps its name where
+    the GPU lacks its tensor cores (MXFP4 experts on Hopper run TensorRT-LLM's W4A16 MXFP4 kernel,
+    Kimi-K2.5's INT4 experts the W4A16 INT4 one), and the roofline computes such formats at the
+    16-bit rate (`HardwareSpec.peak_flops_for`)."""
     load = rank0_load(num_tokens=num_tokens, num_experts=num_experts, topk=topk, ep=moe_ep, routing=routing)
     width = inter_size // moe_tp
     a = act.bytes_per_element()
     return KernelWork(
-        kind=KernelKind.MOE, name="moe_experts", dtype=compute_dtype,
+        kind=KernelKind.MOE, name="moe_experts", dtype=weight_dtype,
         flops=2.0 * 3.0 * load.routed_pairs * hidden * width,
         weight_bytes=load.active_experts * 3.0 * hidden * width * weight_dtype.bytes_per_element(),
         activation_bytes=(2.0 * num_tokens * hidden + load.routed_pairs * (2.0 * hidden + 3.0 * width)) * a,

@@ -336,8 +336,7 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
     add(moe_work(num_tokens=gathered, hidden=h, inter_size=moe.expert_intermediate_size,
                  topk=moe.num_experts_per_token, num_experts=engine.physical_experts(moe.num_experts),
                  moe_tp=s.moe_tp, moe_ep=s.ep, routing=eplb_routing(engine.moe_routing) if eplb else engine.moe_routing,
-                 weight_dtype=ew, compute_dtype=precision.gemm_compute_dtype(ew, hw),
-                 act=act), repeat)
+                 weight_dtype=ew, act=act), repeat)
     if s.ep > 1 and s.moe_tp > 1:
         # Partial sums of the expert outputs over the MoE-TP group.
         add(collective_work(KernelKind.ALL_REDUCE, "moe_tp_all_reduce", -(-t // s.tp) * h * act_b, s.moe_tp),

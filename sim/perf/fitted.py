@@ -43,7 +43,7 @@ from sim.perf.learners import (
     row_products,
 )
 from sim.perf.roofline import collective_wire_bytes, roofline
-from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, table_batch, table_of, work_columns
+from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, moe_stand_ins, table_batch, table_of, work_columns
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -458,12 +458,14 @@ class FittedEfficiency:
     def _table_rows(self, table: str, family: str, rows: dict[str, np.ndarray], own_s: np.ndarray,
                     hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
         """(efficiency, provenance code) of table rows of one table: the family's predicted latency
-        against each kernel's own roofline `own_s`."""
+        against each kernel's own roofline `own_s`. A row its backend never measured is priced by the
+        kernel that stands in for it (`table_kernels.moe_stand_ins`), as extrapolated."""
+        stand_in = moe_stand_ins(rows) if table == "moe" else np.zeros(len(own_s), dtype=bool)
         tb = table_batch(table, rows, np.arange(len(own_s)), hw)
         y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)
         predicted = tb.roofline_s * np.exp(y)
         eff = np.clip(own_s / np.maximum(predicted, 1e-30), 1e-12, 1.0)
-        prov = np.where(outside, int(Provenance.EXTRAPOLATED),
+        prov = np.where(outside | stand_in, int(Provenance.EXTRAPOLATED),
                         np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED)))
         return eff, prov
 

@@ -102,6 +102,30 @@ SIM_MOE_DTYPE: Final[dict[DType, str]] = {
     DType.INT8: "fp8", DType.FLOAT32: "bfloat16",
 }
 """A `KernelWork` dtype of kind MOE -> the `moe_dtype` level (gpt-oss mxfp4 runs w4a16 kernels)."""
+MOE_STAND_IN: Final[dict[tuple[str, str], str]] = {
+    ("vllm", "w4a16_mxfp4"): "int4_wo",
+    ("sglang", "w4a16_mxfp4"): "int4_wo",
+}
+"""(backend, moe_dtype) the simulator meets but no table measured -> the backend's measured kernel that
+stands in for it. gpt-oss's MXFP4 experts on a GPU without FP4 tensor cores run a W4A16 MoE: in
+TensorRT-LLM its own measured `w4a16_mxfp4` kernel; vLLM and SGLang measured no MXFP4 MoE, and their
+W4A16 path (Marlin or triton_kernels' grouped GEMM) reads the same 4-bit weights with 16-bit
+activations as their measured `int4_wo` (Marlin) MoE, which stands in for it (docs/moe-mla.md)."""
+
+
+def moe_stand_ins(rows: dict[str, np.ndarray]) -> np.ndarray:
+    """Replace, in simulator-built MoE rows, each `moe_dtype` that its backend never measured by its
+    `MOE_STAND_IN` kernel; returns the mask of replaced rows (priced by a stand-in: extrapolated)."""
+    n = len(rows["kernel"])
+    if "moe_dtype" not in rows or "backend" not in rows:
+        return np.zeros(n, dtype=bool)
+    pairs = list(zip(rows["backend"].tolist(), rows["moe_dtype"].tolist(), strict=True))
+    hit = np.array([p in MOE_STAND_IN for p in pairs], dtype=bool)
+    if hit.any():
+        rows["moe_dtype"] = np.array([MOE_STAND_IN.get(p, p[1]) for p in pairs], dtype=object)
+    return hit
+
+
 _GEMM_BYTES: Final[dict[str, float]] = {"bfloat16": 2.0, "fp8_block": 1.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
 _GEMM_PEAK: Final[dict[str, DType]] = {"bfloat16": DType.BFLOAT16, "fp8_block": DType.FP8_BLOCK,
                                        "fp8": DType.FP8, "nvfp4": DType.NVFP4}

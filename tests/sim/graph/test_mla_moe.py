@@ -9,11 +9,14 @@ import pytest
 from conftest import scenario_dict
 
 from sim.api import check_feasible, step_graph
+from sim.dtypes import DType
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.memory import kv_bytes_per_token, memory_breakdown, weight_bytes_per_gpu
 from sim.graph.moe import rank0_load
+from sim.perf.roofline import roofline
+from sim.perf.table_kernels import work_columns
 from sim.serde import FieldError
 from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario, scenario_from_dict
@@ -129,6 +132,26 @@ def test_moe_layout_factorisations() -> None:
     assert moe.flops == 2 * 3 * (8 * 8 / 2) * 7168 * (2048 / 2)
     names = [n.work.name for n in step_graph(sc, BatchShape(decode_context_tokens=(10,) * 8)).nodes]
     assert "moe_tp_all_reduce" in names and "moe_all_to_all" in names
+
+
+@pytest.mark.parametrize(("model", "hardware", "engine", "weights", "table_dtype"), [
+    ("openai/gpt-oss-120b", "h200_sxm", {"backend": "trtllm"}, DType.MXFP4, "w4a16_mxfp4"),
+    ("openai/gpt-oss-120b", "b200_sxm", {"backend": "trtllm"}, DType.MXFP4, "w4a16_mxfp4"),
+    ("moonshotai/Kimi-K2.5", "h200_sxm", {"tensor_parallel_size": 8}, DType.INT4_WO, "int4_wo"),
+])
+def test_the_fused_moe_node_is_keyed_by_the_expert_weight_format(model: str, hardware: str, engine: dict[str, Any],
+                                                                  weights: DType, table_dtype: str) -> None:
+    # Hopper has no FP4 tensor cores and no GPU has INT4 ones: these experts run weight-only kernels
+    # (W4A16), which the measured tables key by their weight format, not as a bf16 MoE (4x the bytes).
+    sc = scenario(model, hardware, **engine)
+    moe, _ = node(sc, BatchShape(decode_context_tokens=(1000,) * 16), "moe_experts")
+    assert moe.dtype is weights
+    assert work_columns([moe])["moe_dtype"].tolist() == [table_dtype]
+    hw = sc.hardware
+    # The roofline computes them at the 16-bit rate where the tensor cores lack the format.
+    assert roofline(moe, hw).compute_s == pytest.approx(
+        moe.flops / hw.peak_flops_for(DType.MXFP4 if hw.supports(DType.MXFP4) and weights is DType.MXFP4
+                                      else DType.BFLOAT16))
 
 
 def test_attention_dp_gathers_every_rank_tokens_at_the_moe_layer() -> None:
