@@ -391,7 +391,9 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
     """The decode pool's layout (the scenario's base engine), both pools' sections, and notes; or why not.
 
     Each pool: the row's `<pool>_*` layout columns as `[engine]` keys, `<pool>_num_workers` workers
-    (1 when the export does not record it: noted), `max_num_seqs` = `<pool>_batch_size` per rank
+    (a row that records none is not simulated: the InferenceX date exports keep neither worker counts
+    nor speculative decoding, and the same layout and concurrency appear with TPOTs 1.5-2x apart),
+    `max_num_seqs` = `<pool>_batch_size` per rank
     where recorded, else the client concurrency spread over the pool's ranks; the KV memory each
     pool's engine would have (`memory_utilization_for`). Transfer: NIXL (Dynamo's default).
     """
@@ -407,8 +409,8 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
                     "the columns do not give one GPU count")
         workers = _int(r.get(f"{pool}_num_workers", ""), 0)
         if workers == 0:
-            workers = 1
-            notes.append(f"{pool}_num_workers not recorded by {r['src_file']}: one {pool} worker assumed")
+            return (f"{pool}_num_workers not recorded by {r['src_file']} and no db-dump twin of the measurement: "
+                    "the deployment's worker counts (and whether it ran MTP) are not pinned down")
         batch = _int(r.get(f"{pool}_batch_size", ""), 0)
         per_rank = batch or math.ceil(conc / (workers * dp))
         engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank,

@@ -337,9 +337,9 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
                 *per_model_table(rows, results, tiers=tiers, deferred=deferred), "",
                 "### Disaggregated rows beside aggregated rows (AIConfigurator)", "",
                 "Each system and model with disaggregated rows: its aggregated and disaggregated rows side by side "
-                "(docs/disaggregation.md; rows whose export does not record worker counts assume one prefill and one "
-                "decode worker). Disaggregated rows that cannot be simulated are in the skipped table with their "
-                "reason.", "",
+                "(docs/disaggregation.md). Disaggregated rows that cannot be simulated are in the skipped table with "
+                "their reason; among them the InferenceX rows whose export records no worker counts and that have "
+                "no db-dump twin.", "",
                 *disaggregated_table(rows, results, tiers=tiers, deferred=deferred), ""]
     trace = trace_table(rows, results)
     if len(trace) > 2:
