@@ -105,12 +105,15 @@ SIM_MOE_DTYPE: Final[dict[DType, str]] = {
 MOE_STAND_IN: Final[dict[tuple[str, str], str]] = {
     ("vllm", "w4a16_mxfp4"): "int4_wo",
     ("sglang", "w4a16_mxfp4"): "int4_wo",
+    ("trtllm", "int4_wo"): "w4a16_mxfp4",
 }
-"""(backend, moe_dtype) the simulator meets but no table measured -> the backend's measured kernel that
-stands in for it. gpt-oss's MXFP4 experts on a GPU without FP4 tensor cores run a W4A16 MoE: in
-TensorRT-LLM its own measured `w4a16_mxfp4` kernel; vLLM and SGLang measured no MXFP4 MoE, and their
-W4A16 path (Marlin or triton_kernels' grouped GEMM) reads the same 4-bit weights with 16-bit
-activations as their measured `int4_wo` (Marlin) MoE, which stands in for it (docs/moe-mla.md)."""
+"""(backend, moe_dtype) the simulator meets but the backend never measured -> its measured kernel of
+the same weight bytes and activation precision, which stands in for it. gpt-oss's MXFP4 experts on a
+GPU without FP4 tensor cores run a W4A16 MoE: in TensorRT-LLM its own measured `w4a16_mxfp4` kernel;
+vLLM and SGLang measured no MXFP4 MoE, and their W4A16 path (Marlin or triton_kernels' grouped GEMM)
+reads the same 4-bit weights with 16-bit activations as their measured `int4_wo` (Marlin) MoE.
+Kimi-K2.5's INT4 experts on TensorRT-LLM (no `int4_wo` rows) take its W4A16 MXFP4 kernel by the same
+rule (no development row has INT4 experts to check it on; docs/moe-mla.md)."""
 
 
 def moe_stand_ins(rows: dict[str, np.ndarray]) -> np.ndarray:

@@ -12,7 +12,7 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelWork
 from sim.perf.fitted import FittedEfficiency
 from sim.perf.roofline import roofline
-from sim.perf.table_kernels import MOE_STAND_IN, table_batch, work_columns
+from sim.perf.table_kernels import MOE_DTYPES, MOE_STAND_IN, table_batch, work_columns
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
@@ -56,3 +56,12 @@ def test_gpt_oss_experts_on_hopper_are_priced_by_the_backends_w4a16_moe(backend:
         _table_prediction_s(model, work, backend, priced_as), rel=1e-9)
     assert eff.provenance is provenance
     assert MOE_STAND_IN.get((backend, "w4a16_mxfp4"), "w4a16_mxfp4") == priced_as
+
+
+def test_every_stand_in_is_a_format_of_the_same_weight_bytes_its_backend_measured() -> None:
+    for (backend, missing), stand_in in MOE_STAND_IN.items():
+        assert missing != stand_in and backend in ("vllm", "sglang", "trtllm")
+        assert (missing, stand_in) in {("w4a16_mxfp4", "int4_wo"), ("int4_wo", "w4a16_mxfp4")}
+        assert (backend, stand_in) not in MOE_STAND_IN  # a stand-in is itself measured, never replaced again
+        assert abs(MOE_DTYPES[missing][0] - MOE_DTYPES[stand_in][0]) < 0.02  # 4-bit weights plus scales
+        assert MOE_DTYPES[missing][1].peak_key() == MOE_DTYPES[stand_in][1].peak_key() == "bf16"  # 16-bit activations
