@@ -15,7 +15,8 @@ Shape conventions (`shape`):
 - MLA_PREFILL: (batch, new_tokens, context_tokens, heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
   decompressed (un-absorbed) MLA attention over fresh tokens, per-GPU heads (`mla_context`)
 - MLA_DECODE: (batch, mean_kv_tokens, max_kv_tokens, heads, kv_lora_rank, qk_rope_head_dim)
-  weight-absorbed MLA decode against the latent cache; kv_tokens include the new token (`mla_generation`)
+  weight-absorbed MLA decode against the latent cache; kv_tokens include the new token (`mla_generation`);
+  for both MLA attention kinds `dtype` is the KV-cache format (`kv_cache_dtype`)
 - MLA_BMM: (tokens, heads, n, k) per-head batched matmul around absorbed decode; `variant` is
   `mla_gen_pre` (q_nope -> latent) or `mla_gen_post` (latent -> v) (`mla_bmm`)
 - EP_ALL_TO_ALL: (num_tokens_per_rank, hidden_size, topk, num_experts, num_gpus, node_num) one

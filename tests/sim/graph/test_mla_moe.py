@@ -154,6 +154,18 @@ def test_the_fused_moe_node_is_keyed_by_the_expert_weight_format(model: str, har
                                       else DType.BFLOAT16))
 
 
+@pytest.mark.parametrize(("kv_cache_dtype", "dtype", "label"), [("fp8", DType.FP8, "fp8"),
+                                                                ("auto", DType.BFLOAT16, "bfloat16")])
+def test_mla_attention_is_keyed_by_the_kv_cache_format(kv_cache_dtype: str, dtype: DType, label: str) -> None:
+    # The measured MLA tables key the kernel by kv_cache_dtype (FP8-cache kernels are other kernels).
+    sc = scenario(tensor_parallel_size=8, kv_cache_dtype=kv_cache_dtype)
+    for batch, name in ((BatchShape(decode_context_tokens=(999,) * 4), "mla_decode"),
+                        (BatchShape(prefills=(PrefillChunk(new_tokens=100, context_tokens=300),)), "mla_prefill")):
+        work, _ = node(sc, batch, name)
+        assert work.dtype is dtype
+        assert work_columns([work])["kv_cache_dtype"].tolist() == [label]
+
+
 def test_attention_dp_gathers_every_rank_tokens_at_the_moe_layer() -> None:
     sc = scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True, moe_routing="balanced")
     batch = BatchShape(decode_context_tokens=(10,) * 4)
