@@ -329,8 +329,7 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
                               served=served, hw=hw, arch=arch, cache=cache)
         if isinstance(pools, str):
             return skip(pools)
-        layout, pool_sections, pool_notes = pools
-        base["notes"] = (*base["notes"], *pool_notes)
+        layout, pool_sections = pools
     if not isinstance(layout, Layout):
         return skip(str(layout))
     engine_extra: dict[str, Any] = {"tensor_parallel_size": layout.tp, "pipeline_parallel_size": layout.pp,
@@ -387,8 +386,8 @@ def _pool_label(r: Mapping[str, str], pool: str) -> str:
 
 def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: EngineProfile, quantization: str | None,
                   served: str | None, hw: str, arch: str,
-                  cache: SpecCache) -> tuple[Layout, dict[str, dict[str, Any]], list[str]] | str:
-    """The decode pool's layout (the scenario's base engine), both pools' sections, and notes; or why not.
+                  cache: SpecCache) -> tuple[Layout, dict[str, dict[str, Any]]] | str:
+    """The decode pool's layout (the scenario's base engine) and both pools' sections; or why not.
 
     Each pool: the row's `<pool>_*` layout columns as `[engine]` keys, `<pool>_num_workers` workers
     (a row that records none is not simulated: the InferenceX date exports keep neither worker counts
@@ -397,7 +396,6 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
     where recorded, else the client concurrency spread over the pool's ranks; the KV memory each
     pool's engine would have (`memory_utilization_for`). Transfer: NIXL (Dynamo's default).
     """
-    notes: list[str] = []
     pools: dict[str, dict[str, Any]] = {}
     layouts: dict[str, Layout] = {}
     for pool in ("prefill", "decode"):
@@ -428,4 +426,4 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
                 return f"{pool} pool: {exc}"
         pools[pool] = {"num_workers": workers, "engine": engine}
         layouts[pool] = Layout(tp=tp, pp=pp, dp=dp, moe_tp=moe_tp, moe_ep=moe_ep)
-    return layouts["decode"], pools, notes
+    return layouts["decode"], pools
