@@ -43,7 +43,8 @@ from sim.perf.learners import (
     row_products,
 )
 from sim.perf.roofline import collective_wire_bytes, roofline
-from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, stand_ins, table_batch, table_of, work_columns
+from sim.perf.stand_ins import stand_ins
+from sim.perf.table_kernels import TABLE_FAMILY, kernel_columns, table_batch, table_of, work_columns
 from sim.provenance import Provenance
 from sim.specs.hardware import HardwareSpec
 
@@ -459,7 +460,7 @@ class FittedEfficiency:
                     hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
         """(efficiency, provenance code) of table rows of one table: the family's predicted latency
         against each kernel's own roofline `own_s`. A row its backend never measured is priced by the
-        kernel that stands in for it (`table_kernels.stand_ins`), as extrapolated."""
+        kernel that stands in for it (`sim.perf.stand_ins`), as extrapolated."""
         stand_in = stand_ins(table, rows)
         tb = table_batch(table, rows, np.arange(len(own_s)), hw)
         y, outside, corrected = self.predict_log_slowdown(family, tb.prims, tb.cats, hw, rowwise=True)

@@ -12,7 +12,8 @@ from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelWork
 from sim.perf.fitted import FittedEfficiency
 from sim.perf.roofline import roofline
-from sim.perf.table_kernels import MLA_KV_STAND_IN, MOE_DTYPES, MOE_STAND_IN, table_batch, work_columns
+from sim.perf.stand_ins import MLA_KV_STAND_IN, MOE_STAND_IN
+from sim.perf.table_kernels import MOE_DTYPES, table_batch, work_columns
 from sim.provenance import Provenance
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
