@@ -1,7 +1,9 @@
 """`kernelsight` command line: thin verbs over the public API.
 
-Exit codes: 0 success, 1 run failure, 2 invalid input (`ConfigError`). Results go to stdout,
-logs and errors to stderr. Verbs that need Ray, Optuna or MLflow import them lazily.
+Exit codes: 0 success, 1 run failure (a missing optional package included), 2 invalid input
+(`ConfigError`). Results go to stdout, logs and errors to stderr. Verbs that need an optional
+package (Ray, Optuna, MLflow, pandas, ...) import it lazily; without it they stop with one line
+naming the package and the install command (`OPTIONAL_EXTRA`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from orchestrator.optional import missing_package_error
 from sim.errors import ConfigError, file_error
 
 
@@ -106,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
+    except ModuleNotFoundError as exc:
+        message = missing_package_error(args.verb, exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"error: {message}\n")
+        return 1
     except OSError as exc:
         sys.stderr.write(f"error: {file_error(exc)}\n")
         return 2

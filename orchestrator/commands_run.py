@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.commands_sim import overrides_from, warn_missing_price
+from orchestrator.optional import require
 from orchestrator.progress import ProgressBar
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
@@ -129,6 +130,7 @@ def cmd_run(args: Namespace) -> int:
     scenario = load_scenario(args.scenario, overrides_from(args))
     warn_missing_price(scenario)
     if args.out:
+        require("pyarrow")
         _prepare_out(Path(args.out))
     with ProgressBar(scenario.workload.num_prompts, desc="run", unit="request") as bar:
         result = simulate(scenario, progress=bar.update_to,

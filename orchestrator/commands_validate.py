@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from orchestrator.optional import require
 from orchestrator.progress import ProgressBar
 from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_widening
 from sim.calibration.select import EfficiencyModels
@@ -172,6 +173,8 @@ def cmd_validate(args: Namespace) -> int:
         rows = _limit(rows, args.limit)
     if args.fit_profiles:
         return _fit_profiles(args, rows, profiles, data_sha256(e2e))
+    if _writes_doc(args):
+        require("matplotlib")  # the document's plots: checked before, not after, the simulation
     tiers: list[Tier] = [args.tier] if args.tier else list(TIERS)
     tiers_per_row = {r.row_id: len(_tiers_for(r, tiers)) for r in rows}
     # With --intervals K an aggregated row costs its run and K perturbed runs: the budget buys fewer rows.
@@ -243,7 +246,6 @@ def _limit(rows: list[ValidationRow], n: int) -> list[ValidationRow]:
 
 def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult], deferred: dict[str, str],
             tiers: list[Tier], cost: CostModel, wall: float, sha: str, out_dir: Path) -> int:
-    from sim.calibration.report import replace_section
     from sim.validation.report import HEADING, carry_analysis, render_section
     from sim.validation.score import interval_coverage, score_groups
 
@@ -262,18 +264,15 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
     if args.intervals:
         result.update(intervals=args.intervals, interval_coverage=coverage,
                       e2e_widening=widening.to_json() if widening else None)
-    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
-    write_doc = not args.no_doc and (full_run or args.doc is not None)
-    plots: list[str] = []
-    doc = Path(args.doc or "docs/accuracy.md")
-    if write_doc:
-        plots = _plots(rows, results, tiers, doc.parent / "img")
+    # The results are written first: the plots and the document need optional packages
+    # (matplotlib), and a failure there must not lose the simulation.
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {**result, "groups": to_jsonable(groups),
                "rows": [{**to_jsonable(dataclasses.replace(r, replay=None)), "deferred": deferred.get(r.row_id)}
                         for r in rows],
                "results": to_jsonable(results)}
     (out_dir / "validate.json").write_text(json.dumps(payload, indent=1))
+    sys.stderr.write(f"results in {out_dir / 'validate.json'} ({wall:.0f} s)\n")
     if args.json:
         sys.stdout.write(json.dumps({**result, "groups": to_jsonable(groups)}, indent=1) + "\n")
     else:
@@ -281,7 +280,11 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
 
         sys.stdout.write("\n".join([*headline_table(groups), "", *groups_table(groups), "",
                                     *interval_coverage_table(coverage)]) + "\n")
-    if write_doc:
+    if _writes_doc(args):
+        from sim.calibration.report import replace_section
+
+        doc = Path(args.doc or "docs/accuracy.md")
+        plots = _plots(rows, results, tiers, doc.parent / "img")
         old = doc.read_text() if doc.is_file() else "# Accuracy\n"
         section = render_section(result, rows, results, groups, deferred,
                                  [str(Path("img") / Path(p).name) for p in plots])
@@ -290,8 +293,13 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
             section = section.rstrip("\n") + "\n\n" + analysis
         doc.write_text(replace_section(old, HEADING, section))
         sys.stderr.write(f"wrote the End-to-end section of {doc}\n")
-    sys.stderr.write(f"results in {out_dir / 'validate.json'} ({wall:.0f} s)\n")
     return 0
+
+
+def _writes_doc(args: Namespace) -> bool:
+    """Whether this run rewrites the document's End-to-end section (a full run, or `--doc`)."""
+    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
+    return not args.no_doc and (full_run or args.doc is not None)
 
 
 def _plots(rows: list[ValidationRow], results: list[RowResult], tiers: list[Tier], img: Path) -> list[str]:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from sim.calibration.batch import family_batches, predict_latency_s
+from sim.calibration.families import FAMILIES_REPORTED, KEEP_FRAC
 from sim.calibration.fit import fit_correction, fit_cross_generation
 from sim.calibration.plan import DEFAULT_GRID, KEY_OFFSETS, PLAN_KEYS, PlanGrid, microbench_plan, plan_key_family
 from sim.calibration.tables import (
@@ -38,13 +39,6 @@ from sim.specs.hardware import HardwareSpec
 
 TRAIN_GPUS: Final = ("a100_sxm", "l40s", "h100_sxm", "h200_sxm", "rtx_pro_6000_server")
 EVAL_ONLY: Final = ("b200_sxm",)
-FAMILIES_REPORTED: Final = ("gemm", "attn_prefill", "attn_decode", "pointwise", "nccl", "custom_allreduce", "moe",
-                             "mla_prefill", "mla_decode", "mla_bmm", "ep_a2a")
-BASE_FAMILIES: Final = FAMILIES_REPORTED[:6]
-"""The families of the earlier headline (kept as its own column so the two stay comparable)."""
-KEEP_FRAC: Final[dict[str, float]] = {"gemm": 0.12, "attn_prefill": 0.25, "attn_decode": 0.3, "moe": 0.08,
-                                      "mla_prefill": 0.5, "mla_decode": 0.5}
-"""Share of shapes kept per family (by shape hash); others are kept whole."""
 SHAPE_COLS: Final = ("kernel", "backend", "dtype", "variant", "attn_dtype", "kv_cache_dtype", "m", "n",
                      "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
                      "window_size", "message_bytes", "num_gpus")
@@ -217,11 +211,6 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
     result["calibration_points"] = len(loaded.plan_rows[held_gpu])
     result["plan_points"] = len(microbench_plan(hw))
     return result
-
-
-def headline(scores: Mapping[str, Mapping[str, float]], families: tuple[str, ...] | None = None) -> float:
-    vals = [s["median_ape"] for f, s in scores.items() if families is None or f in families]
-    return float(np.mean(vals)) if vals else float("nan")
 
 
 def _work(args: tuple[str, Path, Loaded]) -> dict[str, Any]:

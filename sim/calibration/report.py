@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sim.calibration.accuracy import BASE_FAMILIES, FAMILIES_REPORTED, KEEP_FRAC, headline
+from sim.calibration.families import BASE_FAMILIES, FAMILIES_REPORTED, KEEP_FRAC, headline
 
 TIER_COLUMNS: Final = ("roofline", "naive", "cross-generation", "target-measured")
 
