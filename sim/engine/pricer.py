@@ -31,7 +31,7 @@ import numpy as np
 from sim.engine.block_pricing import NodeList, Part, PartSource
 from sim.engine.part_prices import PartPrices
 from sim.engine.step_parts import PartFamily
-from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
+from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 from sim.serving.scheduler import StepPlan
@@ -454,7 +454,8 @@ class StepPricer:
             comm += p.comm_s
             gap += p.short_kernel_gap_s
             launches += p.num_launches
-        if self._mode != "eager":
+        if not launches_eagerly(params=self._host, mode=self._mode, is_decode_only=not prefills,
+                                num_seqs=n + num_decode, max_cudagraph_capture_size=self._capture_size):
             launches, gap = 0, 0.0  # only eager launches cost per kernel
         # The host samples and processes outputs per request (a verification's k + 1 rows are one).
         host_key = (n + num_decode, num_seqs_sampling, not prefills, launches, gap)

@@ -6,8 +6,9 @@ linear in the number of sequences (`a + b x n`), fitted on measured per-step CPU
 - `eager`: every kernel launch costs `eager_launch_s` of CPU time; the GPU idles when launches are
   slower than the kernels, so each kernel takes at least that long;
 - `cuda_graph`: decode-only steps of at most `max_cudagraph_capture_size` sequences replay a graph
-  (`graph_launch_s` per step); other steps launch piecewise graphs around attention (one launch
-  per layer per piece);
+  (`graph_launch_s` per step); the other steps launch as the engine does (`uncaptured_launch`):
+  piecewise graphs around attention (vLLM; one launch per layer per piece) or kernel by kernel, as
+  in `eager` (SGLang and TensorRT-LLM capture decode batches only);
 - `megakernel`: one persistent kernel, no launch gaps (a what-if for persistent-kernel compilers).
 With async scheduling the CPU work of step n+1 overlaps the GPU work of step n, so a step costs
 max(GPU, CPU) instead of GPU + CPU.
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sim.serde import require
+
+LaunchMode = Literal["eager", "cuda_graph", "megakernel"]
+UncapturedLaunch = Literal["piecewise_graph", "eager"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +50,11 @@ class HostOverheadParams:
     """CPU cost of one eager kernel launch."""
     source: str
     """Data and method the numbers come from."""
+    uncaptured_launch: UncapturedLaunch = "piecewise_graph"
+    """How a `cuda_graph` engine launches a step its full graphs do not capture (one with a prompt
+    chunk, or more decodes than the largest capture): `piecewise_graph` (vLLM V1: captured pieces
+    between eager attention calls) or `eager` (SGLang, TensorRT-LLM's PyTorch flow: CUDA graphs for
+    decode batches only; each kernel costs `eager_launch_s`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,10 +67,19 @@ class HostCost:
     """Extra GPU idle time when eager launches are slower than kernels."""
 
 
+def launches_eagerly(*, params: HostOverheadParams, mode: LaunchMode, is_decode_only: bool, num_seqs: int,
+                     max_cudagraph_capture_size: int) -> bool:
+    """Whether a step launches its kernels one by one (each `eager_launch_s` of CPU time)."""
+    if mode != "cuda_graph":
+        return mode == "eager"
+    captured = is_decode_only and num_seqs <= max_cudagraph_capture_size
+    return not captured and params.uncaptured_launch == "eager"
+
+
 def host_cost(
     *,
     params: HostOverheadParams,
-    mode: Literal["eager", "cuda_graph", "megakernel"],
+    mode: LaunchMode,
     num_seqs: int,
     num_sampled: int,
     is_decode_only: bool,
@@ -73,14 +91,13 @@ def host_cost(
     """CPU cost of a step. `short_kernel_gap_s` = sum over launches of max(0, launch - kernel)."""
     cpu = (params.schedule.at(num_seqs) + params.prepare_inputs.at(num_seqs)
            + params.sampler.at(num_sampled) + params.process_outputs.at(num_seqs))
-    if mode == "megakernel":
-        return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
-    if mode == "cuda_graph" and is_decode_only and num_seqs <= max_cudagraph_capture_size:
-        return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
-    if mode == "cuda_graph":
+    if launches_eagerly(params=params, mode=mode, is_decode_only=is_decode_only, num_seqs=num_seqs,
+                        max_cudagraph_capture_size=max_cudagraph_capture_size):
+        return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
+    if mode == "cuda_graph" and not (is_decode_only and num_seqs <= max_cudagraph_capture_size):
         # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
         return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
-    return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
+    return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
 
 
 def step_time_s(*, device_s: float, host: HostCost, async_scheduling: bool) -> float:

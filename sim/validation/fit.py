@@ -36,12 +36,15 @@ CLIP = 1.0
 Evaluate = Callable[[EngineProfile, Sequence[ValidationRow]], Sequence[RowResult]]
 
 
-def host_params(base_s: float, per_seq_s: float, graph_launch_s: float, *, eager_launch_s: float,
+def host_params(base_s: float, per_seq_s: float, graph_launch_s: float, *, like: HostOverheadParams,
                 source: str) -> HostOverheadParams:
+    """The fitted numbers on `like`'s launch behaviour (its eager launch cost and how it launches
+    uncaptured steps, which the fit keeps)."""
     zero = LinearCost(base_s=0.0, per_item_s=0.0)
     return HostOverheadParams(schedule=LinearCost(base_s=base_s, per_item_s=per_seq_s), prepare_inputs=zero,
                               sampler=zero, process_outputs=zero, graph_launch_s=graph_launch_s,
-                              eager_launch_s=eager_launch_s, source=source)
+                              eager_launch_s=like.eager_launch_s, uncaptured_launch=like.uncaptured_launch,
+                              source=source)
 
 
 def row_loss(row: ValidationRow, result: RowResult) -> float:
@@ -77,11 +80,10 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
     rows = require_dev(rows, purpose="fitting host overheads")
     if not rows:
         raise ValueError(f"no dev rows to fit the {profile.backend} profile on")
-    eager = profile.host.eager_launch_s
     cache: dict[tuple[float, float, float], float] = {}
 
     def candidate(p: Mapping[str, float]) -> EngineProfile:
-        host = host_params(p["base_s"], p["per_seq_s"], p["graph_launch_s"], eager_launch_s=eager,
+        host = host_params(p["base_s"], p["per_seq_s"], p["graph_launch_s"], like=profile.host,
                            source="candidate")
         return dataclasses.replace(profile, host=host)
 
@@ -113,7 +115,7 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
                "work is hidden behind the GPU on these rows), so the starting values are kept")
     fitted = dataclasses.replace(
         profile,
-        host=host_params(params["base_s"], params["per_seq_s"], params["graph_launch_s"], eager_launch_s=eager,
+        host=host_params(params["base_s"], params["per_seq_s"], params["graph_launch_s"], like=profile.host,
                          source=f"fitted on {len(rows)} dev rows of sim.validation (see [fit])"),
         fit=FitRecord(
             suite="dev",
@@ -148,7 +150,8 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = [*(f"# {ln}" for ln in header.splitlines()), f"source = {lit(h.source)}",
-             f"graph_launch_s = {lit(h.graph_launch_s)}", f"eager_launch_s = {lit(h.eager_launch_s)}"]
+             f"graph_launch_s = {lit(h.graph_launch_s)}", f"eager_launch_s = {lit(h.eager_launch_s)}",
+             f"uncaptured_launch = {lit(h.uncaptured_launch)}"]
     for phase in ("schedule", "prepare_inputs", "sampler", "process_outputs"):
         c: LinearCost = getattr(h, phase)
         lines += ["", f"[{phase}]", f"base_s = {lit(c.base_s)}", f"per_item_s = {lit(c.per_item_s)}"]

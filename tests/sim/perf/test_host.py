@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from sim.perf.host import HostCost, HostOverheadParams, LinearCost, host_cost, step_time_s
+from sim.perf.host import HostCost, HostOverheadParams, LinearCost, host_cost, launches_eagerly, step_time_s
 
 PARAMS = HostOverheadParams(
     schedule=LinearCost(base_s=1e-3, per_item_s=1e-5),
@@ -67,3 +68,34 @@ def test_async_scheduling_hides_cpu_behind_the_gpu_and_sync_adds_it() -> None:
     graph = _cost("cuda_graph")
     assert step_time_s(device_s=1e-3, host=graph, async_scheduling=False) == pytest.approx(
         1e-3 + 3.99e-3 + 2e-5, rel=1e-12)
+
+
+def test_engines_that_capture_decode_only_launch_uncaptured_steps_kernel_by_kernel() -> None:
+    # SGLang and TensorRT-LLM's PyTorch flow (`uncaptured_launch = "eager"`): a step with a prompt
+    # chunk, or more decodes than the largest capture, launches each kernel; captured decodes replay.
+    eager_rest = dataclasses.replace(PARAMS, uncaptured_launch="eager")
+
+    def cost(**kw: Any) -> HostCost:
+        return host_cost(params=eager_rest, mode="cuda_graph", num_sampled=8, max_cudagraph_capture_size=16,
+                         num_launches=1000, num_layers=32, short_kernel_gap_s=4e-4, **kw)
+
+    for uncaptured in (cost(num_seqs=10, is_decode_only=False), cost(num_seqs=17, is_decode_only=True)):
+        assert uncaptured.launch_s == pytest.approx(1000 * 5e-6, rel=1e-12)
+        assert uncaptured.launch_floor_s == 4e-4
+    captured = cost(num_seqs=16, is_decode_only=True)
+    assert (captured.launch_s, captured.launch_floor_s) == (2e-5, 0.0)
+    for decode_only, seqs, expected in ((False, 10, True), (True, 17, True), (True, 16, False)):
+        assert launches_eagerly(params=eager_rest, mode="cuda_graph", is_decode_only=decode_only, num_seqs=seqs,
+                                max_cudagraph_capture_size=16) is expected
+        assert launches_eagerly(params=PARAMS, mode="cuda_graph", is_decode_only=decode_only, num_seqs=seqs,
+                                max_cudagraph_capture_size=16) is False
+    assert launches_eagerly(params=PARAMS, mode="eager", is_decode_only=True, num_seqs=1, max_cudagraph_capture_size=16)
+    assert not launches_eagerly(params=eager_rest, mode="megakernel", is_decode_only=False, num_seqs=1,
+                                max_cudagraph_capture_size=16)
+
+
+def test_shipped_profiles_launch_uncaptured_steps_as_their_engines_do() -> None:
+    from sim.api import load_engine_profile
+
+    launch = {b: load_engine_profile(b).host.uncaptured_launch for b in ("vllm", "sglang", "trtllm")}
+    assert launch == {"vllm": "piecewise_graph", "sglang": "eager", "trtllm": "eager"}

@@ -1,0 +1,59 @@
+"""Engines that capture CUDA graphs for decode batches only launch their other steps kernel by kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import scenario_dict
+
+from sim.api import load_host_params, scenario_efficiency, simulate
+from sim.engine.pricer import StepPricer
+from sim.perf.host import HostOverheadParams
+from sim.perf.step import StepCostModel
+from sim.specs.scenario import Scenario, scenario_from_dict
+
+PREFILL = (((700, 0, True),), 0, 0)
+"""A step key: one 700-token prompt chunk, no decodes."""
+MIXED = (((300, 0, True),), 6, 512)
+DECODE = ((), 6, 512)
+
+
+def _scenario(launch_mode: str) -> Scenario:
+    return scenario_from_dict(scenario_dict(engine={"launch_mode": launch_mode, "max_cudagraph_capture_size": 8}),
+                              source="t")
+
+
+def _step_s(launch_mode: str, host: HostOverheadParams, key: object) -> float:
+    sc = _scenario(launch_mode)
+    return StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), host).step_s(key)  # type: ignore[arg-type]
+
+
+def _hosts() -> tuple[HostOverheadParams, HostOverheadParams]:
+    # A launch cost large enough to show: 60 us a kernel, piecewise graphs 20 us a piece.
+    piecewise = dataclasses.replace(load_host_params("vllm"), eager_launch_s=60e-6, graph_launch_s=20e-6)
+    return piecewise, dataclasses.replace(piecewise, uncaptured_launch="eager")
+
+
+@pytest.mark.parametrize("key", [PREFILL, MIXED, ((), 9, 512)])  # 9 decodes: over the capture size of 8
+def test_uncaptured_steps_cost_what_an_eager_engine_pays(key: object) -> None:
+    piecewise, eager_rest = _hosts()
+    uncaptured = _step_s("cuda_graph", eager_rest, key)
+    assert uncaptured == _step_s("eager", eager_rest, key)
+    assert uncaptured > _step_s("cuda_graph", piecewise, key)
+
+
+def test_captured_decode_steps_replay_their_graph_either_way() -> None:
+    piecewise, eager_rest = _hosts()
+    assert _step_s("cuda_graph", eager_rest, DECODE) == _step_s("cuda_graph", piecewise, DECODE)
+    assert _step_s("cuda_graph", eager_rest, DECODE) < _step_s("eager", eager_rest, DECODE)
+
+
+def test_an_eager_prefill_delays_the_first_token() -> None:
+    sc = scenario_from_dict(scenario_dict(workload={"dataset_name": "fixed", "num_prompts": 1, "random_input_len": 700,
+                                                    "random_output_len": 4}), source="t")
+    piecewise, eager_rest = _hosts()
+    ttft = {name: simulate(sc, host=h).summary.ttft_mean_s for name, h in (("piecewise", piecewise),
+                                                                           ("eager", eager_rest))}
+    assert ttft["eager"] == pytest.approx(_step_s("cuda_graph", eager_rest, PREFILL), rel=1e-12)
+    assert ttft["eager"] > ttft["piecewise"]
