@@ -14,7 +14,7 @@ from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.scenario import scenario_from_dict
-from sim.validation.fit import profile_toml
+from sim.validation.fit import host_params, profile_toml
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
@@ -30,11 +30,18 @@ def test_policies_per_backend() -> None:
     assert load_engine_profile("trtllm").policy.reserve_full_output
 
 
-def test_profile_toml_round_trips(tmp_path: Path) -> None:
-    profile = load_engine_profile("trtllm")
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_profile_toml_round_trips(tmp_path: Path, backend: str) -> None:
+    profile = load_engine_profile(backend)
     path = tmp_path / "p.toml"
     path.write_text(profile_toml(profile, header="test"))
-    assert load_engine_profile("trtllm", path) == profile
+    assert load_engine_profile(backend, path) == profile
+
+
+def test_a_host_fit_keeps_the_profiles_launch_behaviour() -> None:
+    sglang = load_engine_profile("sglang").host
+    fitted = host_params(1e-4, 1e-6, 2e-5, like=sglang, source="test")
+    assert (fitted.eager_launch_s, fitted.uncaptured_launch) == (sglang.eager_launch_s, "eager")
 
 
 def _req(rid: int, prompt: int, output: int) -> RequestState:
