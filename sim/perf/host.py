@@ -67,13 +67,18 @@ class HostCost:
     """Extra GPU idle time when eager launches are slower than kernels."""
 
 
+def _captured(is_decode_only: bool, num_seqs: int, max_cudagraph_capture_size: int) -> bool:
+    """A decode-only batch within the largest capture replays one full CUDA graph."""
+    return is_decode_only and num_seqs <= max_cudagraph_capture_size
+
+
 def launches_eagerly(*, params: HostOverheadParams, mode: LaunchMode, is_decode_only: bool, num_seqs: int,
                      max_cudagraph_capture_size: int) -> bool:
     """Whether a step launches its kernels one by one (each `eager_launch_s` of CPU time)."""
     if mode != "cuda_graph":
         return mode == "eager"
-    captured = is_decode_only and num_seqs <= max_cudagraph_capture_size
-    return not captured and params.uncaptured_launch == "eager"
+    return (not _captured(is_decode_only, num_seqs, max_cudagraph_capture_size)
+            and params.uncaptured_launch == "eager")
 
 
 def host_cost(
@@ -94,7 +99,7 @@ def host_cost(
     if launches_eagerly(params=params, mode=mode, is_decode_only=is_decode_only, num_seqs=num_seqs,
                         max_cudagraph_capture_size=max_cudagraph_capture_size):
         return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
-    if mode == "cuda_graph" and not (is_decode_only and num_seqs <= max_cudagraph_capture_size):
+    if mode == "cuda_graph" and not _captured(is_decode_only, num_seqs, max_cudagraph_capture_size):
         # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
         return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
     return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)
