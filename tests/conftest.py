@@ -4,7 +4,9 @@ runtime and the migrated MLflow store that many tests share."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +49,19 @@ def scenario_dict(**sections: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value}
     return base
+
+
+def cli_without(blocked: tuple[str, ...], argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`kernelsight ARGV` in a child process where the packages `blocked` cannot be imported (None in
+    `sys.modules`: their import fails as an uninstalled package's does)."""
+    code = ("import sys\n"
+            f"for name in {list(blocked)!r}:\n"
+            "    sys.modules[name] = None\n"
+            "from orchestrator.cli import main\n"
+            f"sys.exit(main({argv!r}))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600, check=False)
 
 
 @pytest.fixture

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import MEASURED_DATA, REPO
+from conftest import MEASURED_DATA, cli_without
 
 from orchestrator.cli import main
 from orchestrator.microbench.output import TABLE_COLUMNS
@@ -175,12 +173,7 @@ def test_malformed_plan_names_row_and_column(tmp_path: Path, capsys: pytest.Capt
 
 
 def _run_without_torch(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from orchestrator.cli import main\n"
-            f"sys.exit(main({argv!r}))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=300, check=False)
+    return cli_without(("torch",), argv, tmp_path)
 
 
 def test_dry_run_without_torch_writes_the_same_layout(tmp_path: Path) -> None:

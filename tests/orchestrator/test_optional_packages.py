@@ -7,27 +7,19 @@ import fail as an uninstalled package's does), so the test sees what a core-only
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
+
+from conftest import REPO, cli_without
 
 from orchestrator.optional import OPTIONAL_EXTRA, missing_package_error
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIO = str(REPO / "scenarios" / "llama3_8b-h100.toml")
 
 
 def _core_install(argv: list[str], cwd: Path, blocked: tuple[str, ...] = tuple(OPTIONAL_EXTRA)
                   ) -> subprocess.CompletedProcess[str]:
-    code = ("import sys\n"
-            f"for name in {list(blocked)!r}:\n"
-            "    sys.modules[name] = None\n"
-            "from orchestrator.cli import main\n"
-            f"sys.exit(main({argv!r}))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=600, check=False)
+    return cli_without(blocked, argv, cwd)
 
 
 def test_validate_runs_and_writes_its_results_without_optional_packages(tmp_path: Path) -> None:
