@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import csv
+import statistics
 from pathlib import Path
 
 import pytest
-from conftest import scenario_dict
+from conftest import MEASURED_DATA, scenario_dict
 
-from sim.api import load_engine_profile, load_host_params, simulate
+from sim.api import load_engine_profile, load_host_params, simulate, step_graph
 from sim.errors import ConfigError
+from sim.graph.batch import BatchShape, PrefillChunk
+from sim.measured import open_text, resolve
 from sim.perf.profile import SchedulingPolicy
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -200,3 +204,22 @@ def test_batch_waiting_raises_ttft_in_a_trtllm_run_and_is_rejected_on_other_back
     with pytest.raises(ConfigError, match="backend"):
         scenario_from_dict(scenario_dict(engine={"backend": "vllm", "batch_wait_timeout_iters": 20,
                                                  "batch_wait_max_tokens_ratio": 0.9}), source="t")
+
+
+def test_sglang_eager_launch_cost_is_its_attention_modules_eager_floor_per_simulated_kernel() -> None:
+    # The shipped number is a measurement (docs/serving.md): the median small-work latency of SGLang's
+    # MLA attention module (h100 and h200 tables: batch <= 2, seq_len <= 128), spread over the
+    # kernels the simulator builds for that module (from the q/kv projections through o_proj).
+    floors = []
+    for gpu in ("h100_sxm", "h200_sxm"):
+        with open_text(resolve(MEASURED_DATA / "aiconfigurator" / gpu / "mla_module_context.csv")) as f:
+            floors += [float(r["latency_ms"]) * 1e-3 for r in csv.DictReader(f)
+                       if r["backend"] == "sglang" and int(r["batch_size"]) <= 2 and int(r["seq_len"]) <= 128]
+    sc = scenario_from_dict(scenario_dict(hardware={"name": "h200_sxm"}, model={"name": "deepseek-ai/DeepSeek-R1"},
+                                          engine={"backend": "sglang", "max_model_len": 4096,
+                                                  "tensor_parallel_size": 8}), source="t.toml")
+    names = [n.work.name for n in step_graph(sc, BatchShape(prefills=(PrefillChunk(new_tokens=64),))).nodes]
+    module_kernels = names.index("o_proj") - names.index("input_layernorm")
+    assert len(floors) == 252 and module_kernels == 8
+    assert load_engine_profile("sglang").host.eager_launch_s == pytest.approx(
+        statistics.median(floors) / module_kernels, rel=1e-9)
