@@ -76,9 +76,10 @@ def _power_law_counts_of(tokens: Sequence[int], experts: int, topk: int, ep: int
     counts = np.round(x / sums[:, :, None] * target[:, None, None].astype(float)).astype(np.int64)
     # Heaviest first, ties by index: the stable order of -counts, from keys that are all distinct
     # (so any sort gives it; numpy's default sort is several times faster than its stable one).
-    orders = np.argsort(-counts * experts + np.arange(experts), axis=2)
+    keys = -counts * experts + np.arange(experts)
+    orders = np.argsort(keys, axis=2)
     delta = target[:, None] - counts.sum(2)
-    _settle(counts, orders, delta, experts)
+    _settle(counts, keys, orders, delta, experts)
     group = max(experts // max(ep, 1), 1)
     usable = group * (experts // group)
     grouped = counts[:, :, :usable].reshape(m, draws, -1, group)
@@ -94,24 +95,64 @@ def _power_law_counts_of(tokens: Sequence[int], experts: int, topk: int, ep: int
     return out
 
 
-def _settle(counts: np.ndarray, orders: np.ndarray, delta: np.ndarray, experts: int) -> None:
+def _settle(counts: np.ndarray, keys: np.ndarray, orders: np.ndarray, delta: np.ndarray, experts: int) -> None:
     """The collector's repair of the rounding, so that each draw routes exactly tokens x topk pairs:
     `delta` > 0 pairs short, every expert gets delta // E more and the heaviest delta % E one more
     each; `delta` < 0 (over by fewer than E), one less from each of the -delta lightest experts
-    (`orders`: heaviest first). A draw whose lightest experts include one with none takes the
-    collector's loop (`_take_surplus`); the others are all settled in one array operation."""
+    (`keys`: -count x E + expert, all distinct; `orders`: their argsort, heaviest first). An
+    expert is among the first r of its draw's order exactly when its key is below the r-th's, so
+    the ones and minus ones are comparisons with one key per draw. A draw whose lightest experts
+    include one with none takes the collector's loop (`_take_surpluses`)."""
     missing = np.maximum(delta, 0)
     surplus = np.maximum(-delta, 0)
     looped = (surplus > 0) & (counts == 0).any(2)
     counts += (missing // experts)[:, :, None]
-    rank = np.arange(experts)
-    change = ((rank < (missing % experts)[:, :, None]).astype(np.int64)
-              - (rank >= experts - np.where(looped, 0, surplus)[:, :, None]))
-    by_expert = np.zeros_like(counts)
-    np.put_along_axis(by_expert, orders, change, axis=2)
-    counts += by_expert
-    for i, j in zip(*np.nonzero(looped), strict=True):
-        _take_surplus(counts[i, j], orders[i, j], int(surplus[i, j]), experts)
+    heavy_end = np.take_along_axis(keys, np.take_along_axis(orders, (missing % experts)[:, :, None], axis=2), axis=2)
+    counts += keys < heavy_end
+    taken = np.where(looped, 0, surplus)
+    light_start = np.take_along_axis(keys, np.take_along_axis(orders, (experts - np.maximum(taken, 1))[:, :, None],
+                                                              axis=2), axis=2)
+    counts -= (keys >= light_start) & (taken > 0)[:, :, None]
+    if looped.any():
+        _take_surpluses(counts, keys, orders, surplus, looped, experts)
+
+
+def _take_surpluses(counts: np.ndarray, keys: np.ndarray, orders: np.ndarray, surplus: np.ndarray,
+                    looped: np.ndarray, experts: int) -> None:
+    """`_take_surplus` of every `looped` draw in arrays. The empty experts are the lightest, so
+    the loop's first `zeros` takes (`zeros` = the empty experts among the `surplus` lightest) all
+    fall on the first heaviest expert in turn: that brings every expert above some level L down
+    to L and then takes one more from the lowest-numbered experts at L (L the lowest level whose
+    excess over it is at most `zeros`). The remaining takes are one from each non-empty light
+    expert. Draws where a heaviest take lands on such a light expert (its own take then meets
+    another value) run the collector's loop instead."""
+    rows = np.nonzero(looped)
+    c = counts[rows]
+    order = orders[rows]
+    s = surplus[rows]
+    zeros = np.minimum(s, (c == 0).sum(1))
+    # Heaviest first, bringing the first j experts down to the (j+1)-th's value takes `excess[j]`
+    # (nondecreasing in j): the last j within `zeros` is the heaviest group the takes level,
+    # and what is left lowers it by whole rounds.
+    v = np.take_along_axis(c, order, axis=1)
+    excess = np.cumsum(v, axis=1) - v - np.arange(experts) * v
+    j = (excess <= zeros[:, None]).sum(1) - 1
+    at = np.arange(len(c))
+    level = (v[at, j] - (zeros - excess[at, j]) // (j + 1))[:, None]
+    at_level = c >= level
+    extra = zeros - np.maximum(c - level, 0).sum(1)
+    after = np.minimum(c, level) - (at_level & (np.cumsum(at_level, axis=1) <= extra[:, None]))
+    # The light experts: the last `s` of each order (heaviest first), i.e. keys from the (E-s)-th on.
+    k = keys[rows]
+    light = k >= k[at, order[at, experts - s]][:, None]
+    rest = light & (c > 0)
+    interact = (rest & (after < c)).any(1)
+    after -= rest
+    counts[rows] = after
+    for i in np.flatnonzero(interact).tolist():
+        row = (rows[0][i], rows[1][i])
+        counts[row] = c[i]
+        _take_surplus(counts[row], orders[row], int(s[i]), experts)
 
 
 def _take_surplus(c: np.ndarray, order: np.ndarray, surplus: int, experts: int) -> None:

@@ -319,6 +319,58 @@ def test_rank0_loads_in_small_batches_and_a_full_memo_keep_their_values(monkeypa
     assert moe_routing.moe_rank0_load(*keys[30]) == expected[30]
 
 
+def _collectors_loop(values: list[int], order: list[int], surplus: int) -> list[int]:
+    """The collector's rounding repair when over by `surplus`, as written (`order`: heaviest first)."""
+    values = list(values)
+    for i in range(surplus):
+        k = order[-(i % len(values)) - 1]
+        if values[k] > 0:
+            values[k] -= 1
+        else:
+            values[values.index(max(values))] -= 1
+    return values
+
+
+@pytest.mark.parametrize("experts", [4, 8, 64, 256])
+def test_take_surpluses_in_arrays_equal_the_collectors_loop(experts: int) -> None:
+    """`_take_surpluses` levels the heaviest experts in closed form for many draws at once: every
+    draw equals the collector's loop, those where the takes interact (run by the loop) included."""
+    from sim.graph.moe_routing import _take_surpluses
+
+    rng = np.random.default_rng(experts)
+    draws = 400
+    counts = rng.integers(0, 6, size=(1, draws, experts)) * rng.integers(0, 2, size=(1, draws, experts))
+    counts[0, :, 0] += rng.integers(1, 4, size=draws)  # some heavy expert; ties are common
+    counts[0, :, -1] = 0  # an empty expert in every draw
+    surplus = rng.integers(1, experts, size=(1, draws))
+    keys = -counts * experts + np.arange(experts)
+    orders = np.argsort(keys, axis=2)
+    expected = [_collectors_loop(counts[0, j].tolist(), orders[0, j].tolist(), int(surplus[0, j]))
+                for j in range(draws)]
+    looped = np.ones((1, draws), dtype=bool)
+    got = counts.copy()
+    _take_surpluses(got, keys, orders, surplus, looped, experts)
+    assert got[0].tolist() == expected
+    # Both paths ran: some draws' takes from the heaviest reach a light expert, most do not.
+    hit_light = sum(_collectors_loop(counts[0, j].tolist(), orders[0, j].tolist(), int(surplus[0, j]))
+                    != _two_batches(counts[0, j].tolist(), orders[0, j].tolist(), int(surplus[0, j]))
+                    for j in range(draws))
+    assert 0 < hit_light < draws
+
+
+def _two_batches(values: list[int], order: list[int], surplus: int) -> list[int]:
+    """The loop's takes as two batches (the empty experts' from the first heaviest, then one from
+    each non-empty light expert): what the closed form computes where the takes do not interact."""
+    light = order[::-1][:surplus]
+    zeros = sum(1 for k in light if values[k] == 0)
+    values = list(values)
+    for _ in range(zeros):
+        values[values.index(max(values))] -= 1
+    for k in light[zeros:]:
+        values[k] -= 1
+    return values
+
+
 def test_take_surplus_runs_the_collectors_loop_where_the_takes_interact() -> None:
     """Over by 3 with two empty experts: their takes fall on the heaviest (experts 0 and 2), and
     expert 2 is also the third light expert, empty by its turn, so the loop takes from the first
