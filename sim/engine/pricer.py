@@ -360,8 +360,21 @@ class StepPricer:
         return out
 
     def group_key(self, plan: StepPlan) -> GroupKey:
-        """Key of a data-parallel group's step (`plan.ranks`; see `sim.serving.dp_group`)."""
-        return GroupKey(tuple(sorted(self.key(p) for p in plan.ranks if p is not None)))
+        """Key of a data-parallel group's step (`plan.ranks`; see `sim.serving.dp_group`). A rank
+        that runs bulk decodes only (most ranks of most steps) is keyed here, as `key` would."""
+        bucket = self._bucket
+        keys: list[StepKey] = []
+        for p in plan.ranks:
+            if p is None:
+                continue
+            if p.chunks:
+                keys.append(self.key(p))
+            elif n := p.num_bulk_decodes:
+                keys.append(((), n, max(bucket, round(p.bulk_decode_context_tokens / n / bucket) * bucket)))
+            else:
+                keys.append(((), 0, 0))
+        keys.sort()
+        return GroupKey(tuple(keys))
 
     def price(self, plan: StepPlan) -> float:
         """Seconds the plan's step takes; counted in the breakdown."""

@@ -39,6 +39,7 @@ class DataParallelGroup:
     def __init__(self, ranks: Sequence[VllmV1Scheduler], balance: AdpBalance | None = None) -> None:
         assert ranks, "a data-parallel group has at least one rank"
         self.ranks = list(ranks)
+        self._num_kv_blocks = sum(rank.kv.num_blocks for rank in self.ranks)
         self._step_id = 0
         self._balance = balance
         """TensorRT-LLM's attention-DP balance (`sim.serving.adp_balance`); None = off."""
@@ -79,12 +80,8 @@ class DataParallelGroup:
 
     def kv_usage_frac(self) -> float:
         """Used fraction of the group's KV blocks (all ranks together)."""
-        used = total = 0
-        for rank in self.ranks:
-            n = rank.kv.num_blocks
-            used += n - rank.kv.num_free_blocks()
-            total += n
-        return used / total if total else 0.0
+        total = self.num_kv_blocks
+        return (total - sum(rank.kv.num_free_blocks() for rank in self.ranks)) / total
 
     def schedule(self) -> StepPlan | None:
         """Every rank's plan for the next group step, merged; None when no rank has work."""
@@ -109,10 +106,14 @@ class DataParallelGroup:
         for plan in plans:
             if plan is None:
                 continue
-            chunks += plan.chunks
-            preempted += plan.preempted
-            resynced += plan.resynced
-            waited += plan.waited_bulk
+            if plan.chunks:
+                chunks += plan.chunks
+            if plan.preempted:
+                preempted += plan.preempted
+            if plan.resynced:
+                resynced += plan.resynced
+            if plan.waited_bulk:
+                waited += plan.waited_bulk
             hits += plan.num_prefix_hit_tokens
             num_bulk += plan.num_bulk_decodes
             bulk_context += plan.bulk_decode_context_tokens
@@ -181,7 +182,7 @@ class DataParallelGroup:
     @property
     def num_kv_blocks(self) -> int:
         """KV blocks of all ranks together (`kv_usage_frac`'s denominator)."""
-        return sum(rank.kv.num_blocks for rank in self.ranks)
+        return self._num_kv_blocks
 
     def oldest_sample_step(self) -> int | None:
         """The earliest step in which a bulk decode of any rank last sampled, when some may sit

@@ -362,6 +362,15 @@ class VllmV1Scheduler:
         bs = self._block_size
         due = self._due[u % bs]
         num_bulk = self._num_bulk
+        if not self._active and not self._waiting and not self._bulk_waits and len(due) <= self._kv.num_free_blocks():
+            # Bulk decodes only (every rank of a data-parallel group, most steps): the blocks they
+            # cross into, then `_bulk_plan`'s plan with no chunk.
+            if due:
+                self._kv.append_one_block([r.request_id for r in due])
+            self._step_id += 1
+            self._clock = u + 1
+            self._clock_step = self._step_id
+            return StepPlan(self._step_id, (), 0, (), num_bulk, self._bulk_context_base + num_bulk * u)
         budget = self._budget - num_bulk
         num_needed = len(due)
         planned: list[tuple[RequestState, int]] = []
@@ -715,8 +724,16 @@ class VllmV1Scheduler:
     def finish_step(self, plan: StepPlan) -> list[RequestState]:
         assert self._in_flight and plan.step_id == self._step_id, "finish_step() out of order"
         self._in_flight = False
-        step = plan.step_id
         clock = self._clock
+        if not plan.chunks and not self._prefill_only and not self._bulk_waits:
+            # Bulk decodes only: the general path below with no chunk to finish.
+            if clock not in self._finish_at:
+                return []
+            finished = self._finish_bulk(clock)
+            self._active = [r for r in self._active if not r.is_finished()]
+            self._release(finished)
+            return finished
+        step = plan.step_id
         prefill_only = self._prefill_only
         self._prefill_only = False
         kv = self._kv
