@@ -729,10 +729,10 @@ class VllmV1Scheduler:
             # Bulk decodes only: the general path below with no chunk to finish.
             if clock not in self._finish_at:
                 return []
-            finished = self._finish_bulk(clock)
+            done = self._finish_bulk(clock)
             self._active = [r for r in self._active if not r.is_finished()]
-            self._release(finished)
-            return finished
+            self._release(done)
+            return done
         step = plan.step_id
         prefill_only = self._prefill_only
         self._prefill_only = False
