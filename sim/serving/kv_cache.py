@@ -246,17 +246,22 @@ class KVCacheManager:
         the per-step block growth of decodes run in bulk.
         """
         ids = requests if isinstance(requests, list) else list(requests)
-        if not ids:
+        n = len(ids)
+        if not n:
             return
         held = self._held
         head = self._free[0]
         offset = self._head_offset
-        if type(head) is list and offset + len(ids) < len(head):
-            # The common case: the head run has enough unindexed blocks for everyone.
-            self._head_offset = offset + len(ids)
-            self._num_free -= len(ids)
-            for blocks, b in zip(map(held.__getitem__, ids), head[offset:offset + len(ids)], strict=True):
-                blocks.tail.append(b)
+        if type(head) is list and offset + n < len(head):
+            # The common case: the head run has enough unindexed blocks for everyone (in a bulk
+            # decode step, one or two requests).
+            self._head_offset = offset + n
+            self._num_free -= n
+            if n == 1:
+                held[ids[0]].tail.append(head[offset])
+                return
+            for b, request_id in enumerate(ids, offset):
+                held[request_id].tail.append(head[b])
             return
         # Taking them all at once gives each request the block it would take alone, in order.
         for request_id, b in zip(ids, self._take(len(ids)), strict=True):
