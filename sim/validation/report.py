@@ -299,10 +299,30 @@ def _plain_rate(cost: dict[str, Any]) -> str:
     return f" ({rate * 1e6:.2f} us for {backends}, whose prefill-only steps cut the bulk-decode runs)"
 
 
+def _budget_paragraph(result: Mapping[str, Any]) -> str:
+    """How the run chose its rows: every simulable one (`--budget-s 0`), or a time budget's sample."""
+    cost = result["cost_model"]
+    model = (f"cost model {cost['per_step_s'] * 1e6:.1f} us per step + {cost['per_request_step_s'] * 1e6:.2f} us "
+             f"per running request per step{_plain_rate(cost)}, measured at start")
+    shared = "rows of one pricing group share kernel models and priced step parts in a worker"
+    if result["budget_s"] <= 0:
+        return (f"No time budget (`--budget-s 0`): every simulable row is simulated and scored, none deferred "
+                f"({model}, orders the work; {shared}). Every simulated row replays all requests of its "
+                "measured run. The default `kernelsight validate` (a 600 s budget per worker) scores a random "
+                "sample of them.")
+    return (f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker ({model}; {shared}), "
+            f"per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
+            "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
+            "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
+            "order, so a deferred row is a random one, not a hard one; `--budget-s 0` simulates all of them.")
+
+
 def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], results: Sequence[RowResult],
                    groups: Sequence[GroupScore], deferred: Mapping[str, str], plots: Sequence[str]) -> str:
+    every_row = result["budget_s"] <= 0
     out = [HEADING, "",
-           f"Regenerate with `kernelsight validate` (suite {result['suite']}, tiers "
+           f"Regenerate with `kernelsight validate{' --budget-s 0' if every_row else ''}` "
+           f"(suite {result['suite']}, tiers "
            f"{', '.join(result['tiers'])}; took {result['wall_s']:.0f} s with {result['jobs']} worker processes on "
            f"{result['machine']}). Measured data: `e2e/` tables (shipped in sim/data/measured, copied from "
            f"shared/data/e2e; sha256 of their text {result['data_sha256'][:16]}). "
@@ -312,16 +332,7 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            "static-batch tables). How rows become scenarios, the estimators for shortened runs and the engine "
            "profiles: [docs/validation.md](validation.md).",
            "",
-           f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker "
-           f"(cost model {result['cost_model']['per_step_s'] * 1e6:.1f} us per step + "
-           f"{result['cost_model']['per_request_step_s'] * 1e6:.2f} us per running request per step"
-           f"{_plain_rate(result['cost_model'])}, measured at start; rows of one pricing group share kernel models "
-           f"and priced step parts in a worker), per-row cap {result['max_row_s']:.0f} s. "
-           "Every simulated row replays all requests of its "
-           "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
-           "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
-           "order, so a deferred row is a random "
-           "one, not a hard one; `--budget-s 0` simulates all of them.", "",
+           _budget_paragraph(result), "",
            "### Eval suite against the targets", "", *headline_table(groups), "",
            "### Per suite x tier x source", "", *groups_table(groups), ""]
     tiers = list(result["tiers"])

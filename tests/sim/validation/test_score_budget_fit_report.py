@@ -149,3 +149,16 @@ def test_fit_reports_host_numbers_it_cannot_identify() -> None:
     fitted = fit_host(load_engine_profile("sglang"), rows, evaluate, data_sha256="x")
     assert fitted.num_evaluations <= 4
     assert fitted.profile.fit is not None and "not identifiable" in fitted.profile.fit.metrics
+
+
+def test_the_report_says_whether_every_row_or_a_budgeted_sample_was_simulated() -> None:
+    from sim.validation.report import _budget_paragraph
+
+    cost = {"per_step_s": 47e-6, "per_request_step_s": 0.15e-6, "per_plain_request_step_s": 0.15e-6,
+            "request_by_request": ["sglang"]}
+    every = _budget_paragraph({"budget_s": 0.0, "max_row_s": 0.0, "cost_model": cost})
+    assert every.startswith("No time budget (`--budget-s 0`): every simulable row is simulated")
+    assert "deferred, never dropped" not in every
+    sample = _budget_paragraph({"budget_s": 600.0, "max_row_s": 60.0, "cost_model": cost})
+    assert sample.startswith("Time budget: 600 s of estimated simulation per worker (cost model 47.0 us per step")
+    assert "per-row cap 60 s" in sample and "`--budget-s 0` simulates all of them" in sample
