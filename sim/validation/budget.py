@@ -78,6 +78,12 @@ def work_of(row: ValidationRow) -> tuple[float, float]:
     return n * osl / running + n * isl / budget, n * osl
 
 
+PROBES = ((4, 64), (128, 1024))
+"""(concurrency, requests) of the two vLLM runs the constants are solved from. Each is thousands of
+steps, so a `simulate` call's fixed cost (~45 ms) does not pass for per-step cost: with runs of 4 and
+128 requests the model over-estimated a full `validate` ~3.7x (docs/benchmarks.md)."""
+
+
 def _timed_run(conc: int, n: int, backend: str) -> tuple[float, int, int]:
     """(seconds, steps, request-steps) of a decode-heavy Llama-3.1-8B run on h100_sxm (the second of two)."""
     sc = scenario_from_dict({
@@ -95,7 +101,7 @@ def _timed_run(conc: int, n: int, backend: str) -> tuple[float, int, int]:
 def measure_cost_model() -> CostModel:
     """Time a small and a wide decode-heavy run of Llama-3.1-8B on h100_sxm; solve for both constants;
     a third, wide run with a prefill-priority backend (SGLang) gives that backend's per-request cost."""
-    points = [_timed_run(conc, n, "vllm") for conc, n in ((2, 4), (64, 128))]
+    points = [_timed_run(conc, n, "vllm") for conc, n in PROBES]
     (t1, s1, r1), (t2, s2, r2) = points
     det = s1 * r2 - s2 * r1
     per_step = max((t1 * r2 - t2 * r1) / det, 1e-6) if det else t1 / s1
@@ -103,7 +109,7 @@ def measure_cost_model() -> CostModel:
     plain = frozenset(b for b in ("vllm", "sglang", "trtllm") if load_engine_profile(b).policy.prefill_priority)
     per_plain = 0.0
     if plain:
-        t3, s3, r3 = _timed_run(64, 128, min(plain))
+        t3, s3, r3 = _timed_run(*PROBES[1], min(plain))
         per_plain = max((t3 - per_step * s3) / r3, per_request_step)
     return CostModel(per_step_s=per_step, per_request_step_s=per_request_step, per_plain_request_step_s=per_plain,
                      request_by_request=plain)
