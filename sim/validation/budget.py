@@ -81,7 +81,7 @@ def work_of(row: ValidationRow) -> tuple[float, float]:
 PROBES = ((4, 64), (128, 1024))
 """(concurrency, requests) of the two vLLM runs the constants are solved from. Each is thousands of
 steps, so a `simulate` call's fixed cost (~45 ms) does not pass for per-step cost: with runs of 4 and
-128 requests the model over-estimated a full `validate` ~3.7x (docs/benchmarks.md)."""
+128 requests the model over-estimated a full `validate` 3.7-3.9x (docs/benchmarks.md)."""
 
 
 def _timed_run(conc: int, n: int, backend: str) -> tuple[float, int, int]:
