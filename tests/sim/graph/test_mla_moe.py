@@ -378,19 +378,9 @@ def test_take_surplus_runs_the_collectors_loop_where_the_takes_interact() -> Non
     are exact and this one equal the collector's loop."""
     from sim.graph.moe_routing import _take_surplus
 
-    def loop(values: list[int], order: list[int], surplus: int) -> list[int]:
-        values = list(values)
-        for i in range(surplus):
-            k = order[-(i % len(values)) - 1]
-            if values[k] > 0:
-                values[k] -= 1
-            else:
-                values[values.index(max(values))] -= 1
-        return values
-
     for values, surplus, expected in (([1, 0, 1, 0], 3, [-1, 0, 0, 0]), ([1, 0, 1, 0, 1], 3, [0, 0, 0, 0, 0]),
                                       ([5, 0, 3, 1, 0, 2], 4, [3, 0, 3, 0, 0, 1])):
         counts = np.array(values, dtype=np.int64)
         order = np.argsort(-counts, kind="stable")
         _take_surplus(counts, order, surplus, len(values))
-        assert counts.tolist() == loop(values, order.tolist(), surplus) == expected
+        assert counts.tolist() == _collectors_loop(values, order.tolist(), surplus) == expected
