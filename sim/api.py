@@ -157,7 +157,8 @@ def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None
     profile = profile or load_engine_profile(scenario.engine.backend)
     select = efficiency_model_for if models is None else models.get
     return select(scenario.hardware, tier=scenario.perf.tier, calibration_path=scenario.perf.calibration,
-                  backend=scenario.engine.backend, gemm_backends=profile.kernel_sources.gemm)
+                  backend=scenario.engine.backend, gemm_backends=profile.kernel_sources.gemm,
+                  mla_prefill_backend=profile.kernel_sources.mla_prefill)
 
 
 def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: EfficiencyModel | None = None) -> StepTiming:

@@ -60,18 +60,22 @@ def load_for_tier(hw: HardwareSpec, tier: Tier, calibration_path: str | None
 def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
                          calibration_path: str | None = None,
                          backend: str | None = DEFAULT_BACKEND,
-                         gemm_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
+                         gemm_backends: Mapping[str, str] | None = None,
+                         mla_prefill_backend: str | None = None) -> EfficiencyModel:
     art = load_for_tier(hw, tier, calibration_path)
     if art is None:
         return RooflineEfficiency()
-    gemm = art.families.get("gemm")
-    levels = dict(gemm.categoricals).get("backend", ()) if gemm is not None else ()
-    for dtype, source in (gemm_backends or {}).items():
+    wanted = [("gemm", f"kernel_sources.gemm.{dtype}", source) for dtype, source in (gemm_backends or {}).items()]
+    if mla_prefill_backend is not None:
+        wanted.append(("mla_prefill", "kernel_sources.mla_prefill", mla_prefill_backend))
+    for family, key, source in wanted:
+        params = art.families.get(family)
+        levels = dict(params.categoricals).get("backend", ()) if params is not None else ()
         if source not in levels:
-            raise ConfigError(source=calibration_path or "shipped calibration", key=f"kernel_sources.gemm.{dtype}",
-                              value=source, rule=f"the calibration's GEMM model has backend levels "
-                                                 f"{', '.join(levels) or 'none'}")
-    return FittedEfficiency(art.families, backend=backend, gemm_backends=gemm_backends)
+            raise ConfigError(source=calibration_path or "shipped calibration", key=key, value=source,
+                              rule=f"the calibration's {family} model has backend levels {', '.join(levels) or 'none'}")
+    return FittedEfficiency(art.families, backend=backend, gemm_backends=gemm_backends,
+                            mla_prefill_backend=mla_prefill_backend)
 
 
 class EfficiencyModels:
@@ -84,16 +88,18 @@ class EfficiencyModels:
         self._models: dict[tuple[object, ...], EfficiencyModel] = {}
 
     def get(self, hw: HardwareSpec, *, tier: Tier, calibration_path: str | None, backend: str | None,
-            gemm_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
+            gemm_backends: Mapping[str, str] | None = None,
+            mla_prefill_backend: str | None = None) -> EfficiencyModel:
         version: tuple[int, ...] = ()
         if calibration_path is not None:
             with contextlib.suppress(OSError):  # a missing file is reported by the loader
                 st = Path(calibration_path).stat()
                 version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         key = (config_hash(hw), tier, calibration_path, version, backend,
-               tuple(sorted((gemm_backends or {}).items())))
+               tuple(sorted((gemm_backends or {}).items())), mla_prefill_backend)
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = efficiency_model_for(hw, tier=tier, calibration_path=calibration_path,
-                                                             backend=backend, gemm_backends=gemm_backends)
+                                                             backend=backend, gemm_backends=gemm_backends,
+                                                             mla_prefill_backend=mla_prefill_backend)
         return model

@@ -146,7 +146,7 @@ class FittedEfficiency:
     """
 
     def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None,
-                 gemm_backends: Mapping[str, str] | None = None) -> None:
+                 gemm_backends: Mapping[str, str] | None = None, mla_prefill_backend: str | None = None) -> None:
         self._families = dict(families)
         self._coef = {f: np.asarray(p.coef, dtype=float) for f, p in self._families.items()}
         self._mlp = {f: p.mlp.arrays() for f, p in self._families.items() if p.mlp is not None}
@@ -156,6 +156,8 @@ class FittedEfficiency:
         # GEMM weight format -> the backend level whose measurements price it (engine profile's
         # `[kernel_sources]`): an engine whose own microbenchmark series is not what it serves with.
         self._gemm_backends = dict(gemm_backends or {})
+        # Measured table -> the backend level whose rows price it (`[kernel_sources] mla_prefill`).
+        self._table_backends = {} if mla_prefill_backend is None else {"mla_context": mla_prefill_backend}
 
     def families(self) -> Mapping[str, FamilyParams]:
         return self._families
@@ -402,6 +404,11 @@ class FittedEfficiency:
         return p, cats  # type: ignore[return-value]
 
     # -- table-keyed kinds (MoE, MLA, expert all-to-all) ----------------------------------------
+    def _table_backend(self, table: str) -> str:
+        """Backend level whose rows of `table` price the engine's kernels (its own, unless the
+        profile's kernel sources name another)."""
+        return self._table_backends.get(table, self._backend) or ""
+
     def _table_efficiency(self, works: list[KernelWork], hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray]:
         """(efficiency, provenance code) of kernels of one table-keyed kind: the family's predicted
         latency of the table row each kernel is (`table_kernels.work_columns`), expressed against the
@@ -418,7 +425,7 @@ class FittedEfficiency:
                 continue
             cols = work_columns([works[i] for i in sel])
             if family != "ep_a2a":
-                cols["backend"] = np.full(len(sel), self._backend or "", dtype=object)
+                cols["backend"] = np.full(len(sel), self._table_backend(table), dtype=object)
             eff[sel], prov[sel] = self._table_rows(table, family, cols, own[sel], hw)
         return eff, prov
 
@@ -452,7 +459,7 @@ class FittedEfficiency:
                 sel = np.flatnonzero(np.array([table_of(kind, v) == table for v in variants.tolist()], dtype=bool))
             rows = kernel_columns(kind, cols.dtype, [s[sel] for s in cols.shape], variants[sel], table)
             if family != "ep_a2a":
-                rows["backend"] = np.full(len(sel), self._backend or "", dtype=object)
+                rows["backend"] = np.full(len(sel), self._table_backend(table), dtype=object)
             eff[sel], prov[sel] = self._table_rows(table, family, rows, own[sel], hw)
         return eff, prov
 

@@ -9,7 +9,8 @@ A profile has three parts:
   are free, so nothing is ever preempted);
 - kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
   engine's kernels where its own microbenchmark series is not what it runs when serving
-  (`gemm`: weight format -> backend level of the GEMM model), passed to the kernel model;
+  (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`: the backend whose
+  MLA prefill attention series prices it), passed to the kernel model;
 - engine defaults (`[defaults]`): what the engine does where a benchmark does not say (token
   budget, CPU/GPU overlap, KV-cache format, how the KV-cache memory fraction is counted, CUDA-graph
   batch sizes). `sim.validation` uses them to turn measured rows into scenarios; `simulate` does
@@ -96,12 +97,18 @@ class KernelSources:
     """GEMM weight format (`fp8`, `fp8_block`, `bfloat16`, `nvfp4`) -> backend whose GEMM
     measurements price it; formats not named use the engine's own backend. (Left out of the hash:
     a mapping is not hashable; equality still compares it.)"""
+    mla_prefill: str | None = None
+    """Backend whose `mla_context` measurements price the engine's MLA prefill attention
+    (`mla_prefill` kernels); None: the engine's own series."""
 
     def __post_init__(self) -> None:
         formats = sorted(d.value for d in DType)
         for dtype, backend in self.gemm.items():
             require(dtype in formats, f"gemm.{dtype}", dtype, f"must be a weight format: {', '.join(formats)}")
             require(backend in KNOWN_KERNEL_BACKENDS, f"gemm.{dtype}", backend,
+                    f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
+        if self.mla_prefill is not None:
+            require(self.mla_prefill in KNOWN_KERNEL_BACKENDS, "mla_prefill", self.mla_prefill,
                     f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
 
 

@@ -158,10 +158,13 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
     lines += ["", "[policy]", *(f"{f.name} = {lit(getattr(pol, f.name))}" for f in dataclasses.fields(pol))]
     lines += ["", "[defaults]", *(f"{f.name} = {lit(getattr(d, f.name))}" for f in dataclasses.fields(d)
                                   if getattr(d, f.name) is not None)]
-    gemm_sources = profile.kernel_sources.gemm
-    if gemm_sources:
-        lines += ["", "[kernel_sources]",
-                  "gemm = { " + ", ".join(f"{k} = {lit(v)}" for k, v in sorted(gemm_sources.items())) + " }"]
+    sources = profile.kernel_sources
+    if sources.gemm or sources.mla_prefill is not None:
+        lines += ["", "[kernel_sources]"]
+        if sources.gemm:
+            lines.append("gemm = { " + ", ".join(f"{k} = {lit(v)}" for k, v in sorted(sources.gemm.items())) + " }")
+        if sources.mla_prefill is not None:
+            lines.append(f"mla_prefill = {lit(sources.mla_prefill)}")
     if profile.fit is not None:
         lines += ["", "[fit]", *(f"{f.name} = {lit(getattr(profile.fit, f.name))}"
                                  for f in dataclasses.fields(profile.fit))]

@@ -105,3 +105,55 @@ def test_unknown_weight_format_is_an_error_naming_it(tmp_path: Path) -> None:
 def test_profiles_stay_hashable_values() -> None:
     profile = load_engine_profile("vllm")
     assert hash(profile) == hash(load_engine_profile("vllm")) and profile == load_engine_profile("vllm")
+
+
+def _mla_prefill(tokens: int, heads: int = 16) -> KernelWork:
+    flops = 2.0 * heads * (192 + 128) * tokens * tokens / 2
+    return KernelWork(kind=KernelKind.MLA_PREFILL, name="mla_prefill", dtype=DType.FP8, flops=flops,
+                      activation_bytes=tokens * heads * (192 * 2 + 128 * 2) * 2.0, shape=(1, tokens, 0, heads, 128, 64, 128))
+
+
+def test_shipped_sglang_profile_prices_mla_prefill_with_trtllm_rows() -> None:
+    assert load_engine_profile("sglang").kernel_sources.mla_prefill == "trtllm"
+    assert load_engine_profile("vllm").kernel_sources.mla_prefill is None
+    assert load_engine_profile("trtllm").kernel_sources.mla_prefill is None
+
+
+@pytest.mark.parametrize("tokens", [512, 8192])
+def test_mla_prefill_source_selects_the_other_backend_rows_for_mla_prefill_only(tokens: int) -> None:
+    own = efficiency_model_for(H100, tier="cross-generation", backend="sglang")
+    trt = efficiency_model_for(H100, tier="cross-generation", backend="trtllm")
+    redirected = efficiency_model_for(H100, tier="cross-generation", backend="sglang", mla_prefill_backend="trtllm")
+    work = _mla_prefill(tokens)
+    assert redirected.efficiency(work, H100) == trt.efficiency(work, H100)
+    assert redirected.efficiency(work, H100).value != own.efficiency(work, H100).value
+    values, _ = redirected.efficiency_columns(KernelColumns.of([work]), H100)
+    assert values[0] == redirected.efficiency(work, H100).value
+    # Other table-keyed kernels (the absorbed MLA decode) keep the engine's own rows.
+    decode = KernelWork(kind=KernelKind.MLA_DECODE, name="mla_decode", dtype=DType.FP8, flops=1e9,
+                        activation_bytes=1e7, shape=(8, 2048, 2048, 16, 512, 64))
+    assert redirected.efficiency(decode, H100) == own.efficiency(decode, H100)
+
+
+def test_mla_prefill_source_names_the_key_when_the_calibration_lacks_the_level(tmp_path: Path) -> None:
+    text = profile_toml(load_engine_profile("sglang"), header="test").replace('mla_prefill = "trtllm"',
+                                                                               'mla_prefill = "tensorrt"')
+    path = tmp_path / "sglang.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_engine_profile("sglang", path)
+    assert err.value.key == "kernel_sources.mla_prefill" and err.value.value == "tensorrt"
+    assert "must be one of" in err.value.rule
+
+
+def test_sglang_profile_toml_round_trips_the_mla_prefill_source(tmp_path: Path) -> None:
+    profile = load_engine_profile("sglang")
+    path = tmp_path / "p.toml"
+    path.write_text(profile_toml(profile, header="test"))
+    assert load_engine_profile("sglang", path) == profile
+
+
+def test_mla_prefill_level_missing_from_the_calibration_is_an_error() -> None:
+    with pytest.raises(ConfigError) as err:
+        efficiency_model_for(H100, tier="cross-generation", backend="sglang", mla_prefill_backend="tensorrt")
+    assert err.value.key == "kernel_sources.mla_prefill" and "mla_prefill model has backend levels" in err.value.rule
