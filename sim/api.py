@@ -158,7 +158,7 @@ def scenario_efficiency(scenario: Scenario, profile: EngineProfile | None = None
     select = efficiency_model_for if models is None else models.get
     return select(scenario.hardware, tier=scenario.perf.tier, calibration_path=scenario.perf.calibration,
                   backend=scenario.engine.backend, gemm_backends=profile.kernel_sources.gemm,
-                  mla_prefill_backend=profile.kernel_sources.mla_prefill)
+                  table_backends=profile.kernel_sources.table_backends())
 
 
 def predict_step(scenario: Scenario, batch: BatchShape, *, efficiency: EfficiencyModel | None = None) -> StepTiming:

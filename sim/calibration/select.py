@@ -16,6 +16,8 @@ from sim.calibration.artifact import CalibrationArtifact, load_artifact
 from sim.errors import ConfigError
 from sim.perf.efficiency import EfficiencyModel, RooflineEfficiency
 from sim.perf.fitted import FittedEfficiency
+from sim.perf.profile import TABLE_SOURCE_KEYS
+from sim.perf.table_kernels import TABLE_FAMILY
 from sim.serde import config_hash
 from sim.specs.hardware import HardwareSpec
 
@@ -61,13 +63,14 @@ def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
                          calibration_path: str | None = None,
                          backend: str | None = DEFAULT_BACKEND,
                          gemm_backends: Mapping[str, str] | None = None,
-                         mla_prefill_backend: str | None = None) -> EfficiencyModel:
+                         table_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
     art = load_for_tier(hw, tier, calibration_path)
     if art is None:
         return RooflineEfficiency()
     wanted = [("gemm", f"kernel_sources.gemm.{dtype}", source) for dtype, source in (gemm_backends or {}).items()]
-    if mla_prefill_backend is not None:
-        wanted.append(("mla_prefill", "kernel_sources.mla_prefill", mla_prefill_backend))
+    keys = {table: key for key, table in TABLE_SOURCE_KEYS.items()}
+    wanted += [(TABLE_FAMILY[table], f"kernel_sources.{keys.get(table, table)}", source)
+               for table, source in (table_backends or {}).items()]
     for family, key, source in wanted:
         params = art.families.get(family)
         levels = dict(params.categoricals).get("backend", ()) if params is not None else ()
@@ -75,7 +78,7 @@ def efficiency_model_for(hw: HardwareSpec, *, tier: Tier = "auto",
             raise ConfigError(source=calibration_path or "shipped calibration", key=key, value=source,
                               rule=f"the calibration's {family} model has backend levels {', '.join(levels) or 'none'}")
     return FittedEfficiency(art.families, backend=backend, gemm_backends=gemm_backends,
-                            mla_prefill_backend=mla_prefill_backend)
+                            table_backends=table_backends)
 
 
 class EfficiencyModels:
@@ -89,17 +92,17 @@ class EfficiencyModels:
 
     def get(self, hw: HardwareSpec, *, tier: Tier, calibration_path: str | None, backend: str | None,
             gemm_backends: Mapping[str, str] | None = None,
-            mla_prefill_backend: str | None = None) -> EfficiencyModel:
+            table_backends: Mapping[str, str] | None = None) -> EfficiencyModel:
         version: tuple[int, ...] = ()
         if calibration_path is not None:
             with contextlib.suppress(OSError):  # a missing file is reported by the loader
                 st = Path(calibration_path).stat()
                 version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         key = (config_hash(hw), tier, calibration_path, version, backend,
-               tuple(sorted((gemm_backends or {}).items())), mla_prefill_backend)
+               tuple(sorted((gemm_backends or {}).items())), tuple(sorted((table_backends or {}).items())))
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = efficiency_model_for(hw, tier=tier, calibration_path=calibration_path,
                                                              backend=backend, gemm_backends=gemm_backends,
-                                                             mla_prefill_backend=mla_prefill_backend)
+                                                             table_backends=table_backends)
         return model

@@ -146,7 +146,8 @@ class FittedEfficiency:
     """
 
     def __init__(self, families: Mapping[str, FamilyParams], *, backend: str | None = None,
-                 gemm_backends: Mapping[str, str] | None = None, mla_prefill_backend: str | None = None) -> None:
+                 gemm_backends: Mapping[str, str] | None = None,
+                 table_backends: Mapping[str, str] | None = None) -> None:
         self._families = dict(families)
         self._coef = {f: np.asarray(p.coef, dtype=float) for f, p in self._families.items()}
         self._mlp = {f: p.mlp.arrays() for f, p in self._families.items() if p.mlp is not None}
@@ -156,8 +157,8 @@ class FittedEfficiency:
         # GEMM weight format -> the backend level whose measurements price it (engine profile's
         # `[kernel_sources]`): an engine whose own microbenchmark series is not what it serves with.
         self._gemm_backends = dict(gemm_backends or {})
-        # Measured table -> the backend level whose rows price it (`[kernel_sources] mla_prefill`).
-        self._table_backends = {} if mla_prefill_backend is None else {"mla_context": mla_prefill_backend}
+        # Measured table -> the backend level whose rows price it (`[kernel_sources] mla_prefill`, ...).
+        self._table_backends = dict(table_backends or {})
 
     def families(self) -> Mapping[str, FamilyParams]:
         return self._families

@@ -9,8 +9,8 @@ A profile has three parts:
   are free, so nothing is ever preempted);
 - kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
   engine's kernels where its own microbenchmark series is not what it runs when serving
-  (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`: the backend whose
-  MLA prefill attention series prices it), passed to the kernel model;
+  (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`, `mla_decode`: the
+  backend whose MLA attention series prices it), passed to the kernel model;
 - engine defaults (`[defaults]`): what the engine does where a benchmark does not say (token
   budget, CPU/GPU overlap, KV-cache format, how the KV-cache memory fraction is counted, CUDA-graph
   batch sizes). `sim.validation` uses them to turn measured rows into scenarios; `simulate` does
@@ -87,6 +87,8 @@ def _release(version: str) -> tuple[int, ...] | None:
 
 KNOWN_KERNEL_BACKENDS = ("vllm", "sglang", "trtllm")
 """Backend levels the shipped kernel model has measurements for."""
+TABLE_SOURCE_KEYS = {"mla_prefill": "mla_context", "mla_decode": "mla_generation"}
+"""`[kernel_sources]` key -> the measured table whose backend level it names."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +102,9 @@ class KernelSources:
     mla_prefill: str | None = None
     """Backend whose `mla_context` measurements price the engine's MLA prefill attention
     (`mla_prefill` kernels); None: the engine's own series."""
+    mla_decode: str | None = None
+    """Backend whose `mla_generation` measurements price the engine's absorbed MLA decode
+    attention (`mla_decode` kernels); None: the engine's own series."""
 
     def __post_init__(self) -> None:
         formats = sorted(d.value for d in DType)
@@ -107,9 +112,15 @@ class KernelSources:
             require(dtype in formats, f"gemm.{dtype}", dtype, f"must be a weight format: {', '.join(formats)}")
             require(backend in KNOWN_KERNEL_BACKENDS, f"gemm.{dtype}", backend,
                     f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
-        if self.mla_prefill is not None:
-            require(self.mla_prefill in KNOWN_KERNEL_BACKENDS, "mla_prefill", self.mla_prefill,
-                    f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
+        for key in TABLE_SOURCE_KEYS:
+            backend = getattr(self, key)
+            if backend is not None:
+                require(backend in KNOWN_KERNEL_BACKENDS, key, backend,
+                        f"must be one of {', '.join(KNOWN_KERNEL_BACKENDS)}")
+
+    def table_backends(self) -> dict[str, str]:
+        """Measured table -> the backend whose rows of it price this engine's kernels (the keys named)."""
+        return {table: getattr(self, key) for key, table in TABLE_SOURCE_KEYS.items() if getattr(self, key) is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

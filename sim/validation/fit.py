@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sim.perf.host import HostOverheadParams, LinearCost
-from sim.perf.profile import EngineProfile, FitRecord
+from sim.perf.profile import TABLE_SOURCE_KEYS, EngineProfile, FitRecord
 from sim.validation.rows import HEADLINE_METRICS, ValidationRow, require_dev
 from sim.validation.runner import RowResult
 
@@ -159,12 +159,12 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
     lines += ["", "[defaults]", *(f"{f.name} = {lit(getattr(d, f.name))}" for f in dataclasses.fields(d)
                                   if getattr(d, f.name) is not None)]
     sources = profile.kernel_sources
-    if sources.gemm or sources.mla_prefill is not None:
+    named = [(key, getattr(sources, key)) for key in TABLE_SOURCE_KEYS if getattr(sources, key) is not None]
+    if sources.gemm or named:
         lines += ["", "[kernel_sources]"]
         if sources.gemm:
             lines.append("gemm = { " + ", ".join(f"{k} = {lit(v)}" for k, v in sorted(sources.gemm.items())) + " }")
-        if sources.mla_prefill is not None:
-            lines.append(f"mla_prefill = {lit(sources.mla_prefill)}")
+        lines += [f"{key} = {lit(backend)}" for key, backend in named]
     if profile.fit is not None:
         lines += ["", "[fit]", *(f"{f.name} = {lit(getattr(profile.fit, f.name))}"
                                  for f in dataclasses.fields(profile.fit))]

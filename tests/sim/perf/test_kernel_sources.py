@@ -113,17 +113,32 @@ def _mla_prefill(tokens: int, heads: int = 16) -> KernelWork:
                       activation_bytes=tokens * heads * (192 * 2 + 128 * 2) * 2.0, shape=(1, tokens, 0, heads, 128, 64, 128))
 
 
-def test_shipped_sglang_profile_prices_mla_prefill_with_trtllm_rows() -> None:
-    assert load_engine_profile("sglang").kernel_sources.mla_prefill == "trtllm"
-    assert load_engine_profile("vllm").kernel_sources.mla_prefill is None
-    assert load_engine_profile("trtllm").kernel_sources.mla_prefill is None
+def test_shipped_sglang_profile_prices_mla_attention_with_trtllm_rows() -> None:
+    sglang = load_engine_profile("sglang").kernel_sources
+    assert (sglang.mla_prefill, sglang.mla_decode) == ("trtllm", "trtllm")
+    assert sglang.table_backends() == {"mla_context": "trtllm", "mla_generation": "trtllm"}
+    for backend in ("vllm", "trtllm"):
+        assert load_engine_profile(backend).kernel_sources.table_backends() == {}
+
+
+def test_mla_decode_source_selects_the_other_backend_rows_for_mla_decode_only() -> None:
+    own = efficiency_model_for(H100, tier="cross-generation", backend="sglang")
+    trt = efficiency_model_for(H100, tier="cross-generation", backend="trtllm")
+    redirected = efficiency_model_for(H100, tier="cross-generation", backend="sglang",
+                                      table_backends={"mla_generation": "trtllm"})
+    decode = KernelWork(kind=KernelKind.MLA_DECODE, name="mla_decode", dtype=DType.FP8, flops=1e9,
+                        activation_bytes=1e7, shape=(8, 2048, 2048, 16, 512, 64))
+    assert redirected.efficiency(decode, H100) == trt.efficiency(decode, H100)
+    assert redirected.efficiency(decode, H100).value != own.efficiency(decode, H100).value
+    assert redirected.efficiency(_mla_prefill(4096), H100) == own.efficiency(_mla_prefill(4096), H100)
 
 
 @pytest.mark.parametrize("tokens", [512, 8192])
 def test_mla_prefill_source_selects_the_other_backend_rows_for_mla_prefill_only(tokens: int) -> None:
     own = efficiency_model_for(H100, tier="cross-generation", backend="sglang")
     trt = efficiency_model_for(H100, tier="cross-generation", backend="trtllm")
-    redirected = efficiency_model_for(H100, tier="cross-generation", backend="sglang", mla_prefill_backend="trtllm")
+    redirected = efficiency_model_for(H100, tier="cross-generation", backend="sglang",
+                                      table_backends={"mla_context": "trtllm"})
     work = _mla_prefill(tokens)
     assert redirected.efficiency(work, H100) == trt.efficiency(work, H100)
     assert redirected.efficiency(work, H100).value != own.efficiency(work, H100).value
@@ -136,17 +151,17 @@ def test_mla_prefill_source_selects_the_other_backend_rows_for_mla_prefill_only(
 
 
 def test_mla_prefill_source_names_the_key_when_the_calibration_lacks_the_level(tmp_path: Path) -> None:
-    text = profile_toml(load_engine_profile("sglang"), header="test").replace('mla_prefill = "trtllm"',
-                                                                               'mla_prefill = "tensorrt"')
+    text = profile_toml(load_engine_profile("sglang"), header="test").replace('mla_decode = "trtllm"',
+                                                                               'mla_decode = "tensorrt"')
     path = tmp_path / "sglang.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_engine_profile("sglang", path)
-    assert err.value.key == "kernel_sources.mla_prefill" and err.value.value == "tensorrt"
+    assert err.value.key == "kernel_sources.mla_decode" and err.value.value == "tensorrt"
     assert "must be one of" in err.value.rule
 
 
-def test_sglang_profile_toml_round_trips_the_mla_prefill_source(tmp_path: Path) -> None:
+def test_sglang_profile_toml_round_trips_the_mla_sources(tmp_path: Path) -> None:
     profile = load_engine_profile("sglang")
     path = tmp_path / "p.toml"
     path.write_text(profile_toml(profile, header="test"))
@@ -155,5 +170,5 @@ def test_sglang_profile_toml_round_trips_the_mla_prefill_source(tmp_path: Path) 
 
 def test_mla_prefill_level_missing_from_the_calibration_is_an_error() -> None:
     with pytest.raises(ConfigError) as err:
-        efficiency_model_for(H100, tier="cross-generation", backend="sglang", mla_prefill_backend="tensorrt")
+        efficiency_model_for(H100, tier="cross-generation", backend="sglang", table_backends={"mla_context": "tensorrt"})
     assert err.value.key == "kernel_sources.mla_prefill" and "mla_prefill model has backend levels" in err.value.rule
