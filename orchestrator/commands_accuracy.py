@@ -1,9 +1,11 @@
-"""`kernelsight accuracy kernels` (leave-one-GPU-out kernel accuracy, its report and the interval table) and
-`kernelsight accuracy microbench` (target-measured accuracy from our own microbenchmark tables)."""
+"""`kernelsight accuracy kernels` (leave-one-GPU-out kernel accuracy, its report and the interval table),
+`kernelsight accuracy microbench` (target-measured accuracy from our own microbenchmark tables) and
+`kernelsight accuracy modules` (the simulator's MLA module kernels against the engines' measured modules)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -16,6 +18,8 @@ from sim.errors import ConfigError
 from sim.perf.kernel_features import FAMILIES
 
 _ACCURACY_MD = Path("docs/accuracy.md")
+_MODULE_GPUS = ("h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm")
+_MODULE_SAMPLE = 200
 
 
 def cmd_accuracy_kernels(args: Namespace) -> int:
@@ -100,6 +104,41 @@ def cmd_accuracy_microbench(args: Namespace) -> int:
     return 0
 
 
+def cmd_accuracy_modules(args: Namespace) -> int:
+    from sim.calibration.accuracy import EVAL_ONLY
+    from sim.calibration.module_check import BACKENDS, check_modules, render_module_section
+    from sim.calibration.report import replace_section
+
+    start = time.perf_counter()
+    gpus = tuple(args.gpu) if args.gpu else _MODULE_GPUS
+    if args.sample is not None and args.sample < 1:
+        raise ConfigError(source="accuracy modules", key="--sample", value=args.sample, rule="must be >= 1")
+
+    def say(msg: str) -> None:
+        sys.stderr.write(f"accuracy modules: {msg}\n")
+
+    scores = check_modules(data_root(args.data), gpus, tuple(args.backend) if args.backend else BACKENDS,
+                           tier=args.tier, sample=args.sample, progress=say)
+    if not scores:
+        raise ConfigError(source="accuracy modules", key="--gpu", value=list(gpus),
+                          rule="no measured MLA module rows for these GPUs and engines")
+    wall_s = time.perf_counter() - start
+    sample = "" if args.sample == _MODULE_SAMPLE else f" --sample {'all' if args.sample is None else args.sample}"
+    command = f"kernelsight accuracy modules{sample}"
+    section = render_module_section(scores, command, wall_s, args.tier, EVAL_ONLY)
+    if args.json:
+        sys.stdout.write(json.dumps([dataclasses.asdict(s) for s in scores], indent=1) + "\n")
+    else:
+        sys.stdout.write(section)
+    # Only the full default run is the report; a subset or another tier stays a diagnostic.
+    if not args.no_doc and not args.gpu and not args.backend and args.tier == "cross-generation":
+        path = Path(args.doc)
+        old = path.read_text() if path.is_file() else "# Accuracy\n"
+        path.write_text(replace_section(old, "## MLA modules", section))
+        sys.stderr.write(f"wrote '## MLA modules' in {path} ({wall_s:.0f} s)\n")
+    return 0
+
+
 def _family_table(result: dict[str, Any]) -> str:
     """Per GPU and family: median APE and median predicted / measured, per tier."""
     lines = ["| GPU | family | tier | rows | median APE | p90 APE | median predicted / measured |",
@@ -145,3 +184,27 @@ def register(sub: Any) -> None:
     am.add_argument("--no-doc", action="store_true", help="do not write the section into docs/accuracy.md")
     am.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
     am.set_defaults(func=cmd_accuracy_microbench)
+    mo = acc_sub.add_parser("modules", help="the simulator's MLA module kernels, summed, against each engine's "
+                                            "measured MLA modules (docs/accuracy.md)")
+    mo.add_argument("--gpu", action="append", metavar="NAME", help=f"only this GPU (repeatable; default: "
+                                                                 f"{', '.join(_MODULE_GPUS)})")
+    mo.add_argument("--backend", action="append", choices=("sglang", "trtllm", "vllm"),
+                    help="only this engine (repeatable)")
+    mo.add_argument("--tier", choices=("cross-generation", "target-measured"), default="cross-generation")
+    mo.add_argument("--sample", type=_sample, default=_MODULE_SAMPLE, metavar="N|all",
+                    help=f"rows per GPU, engine and phase, in a fixed hash order (default {_MODULE_SAMPLE}; "
+                         "all: every row)")
+    mo.add_argument("--data", help=DATA_HELP)
+    mo.add_argument("--json", action="store_true", help="print the scores as JSON instead of the table")
+    mo.add_argument("--no-doc", action="store_true", help="do not write the section into docs/accuracy.md")
+    mo.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
+    mo.set_defaults(func=cmd_accuracy_modules)
+
+
+def _sample(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number or 'all', got {text!r}") from None
