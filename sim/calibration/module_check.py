@@ -9,7 +9,7 @@ GPU) becomes one step of the simulator with that engine's shipped profile (its k
 included) and the chosen kernel-model tier; the module's kernels of one layer are summed and
 compared. Prefill rows under `MIN_PREFILL_TOKENS` are left out: there the engines' eager module
 timing shows a host floor (SGLang ~0.62 ms), which the engine profile prices as launch cost, not
-kernel time. Rows are drawn per (GPU, engine, phase) in a fixed hash order of their keys.
+kernel time. A sample is drawn per (GPU, engine, phase) in a fixed hash order of the rows' keys.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def simulated_module_s(scenario: Scenario, efficiency: EfficiencyModel, phase: s
 
 
 def check_modules(root: Path, gpus: Sequence[str], backends: Sequence[str] = BACKENDS, *,
-                  tier: str = "cross-generation", sample: int | None = 200,
+                  tier: str = "cross-generation", sample: int | None = None,
                   progress: Callable[[str], None] | None = None) -> list[ModuleScore]:
     """Scores per (GPU, engine, phase) that has measured module rows."""
     out: list[ModuleScore] = []
