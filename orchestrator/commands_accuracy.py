@@ -119,13 +119,13 @@ def cmd_accuracy_modules(args: Namespace) -> int:
         sys.stderr.write(f"accuracy modules: {msg}\n")
 
     scores = check_modules(data_root(args.data), gpus, tuple(args.backend) if args.backend else BACKENDS,
-                           tier=args.tier, sample=args.sample, progress=say)
+                           tier=args.tier, sample=args.sample, candidates=args.candidates, progress=say)
     if not scores:
         raise ConfigError(source="accuracy modules", key="--gpu", value=list(gpus),
                           rule="no measured MLA module rows for these GPUs and engines")
     wall_s = time.perf_counter() - start
     sample = "" if args.sample == _MODULE_SAMPLE else f" --sample {'all' if args.sample is None else args.sample}"
-    command = f"kernelsight accuracy modules{sample}"
+    command = f"kernelsight accuracy modules{' --candidates' if args.candidates else ''}{sample}"
     section = render_module_section(scores, command, wall_s, args.tier, EVAL_ONLY)
     if args.json:
         sys.stdout.write(json.dumps([dataclasses.asdict(s) for s in scores], indent=1) + "\n")
@@ -194,6 +194,9 @@ def register(sub: Any) -> None:
     mo.add_argument("--tier", choices=("cross-generation", "target-measured"), default="cross-generation")
     mo.add_argument("--sample", type=_sample, default=_MODULE_SAMPLE, metavar="N|all",
                     help="at most N rows per GPU, engine and phase, in a fixed hash order (default: all)")
+    mo.add_argument("--candidates", action="store_true",
+                    help="also score each module with its attention kernel priced by each backend's rows (how the "
+                         "engine profiles' [kernel_sources] mla_prefill / mla_decode are chosen; ~3x the time)")
     mo.add_argument("--data", help=DATA_HELP)
     mo.add_argument("--json", action="store_true", help="print the scores as JSON instead of the table")
     mo.add_argument("--no-doc", action="store_true", help="do not write the section into docs/accuracy.md")

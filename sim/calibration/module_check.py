@@ -25,9 +25,11 @@ import numpy as np
 import pandas as pd
 
 from sim.api import load_engine_profile, predict_step, scenario_efficiency
+from sim.calibration.select import efficiency_model_for
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.measured.files import resolve
 from sim.perf.efficiency import EfficiencyModel
+from sim.perf.profile import EngineProfile
 from sim.specs.scenario import Scenario, scenario_from_dict
 
 MODULE_KERNELS: Final[dict[str, frozenset[str]]] = {
@@ -58,6 +60,9 @@ class ModuleScore:
     """Median of |log(simulated / measured)|."""
     attention_share: float
     """Median share of the attention kernel (`mla_prefill` / `mla_decode`) in the simulated module."""
+    by_attention_source: tuple[tuple[str, float, float], ...] = ()
+    """With candidates: (backend, median ratio, median abs log ratio) of the module with its attention
+    kernel priced by that backend's rows instead (the engine's other kernels unchanged)."""
 
 
 def _order(key: str) -> str:
@@ -112,10 +117,23 @@ def simulated_module_s(scenario: Scenario, efficiency: EfficiencyModel, phase: s
     return total, attn
 
 
+def _models(scenario: Scenario, profile: EngineProfile, table: str, sources: Sequence[str]) -> list[EfficiencyModel]:
+    """The engine's kernel model, then one per candidate backend pricing `table`'s kernels."""
+    own = scenario_efficiency(scenario, profile)
+    table_backends = profile.kernel_sources.table_backends()
+    return [own, *(efficiency_model_for(scenario.hardware, tier=scenario.perf.tier, backend=profile.backend,
+                                        gemm_backends=profile.kernel_sources.gemm,
+                                        table_backends={**table_backends, table: source})
+                   for source in sources)]
+
+
 def check_modules(root: Path, gpus: Sequence[str], backends: Sequence[str] = BACKENDS, *,
-                  tier: str = "cross-generation", sample: int | None = None,
+                  tier: str = "cross-generation", sample: int | None = None, candidates: bool = False,
                   progress: Callable[[str], None] | None = None) -> list[ModuleScore]:
-    """Scores per (GPU, engine, phase) that has measured module rows."""
+    """Scores per (GPU, engine, phase) that has measured module rows; `candidates`: also with the
+    attention kernel priced by each backend's rows (how `[kernel_sources] mla_prefill` / `mla_decode`
+    are chosen, docs/validation.md)."""
+    sources = BACKENDS if candidates else ()
     out: list[ModuleScore] = []
     for gpu in gpus:
         for backend in backends:
@@ -124,9 +142,11 @@ def check_modules(root: Path, gpus: Sequence[str], backends: Sequence[str] = BAC
                 rows = module_rows(root, gpu, backend, phase, sample)
                 if rows.empty:
                     continue
-                models: dict[tuple[int, str], tuple[Scenario, EfficiencyModel]] = {}
+                table = "mla_context" if phase == "prefill" else "mla_generation"
+                models: dict[tuple[int, str], tuple[Scenario, list[EfficiencyModel]]] = {}
                 ratios: list[float] = []
                 shares: list[float] = []
+                alt: list[list[float]] = [[] for _ in sources]
                 length = "seq_len" if phase == "prefill" else "kv_len"
                 columns = zip(rows["num_heads"].to_numpy(int), rows["kv_cache_dtype"].to_numpy(str),
                               rows["batch_size"].to_numpy(int), rows[length].to_numpy(int),
@@ -135,17 +155,22 @@ def check_modules(root: Path, gpus: Sequence[str], backends: Sequence[str] = BAC
                     key = (int(heads), str(kv_dtype))
                     if key not in models:
                         sc = module_scenario(gpu, backend, *key, tier)
-                        models[key] = (sc, scenario_efficiency(sc, profile))
-                    sc, eff = models[key]
-                    total, attn = simulated_module_s(sc, eff, phase, int(batch), int(tokens))
-                    ratios.append(total / (float(latency_ms) * 1e-3))
+                        models[key] = (sc, _models(sc, profile, table, sources))
+                    sc, effs = models[key]
+                    measured_s = float(latency_ms) * 1e-3
+                    total, attn = simulated_module_s(sc, effs[0], phase, int(batch), int(tokens))
+                    ratios.append(total / measured_s)
                     shares.append(attn / total if total > 0 else math.nan)
+                    for i, eff in enumerate(effs[1:]):
+                        alt[i].append(simulated_module_s(sc, eff, phase, int(batch), int(tokens))[0] / measured_s)
                 ratio = np.asarray(ratios)
                 out.append(ModuleScore(
                     gpu=gpu, backend=backend, phase=phase, rows=len(ratio), median_ratio=float(np.median(ratio)),
                     p10_ratio=float(np.quantile(ratio, 0.1)), p90_ratio=float(np.quantile(ratio, 0.9)),
                     median_abs_log=float(np.median(np.abs(np.log(ratio)))),
-                    attention_share=float(np.nanmedian(np.asarray(shares)))))
+                    attention_share=float(np.nanmedian(np.asarray(shares))),
+                    by_attention_source=tuple((src, float(np.median(a)), float(np.median(np.abs(np.log(a)))))
+                                              for src, a in zip(sources, map(np.asarray, alt), strict=True))))
                 if progress is not None:
                     progress(f"{gpu} {backend} {phase}: {len(ratio)} rows")
     return out
@@ -172,4 +197,14 @@ def render_module_section(scores: Sequence[ModuleScore], command: str, wall_s: f
         gpu = f"{s.gpu} (evaluation only)" if s.gpu in eval_only else s.gpu
         lines.append(f"| {gpu} | {s.backend} | {s.phase} | {s.rows} | {s.median_ratio:.2f} ({s.p10_ratio:.2f}, "
                      f"{s.p90_ratio:.2f}) | {s.median_abs_log:.3f} | {100 * s.attention_share:.0f}% |")
+    with_sources = [s for s in scores if s.by_attention_source]
+    if with_sources:
+        names = [src for src, _, _ in with_sources[0].by_attention_source]
+        lines += ["", "Attention kernel priced by each backend's rows instead (median abs log ratio, median ratio); "
+                  "the engine's other kernels as shipped:", "",
+                  "| GPU | engine | phase | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+        for s in with_sources:
+            gpu = f"{s.gpu} (evaluation only)" if s.gpu in eval_only else s.gpu
+            cells = " | ".join(f"{lg:.3f} ({r:.2f})" for _, r, lg in s.by_attention_source)
+            lines.append(f"| {gpu} | {s.backend} | {s.phase} | {cells} |")
     return "\n".join(lines) + "\n"

@@ -74,3 +74,14 @@ def test_cli_bad_input_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str
     assert "--gpu" in err and "no measured MLA module rows" in err
     assert main(["accuracy", "modules", "--sample", "0", "--gpu", "h200_sxm"]) == 2
     assert "--sample" in capsys.readouterr().err
+
+
+def test_candidates_reprice_only_the_attention_kernel() -> None:
+    (score,) = [s for s in check_modules(measured_data_root(), ["h200_sxm"], ["sglang"], sample=30, candidates=True)
+                if s.phase == "decode"]
+    by = {src: (ratio, log) for src, ratio, log in score.by_attention_source}
+    assert set(by) == {"sglang", "trtllm", "vllm"}
+    # The shipped SGLang profile already prices its MLA decode with TensorRT-LLM's rows.
+    assert by["trtllm"][0] == score.median_ratio and by["trtllm"][1] == score.median_abs_log
+    # Its own series costs more than its whole measured module (docs/validation.md, Kernel sources).
+    assert by["sglang"][0] > score.median_ratio and by["sglang"][1] > score.median_abs_log
