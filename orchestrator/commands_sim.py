@@ -11,9 +11,17 @@ from typing import Any
 import numpy as np
 
 from orchestrator.render import si, table
-from sim.api import load_scenario, missing_price_message, predict_step, scenario_efficiency, scenario_memory
+from sim.api import (
+    load_engine_profile,
+    load_scenario,
+    missing_price_message,
+    predict_step,
+    scenario_efficiency,
+    scenario_memory,
+)
 from sim.errors import ConfigError, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
+from sim.perf.profile import TABLE_SOURCE_KEYS
 from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
@@ -91,11 +99,13 @@ def cmd_step(args: Namespace) -> int:
     check_batch_fits(batch, scenario.engine.max_model_len, scenario.source)
     timing = predict_step(scenario, batch)
     total = timing.device_s()
+    sources = _kernel_sources(scenario.engine.backend)
     if args.json:
         payload = {
             "scenario": scenario.source,
             "hardware": scenario.hardware.name,
             "model": scenario.model.name,
+            "kernel_sources": sources,
             "batch": {"num_tokens": batch.num_tokens(), "num_sampled": batch.num_sampled()},
             "step_time_s": total,
             "gpu_s": timing.gpu_s,
@@ -133,8 +143,21 @@ def cmd_step(args: Namespace) -> int:
                for kind, sec in sorted(timing.seconds_by_kind().items(), key=lambda kv: -kv[1])]),
            f"\nstep {total * 1e3:.3f} ms (kernels {timing.gpu_s * 1e3:.3f} ms, collectives "
            f"{timing.comm_s * 1e3:.3f} ms), worst provenance {timing.worst_provenance.label()}\n"]
+    if sources:
+        named = ", ".join(f"{k}={v}" for k, v in sources.items())
+        out.append(f"kernel sources of the {scenario.engine.backend} profile (priced by another engine's "
+                   f"measured rows): {named}\n")
     sys.stdout.write("".join(out))
     return 0
+
+
+def _kernel_sources(backend: str) -> dict[str, str]:
+    """The engine profile's `[kernel_sources]`, flattened (`gemm.fp8`, `mla_prefill`, ...): which of its
+    kernels another engine's measured rows price."""
+    ks = load_engine_profile(backend).kernel_sources
+    out = {f"gemm.{dtype}": src for dtype, src in sorted(ks.gemm.items())}
+    out.update({key: getattr(ks, key) for key in TABLE_SOURCE_KEYS if getattr(ks, key) is not None})
+    return out
 
 
 def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:

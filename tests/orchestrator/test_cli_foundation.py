@@ -146,3 +146,13 @@ def test_predict_kernels_bad_row_names_row_and_column(tmp_path: Path) -> None:
     proc = run_cli("predict-kernels", "--hardware", "l40s", "--tier", "roofline", "--in", str(rows), "--out", str(tmp_path / "o.csv"))
     assert proc.returncode == 2
     assert "row 2" in proc.stderr and "m=" in proc.stderr
+
+
+def test_step_names_the_profiles_kernel_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(REPO / "scenarios/deepseek_r1-h200-tp8.toml")
+    assert main(["step", scenario, "--decode", "4x1024", "--set", "engine.backend=sglang", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernel_sources"] == {"mla_prefill": "trtllm", "mla_decode": "trtllm"}
+    assert main(["step", scenario, "--decode", "4x1024", "--set", "engine.backend=trtllm"]) == 0
+    assert "kernel sources" not in capsys.readouterr().out
+    assert main(["step", scenario, "--decode", "4x1024", "--set", "engine.backend=sglang"]) == 0
+    assert "mla_prefill=trtllm, mla_decode=trtllm" in capsys.readouterr().out
