@@ -184,7 +184,8 @@ def render_module_section(scores: Sequence[ModuleScore], command: str, wall_s: f
         f"Regenerate with `{command}` (took {wall_s:.0f} s on the 2-core box). The simulator's kernels of one "
         "MLA attention module (projections, norms, RoPE, absorb BMMs, attention, `o_proj`), summed, against "
         "each engine's own measured module (`mla_module_context` / `mla_module_generation`: the engine's "
-        f"DeepSeek code timed as a whole), {tier} tier, each engine's shipped profile and kernel sources, "
+        f"DeepSeek code timed as a whole), {tier} tier (the shipped model, fitted on the dev GPUs' kernel "
+        "tables: in sample on them, out of sample on b200_sxm), each engine's shipped profile and kernel sources, "
         f"FP8 block GEMMs; prefill rows of at least {MIN_PREFILL_TOKENS:,} tokens (below, the eager module "
         "timing is host-bound). A ratio far from 1 says a bare kernel series is not the engine's serving "
         "path (docs/validation.md, Kernel sources). GPUs marked evaluation only were not looked at for any choice.",
