@@ -18,9 +18,6 @@ from sim.errors import ConfigError
 from sim.perf.kernel_features import FAMILIES
 
 _ACCURACY_MD = Path("docs/accuracy.md")
-_MODULE_GPUS = ("h100_sxm", "h200_sxm", "l40s", "rtx_pro_6000_server", "b200_sxm")
-_MODULE_SAMPLE: int | None = None
-"""Default rows per GPU, engine and phase: every row (~35,000, ~2 minutes)."""
 
 
 def cmd_accuracy_kernels(args: Namespace) -> int:
@@ -106,12 +103,13 @@ def cmd_accuracy_microbench(args: Namespace) -> int:
 
 
 def cmd_accuracy_modules(args: Namespace) -> int:
-    from sim.calibration.accuracy import EVAL_ONLY
+    from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS
     from sim.calibration.module_check import BACKENDS, check_modules, render_module_section
     from sim.calibration.report import replace_section
 
     start = time.perf_counter()
-    gpus = tuple(args.gpu) if args.gpu else _MODULE_GPUS
+    # GPUs without module tables are skipped by the check; evaluation-only GPUs come last.
+    gpus = tuple(args.gpu) if args.gpu else (*TRAIN_GPUS, *EVAL_ONLY)
     if args.sample is not None and args.sample < 1:
         raise ConfigError(source="accuracy modules", key="--sample", value=args.sample, rule="must be >= 1")
 
@@ -124,7 +122,7 @@ def cmd_accuracy_modules(args: Namespace) -> int:
         raise ConfigError(source="accuracy modules", key="--gpu", value=list(gpus),
                           rule="no measured MLA module rows for these GPUs and engines")
     wall_s = time.perf_counter() - start
-    sample = "" if args.sample == _MODULE_SAMPLE else f" --sample {'all' if args.sample is None else args.sample}"
+    sample = "" if args.sample is None else f" --sample {args.sample}"
     command = f"kernelsight accuracy modules{' --candidates' if args.candidates else ''}{sample}"
     section = render_module_section(scores, command, wall_s, args.tier, EVAL_ONLY)
     if args.json:
@@ -187,12 +185,12 @@ def register(sub: Any) -> None:
     am.set_defaults(func=cmd_accuracy_microbench)
     mo = acc_sub.add_parser("modules", help="the simulator's MLA module kernels, summed, against each engine's "
                                             "measured MLA modules (docs/accuracy.md)")
-    mo.add_argument("--gpu", action="append", metavar="NAME", help=f"only this GPU (repeatable; default: "
-                                                                 f"{', '.join(_MODULE_GPUS)})")
+    mo.add_argument("--gpu", action="append", metavar="NAME",
+                    help="only this GPU (repeatable; default: every GPU with measured kernel tables)")
     mo.add_argument("--backend", action="append", choices=("sglang", "trtllm", "vllm"),
                     help="only this engine (repeatable)")
     mo.add_argument("--tier", choices=("cross-generation", "target-measured"), default="cross-generation")
-    mo.add_argument("--sample", type=_sample, default=_MODULE_SAMPLE, metavar="N|all",
+    mo.add_argument("--sample", type=_sample, default=None, metavar="N|all",
                     help="at most N rows per GPU, engine and phase, in a fixed hash order (default: all)")
     mo.add_argument("--candidates", action="store_true",
                     help="also score each module with its attention kernel priced by each backend's rows (how the "

@@ -29,7 +29,7 @@ from sim.calibration.select import efficiency_model_for
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.measured.files import resolve
 from sim.perf.efficiency import EfficiencyModel
-from sim.perf.profile import EngineProfile
+from sim.perf.profile import TABLE_SOURCE_KEYS, EngineProfile
 from sim.specs.scenario import Scenario, scenario_from_dict
 
 MODULE_KERNELS: Final[dict[str, frozenset[str]]] = {
@@ -40,6 +40,8 @@ MODULE_KERNELS: Final[dict[str, frozenset[str]]] = {
 }
 """The simulator's kernels of one MLA attention module, per phase (`sim.graph.mla`)."""
 TABLES: Final = {"prefill": "mla_module_context", "decode": "mla_module_generation"}
+ATTENTION: Final = {"prefill": "mla_prefill", "decode": "mla_decode"}
+"""The attention kernel of the module per phase; also its `[kernel_sources]` key (`TABLE_SOURCE_KEYS`)."""
 MIN_PREFILL_TOKENS: Final = 4096
 MODEL: Final = "deepseek-ai/DeepSeek-V3"
 TOTAL_HEADS: Final = 128
@@ -107,7 +109,7 @@ def simulated_module_s(scenario: Scenario, efficiency: EfficiencyModel, phase: s
         shape = BatchShape(decode_context_tokens=(max(length - 1, 1),) * batch)
     timing = predict_step(scenario, shape, efficiency=efficiency)
     names = MODULE_KERNELS[phase]
-    attention = "mla_prefill" if phase == "prefill" else "mla_decode"
+    attention = ATTENTION[phase]
     total = attn = 0.0
     for k in timing.kernels:
         if k.estimate.work.name in names:
@@ -142,7 +144,7 @@ def check_modules(root: Path, gpus: Sequence[str], backends: Sequence[str] = BAC
                 rows = module_rows(root, gpu, backend, phase, sample)
                 if rows.empty:
                     continue
-                table = "mla_context" if phase == "prefill" else "mla_generation"
+                table = TABLE_SOURCE_KEYS[ATTENTION[phase]]
                 models: dict[tuple[int, str], tuple[Scenario, list[EfficiencyModel]]] = {}
                 ratios: list[float] = []
                 shares: list[float] = []
