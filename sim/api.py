@@ -94,6 +94,12 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
                   f"gpu_memory_utilization={engine.gpu_memory_utilization} allows on {scenario.hardware.name}; "
                   "raise tensor/pipeline parallelism or quantize"))
     assert engine.max_model_len is not None
+    if mem.max_state_requests is not None and mem.max_state_requests < 1:
+        raise InfeasibleScenario(
+            source=scenario.source, key="engine.mamba_full_memory_ratio", value=engine.mamba_full_memory_ratio,
+            rule=(f"the linear-attention state pool holds no request: one request's state is "
+                  f"{mem.state_bytes_per_request / _GIB:.3f} GiB per GPU; raise gpu_memory_utilization, "
+                  "parallelism or mamba_full_memory_ratio"))
     if mem.kv_capacity_tokens() < min(engine.max_model_len, _longest_request(scenario)):
         raise InfeasibleScenario(
             source=scenario.source, key="engine.max_model_len", value=engine.max_model_len,
@@ -383,8 +389,8 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
                               enable_prefix_caching=engine.enable_prefix_caching),
-            max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-            enable_chunked_prefill=engine.enable_chunked_prefill,
+            max_num_seqs=running_request_cap(engine.max_num_seqs, mem),
+            max_num_batched_tokens=engine.max_num_batched_tokens, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
@@ -395,6 +401,13 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
         )
         for _ in range(num_ranks)
     ]
+
+
+def running_request_cap(max_num_seqs: int, mem: MemoryBreakdown) -> int:
+    """`max_num_seqs`, or fewer when a hybrid model's linear-attention state pool holds fewer requests."""
+    if mem.max_state_requests is None:
+        return max_num_seqs
+    return max(1, min(max_num_seqs, mem.max_state_requests))
 
 
 def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],

@@ -14,6 +14,14 @@ output buffer at the largest capture size alive for the graph's lifetime: per la
 output, the hidden state and the residual. `runtime_overhead_bytes` is the CUDA context, cuBLAS
 workspaces and allocator slack that recent vLLM counts from device free memory; its default is an
 assumption documented in docs/memory.md, not a measurement of this project.
+
+Hybrid linear-attention models (Qwen3.5, Qwen3-Next) keep a fixed-size Gated DeltaNet state per
+request and layer instead of a KV cache in their linear layers. As SGLang sizes it, the cache
+memory splits `mamba_full_memory_ratio` : 1 between a pool of per-request states and the KV cache
+of the full-attention layers; the state pool's size caps the running requests
+(`MemoryBreakdown.max_state_requests`). vLLM's V1 engine instead keeps both in one pool of blocks
+(a request takes one state block per linear layer group); the split is what this model assumes for
+both (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.graph.linear_attention import state_bytes_per_request
 from sim.graph.mla import indexer_cache_bytes_per_token
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
@@ -52,6 +61,10 @@ class MemoryBreakdown:
     kv_bytes_per_token: int
     num_kv_blocks: int
     block_size: int
+    state_bytes_per_request: int = 0
+    """Linear-attention state (recurrent + conv) one request holds on this rank; 0 without linear layers."""
+    max_state_requests: int | None = None
+    """Requests the linear-attention state pool holds (a cap on running requests); None = no cap."""
 
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size
@@ -61,8 +74,38 @@ def layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
     return math.ceil(model.num_layers / engine.pipeline_parallel_size)
 
 
+def token_mixer_weight_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> float:
+    """Attention (and, in a hybrid model, Gated DeltaNet) weights of one layer on one attention-TP
+    rank, averaged over the layers."""
+    attn = attention_weight_bytes(model, engine, precision)
+    la = model.linear_attention
+    if la is None:
+        return attn
+    tp = engine.tensor_parallel_size
+    lin = precision.linear_weight_dtype.bytes_per_element()
+    act = precision.activation_dtype.bytes_per_element()
+    h = model.hidden_size
+    key_dim = max(1, la.num_key_heads // tp) * la.key_head_dim
+    value_heads = max(1, la.num_value_heads // tp)
+    value_dim = value_heads * la.value_head_dim
+    linear = (h * (2 * key_dim + 2 * value_dim) + value_dim * h) * lin
+    linear += (h * 2 * value_heads + (2 * key_dim + value_dim) * la.conv_kernel_dim + 2 * value_heads
+               + la.value_head_dim + 2 * h) * act
+    n_lin = model.num_linear_layers()
+    return (attn * (model.num_layers - n_lin) + linear * n_lin) / model.num_layers
+
+
+def attention_layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
+    """Softmax-attention layers (the ones with a KV cache) on the most loaded pipeline stage."""
+    return math.ceil(model.num_attention_layers() / engine.pipeline_parallel_size)
+
+
+def linear_layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
+    return math.ceil(model.num_linear_layers() / engine.pipeline_parallel_size)
+
+
 def attention_weight_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> float:
-    """Attention weights of one layer on one attention-TP rank (replicated over DP ranks)."""
+    """Attention weights of one softmax-attention layer on one attention-TP rank (replicated over DP ranks)."""
     tp = engine.tensor_parallel_size
     act = precision.activation_dtype.bytes_per_element()
     lin = precision.linear_weight_dtype.bytes_per_element()
@@ -88,7 +131,8 @@ def attention_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     hd = model.head_dim
     q = model.num_attention_heads // tp * hd
     kv = max(1, model.num_kv_heads // tp) * hd
-    attn = (h * (q + 2 * kv) + q * h) * lin + 2 * h * act
+    gate = q if model.attn_output_gate else 0
+    attn = (h * (q + gate + 2 * kv) + q * h) * lin + 2 * h * act
     if model.attention_bias:
         attn += (q + 2 * kv) * act
     if model.qk_norm:
@@ -119,7 +163,7 @@ def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: Prec
     act = precision.activation_dtype.bytes_per_element()
     lin = precision.linear_weight_dtype.bytes_per_element()
     h = model.hidden_size
-    attn = attention_weight_bytes(model, engine, precision)
+    attn = token_mixer_weight_bytes(model, engine, precision)
     dense = 3 * h * (model.intermediate_size // tp) * lin
     stage_layers = layers_per_stage(model, engine)
     # Stages take contiguous layer ranges; the fraction of MoE layers is assumed uniform.
@@ -142,7 +186,7 @@ def kv_bytes_per_token(model: ModelSpec, engine: EngineParams, precision: Precis
     shared by all heads and replicated on every attention-TP rank (vLLM); DSA adds the FP8 indexer
     key and its scale."""
     kv = precision.kv_cache_dtype.bytes_per_element()
-    layers = layers_per_stage(model, engine)
+    layers = attention_layers_per_stage(model, engine)
     if model.mla is not None:
         row = model.mla.latent_width() * kv
         if model.dsa is not None:
@@ -244,11 +288,20 @@ def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: Precisio
         per_token += draft_per_token
     peak = activation_peak_bytes(model, engine, precision, params)
     graphs = cuda_graph_bytes(model, engine, precision)
-    kv_cache = requested - weights - peak - graphs - params.runtime_overhead_bytes
+    cache = requested - weights - peak - graphs - params.runtime_overhead_bytes
+    kv_cache, state, max_states = cache, 0, None
+    if model.linear_attention is not None:
+        state = state_bytes_per_request(model, engine.tensor_parallel_size, precision.activation_dtype,
+                                        linear_layers_per_stage(model, engine))
+        ratio = engine.mamba_full_memory_ratio
+        state_pool = int(max(cache, 0) * ratio / (1.0 + ratio))
+        max_states = state_pool // state
+        kv_cache = cache - state_pool
     blocks = kv_cache // (per_token * engine.block_size) if kv_cache > 0 else 0
     return MemoryBreakdown(
         total_bytes=total, requested_bytes=requested, weight_bytes=weights,
         activation_peak_bytes=peak, cuda_graph_bytes=graphs,
         runtime_overhead_bytes=params.runtime_overhead_bytes, kv_cache_bytes=max(kv_cache, 0),
         kv_bytes_per_token=per_token, num_kv_blocks=int(blocks), block_size=engine.block_size,
+        state_bytes_per_request=state, max_state_requests=max_states,
     )

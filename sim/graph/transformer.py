@@ -9,7 +9,9 @@ residual-add RMSNorm, RoPE in place, SiLU-and-mul, one vocab-parallel embedding 
 FLOP and byte counts are the compulsory work: GEMM 2mnk FLOPs with each operand read once;
 attention 4 x heads x head_dim FLOPs per (query, key) pair with K/V read once. Multi-head latent
 attention is `sim.graph.mla`; the MoE layer is one fused `MOE` node per layer on the most loaded
-rank plus the expert all-to-all (`sim.graph.moe`).
+rank plus the expert all-to-all (`sim.graph.moe`). Hybrid models (Qwen3.5, Qwen3-Next) run Gated
+DeltaNet in their linear layers (`sim.graph.linear_attention`) and gated softmax attention (the
+output multiplied by sigmoid of q_proj's second half) in the others.
 
 MoE layouts (vLLM): the MoE layers run over the TP x DP GPUs of a replica as moe_tp x moe_ep
 (`EngineParams.moe_tp_size`, `expert_parallel_size`); attention runs per data-parallel rank with
@@ -26,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from sim.dtypes import DType
-from sim.graph import mla
+from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork
 from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
@@ -173,7 +175,8 @@ def decode_attention_work(*, contexts: tuple[int, ...], heads: int, kv_heads: in
 
 def is_attention_work(work: KernelWork) -> bool:
     """Whether a kernel belongs to an attention part: its work depends on the attended context."""
-    return work.kind in _ATTENTION_KINDS or work.name in mla.ATTENTION_GEMM_NAMES
+    return (work.kind in _ATTENTION_KINDS or work.name in mla.ATTENTION_GEMM_NAMES
+            or work.name in linear_attention.ATTENTION_NAMES)
 
 
 _ATTENTION_KINDS = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE, KernelKind.MLA_PREFILL,
@@ -187,10 +190,14 @@ def prefill_attention_nodes(model: ModelSpec, engine: EngineParams, precision: P
         return mla.prefill_nodes(model, precision, hw, engine.tensor_parallel_size, new_tokens=new_tokens,
                                  context_tokens=context_tokens, count=count)
     s = ShardedShapes.of(model, engine)
-    return [(prefill_attention_work(
+    nodes = [(prefill_attention_work(
         batch=count, new_tokens=new_tokens, context_tokens=context_tokens, heads=s.q_heads,
         kv_heads=s.kv_heads, head_dim=s.head_dim, window=window, act=precision.activation_dtype,
-        kv=precision.kv_cache_dtype), layers) for window, layers in sorted(Counter(model.layer_window_tokens).items())]
+        kv=precision.kv_cache_dtype), layers)
+        for window, layers in sorted(Counter(model.attention_layer_windows()).items())]
+    if model.linear_attention is not None:
+        nodes += linear_attention.prefill_nodes(model, precision, s.tp, new_tokens=new_tokens, count=count)
+    return nodes
 
 
 def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
@@ -199,10 +206,13 @@ def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: Pr
     if model.mla is not None:
         return mla.decode_nodes(model, precision, engine.tensor_parallel_size, contexts)
     s = ShardedShapes.of(model, engine)
-    return [(decode_attention_work(
+    nodes = [(decode_attention_work(
         contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
         act=precision.activation_dtype, kv=precision.kv_cache_dtype), layers)
-        for window, layers in sorted(Counter(model.layer_window_tokens).items())]
+        for window, layers in sorted(Counter(model.attention_layer_windows()).items())]
+    if model.linear_attention is not None:
+        nodes += linear_attention.decode_nodes(model, precision, s.tp, len(contexts))
+    return nodes
 
 
 def verify_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec, hw: HardwareSpec,
@@ -242,22 +252,30 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
             add(collective_work(KernelKind.ALL_REDUCE, name, t * h * act_b, s.tp), repeat)
 
     num_layers = model.num_layers
+    # Softmax-attention layers; the rest of a hybrid model's layers run linear attention.
+    attn_layers = model.num_attention_layers()
     add(_pointwise(KernelKind.EMBEDDING, "embedding", t, h, act, passes=2.0, flops_per_element=0.0))
     all_reduce("embedding_all_reduce", 1)
 
     add(_pointwise(KernelKind.NORM, "input_layernorm", t, h, act, passes=4.0, flops_per_element=4.0), num_layers)
+    linear_after: list[tuple[KernelWork, int]] = []
+    if model.linear_attention is not None:
+        linear_before, linear_after = linear_attention.token_nodes(model, precision, hw, s.tp, t)
+        for work, repeat in linear_before:
+            add(work, repeat)
     if model.mla is not None:
         projections = mla.projection_nodes(model, precision, hw, s.tp, t)
         for work, repeat in projections[:-1]:
             add(work, repeat)
     else:
-        qkv_n = (s.q_heads + 2 * s.kv_heads) * s.head_dim
-        add(gemm_work("qkv_proj", t, qkv_n, h, weight_dtype=lin_w, act_dtype=act, compute_dtype=lin_c), num_layers)
+        gate_n = s.q_heads * s.head_dim if model.attn_output_gate else 0
+        qkv_n = (s.q_heads + 2 * s.kv_heads) * s.head_dim + gate_n
+        add(gemm_work("qkv_proj", t, qkv_n, h, weight_dtype=lin_w, act_dtype=act, compute_dtype=lin_c), attn_layers)
         if model.qk_norm:
             add(_pointwise(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
-                           passes=2.0, flops_per_element=4.0), num_layers)
+                           passes=2.0, flops_per_element=4.0), attn_layers)
         add(_pointwise(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
-                       passes=2.0, flops_per_element=3.0), num_layers)
+                       passes=2.0, flops_per_element=3.0), attn_layers)
     for chunk, count in sorted(Counter(batch.prefills).items(),
                                key=lambda kv: (kv[0].new_tokens, kv[0].context_tokens, kv[0].samples)):
         for work, repeat in prefill_attention_nodes(model, engine, precision, hw, new_tokens=chunk.new_tokens,
@@ -266,11 +284,16 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     if batch.decode_context_tokens:
         for work, repeat in decode_attention_nodes(model, engine, precision, batch.decode_context_tokens):
             add(work, repeat)
+    for work, repeat in linear_after:
+        add(work, repeat)
     if model.mla is not None:
         add(*projections[-1])
     else:
+        if model.attn_output_gate:
+            add(_pointwise(KernelKind.ELEMENTWISE, "attn_output_gate", t, s.q_heads * s.head_dim, act,
+                           passes=3.0, flops_per_element=5.0), attn_layers)
         add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
-                      compute_dtype=lin_c), num_layers)
+                      compute_dtype=lin_c), attn_layers)
     all_reduce("attn_all_reduce", num_layers)
     add(_pointwise(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
                    flops_per_element=4.0), num_layers)

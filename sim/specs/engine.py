@@ -119,6 +119,10 @@ class EngineParams:
     context request and a generation request, iterations to keep holding them so more contexts batch up."""
     speculative_config: SpeculativeConfig | None = None
     """Speculative decoding (vLLM's `speculative_config`; `sim.specs.speculative`); None = off."""
+    mamba_full_memory_ratio: float = 0.9
+    """SGLang's `--mamba-full-memory-ratio` (its default 0.9), hybrid linear-attention models only: the
+    cache memory splits ratio : 1 between the requests' linear-attention states and the KV cache of
+    the full-attention layers (`sim.graph.memory`)."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -137,6 +141,8 @@ class EngineParams:
                 "must be >= 0")
         require(0.0 <= self.batch_wait_max_tokens_ratio <= 1.0, "batch_wait_max_tokens_ratio",
                 self.batch_wait_max_tokens_ratio, "must be in [0, 1]")
+        require(self.mamba_full_memory_ratio > 0.0, "mamba_full_memory_ratio", self.mamba_full_memory_ratio,
+                "must be > 0")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,

@@ -2,12 +2,14 @@
 
 Supported: dense GQA/MHA decoders (Llama, Mistral, Qwen2/3), per-layer sliding windows
 (`layer_types`, Mistral `sliding_window`, Qwen `use_sliding_window`), MoE decoders (Mixtral,
-Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers), and
+Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers),
 multi-head latent attention (DeepSeek-V3/R1, Kimi-K2/K2.5; `MLASpec`) with DeepSeek sparse attention
-(GLM-5; `DSASpec`). Features the kernel graph cannot represent (linear attention, vision towers of
-configs without a `text_config`) raise `ConfigError` naming the config key; nothing is silently
-approximated. A multimodal config with a `text_config` (Kimi-K2.5) is read as its language model:
-the vision tower (Kimi-K2.5's MoonViT, ~0.4B parameters) is neither computed nor counted.
+(GLM-5; `DSASpec`); hybrid models whose `layer_types` mix Gated DeltaNet linear attention with
+gated full attention (Qwen3.5-MoE, Qwen3-Next; `LinearAttentionSpec`). Features the kernel graph
+cannot represent (other linear-attention variants, vision towers of configs without a
+`text_config`) raise `ConfigError` naming the config key; nothing is silently approximated. A
+multimodal config with a `text_config` (Kimi-K2.5, Qwen3.5) is read as its language model: the
+vision tower (Kimi-K2.5's MoonViT, ~0.4B parameters) is neither computed nor counted.
 
 The multi-token-prediction layers (`num_nextn_predict_layers`) are counted by `mtp_params` but not
 by `num_params`: vLLM's DeepSeek-V2/V3 loader skips them for the main model ("skip spec decode
@@ -73,6 +75,50 @@ class DSASpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LinearAttentionSpec:
+    """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): per layer `in_proj_qkvz` (q and k of
+    `num_key_heads` x `key_head_dim`, v and the output gate z of `num_value_heads` x
+    `value_head_dim`), `in_proj_ba` (the decay and write gates, one each per value head), a causal
+    depthwise conv of width `conv_kernel_dim` over q, k and v, the gated delta rule against a
+    recurrent state of key_head_dim x value_head_dim per value head, a gated RMSNorm and `out_proj`.
+    A request keeps that state and the conv's last `conv_kernel_dim - 1` inputs per layer, whatever
+    its length: no KV cache grows in these layers."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_dim: int
+    state_dtype: DType = DType.FLOAT32
+    """Format of the recurrent state (`mamba_ssm_dtype`)."""
+
+    def __post_init__(self) -> None:
+        for key in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel_dim"):
+            value = getattr(self, key)
+            require(value > 0, key, value, "must be > 0")
+        require(self.num_value_heads % self.num_key_heads == 0, "linear_num_value_heads", self.num_value_heads,
+                f"must be a multiple of linear_num_key_heads={self.num_key_heads}")
+
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: q, k and v."""
+        return 2 * self.key_dim() + self.value_dim()
+
+    def params(self, hidden: int) -> int:
+        """in_proj_qkvz, in_proj_ba, conv1d weights, A_log, dt_bias, the gated norm's weight and
+        out_proj of one layer."""
+        qkvz = hidden * (2 * self.key_dim() + 2 * self.value_dim())
+        ba = hidden * 2 * self.num_value_heads
+        conv = self.conv_dim() * self.conv_kernel_dim
+        return qkvz + ba + conv + 2 * self.num_value_heads + self.value_head_dim + self.value_dim() * hidden
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MoESpec:
     """Routed experts of the MoE layers (per whole model, before any parallel split)."""
 
@@ -129,6 +175,12 @@ class ModelSpec:
     """DeepSeek sparse attention on top of `mla`; None = dense attention."""
     num_nextn_predict_layers: int = 0
     """Multi-token-prediction layers in the checkpoint (not loaded for serving; see `mtp_params`)."""
+    linear_attention: LinearAttentionSpec | None = None
+    """Gated DeltaNet shapes of the `linear_layers`; None = every layer is softmax attention."""
+    linear_layers: tuple[int, ...] = ()
+    """Layers whose token mixer is linear attention (`layer_types` "linear_attention")."""
+    attn_output_gate: bool = False
+    """The full-attention layers gate their output with sigmoid(q_proj's second half) (Qwen3-Next)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -141,6 +193,26 @@ class ModelSpec:
                 len(self.layer_window_tokens), f"must list num_hidden_layers={self.num_layers} layers")
         require(self.dsa is None or self.mla is not None, "index_topk", None if self.dsa is None
                 else self.dsa.index_topk, "DeepSeek sparse attention is modelled on MLA models only")
+        require(bool(self.linear_layers) == (self.linear_attention is not None), "layer_types",
+                len(self.linear_layers), "linear_attention layers need the linear_* shapes and vice versa")
+        require(not self.linear_layers or self.mla is None, "layer_types", "linear_attention",
+                "linear attention is modelled with GQA full-attention layers only")
+        require(all(0 <= i < self.num_layers for i in self.linear_layers), "layer_types", self.linear_layers,
+                f"linear layer indices must be in 0..{self.num_layers - 1}")
+
+    def num_linear_layers(self) -> int:
+        return len(self.linear_layers)
+
+    def num_attention_layers(self) -> int:
+        """Layers with softmax attention (and a KV cache)."""
+        return self.num_layers - len(self.linear_layers)
+
+    def attention_layer_windows(self) -> tuple[int, ...]:
+        """`layer_window_tokens` of the softmax-attention layers only."""
+        if not self.linear_layers:
+            return self.layer_window_tokens
+        linear = set(self.linear_layers)
+        return tuple(w for i, w in enumerate(self.layer_window_tokens) if i not in linear)
 
     def q_width(self) -> int:
         return self.num_attention_heads * self.head_dim
@@ -155,15 +227,23 @@ class ModelSpec:
         return 0 if self.moe is None else len(self.moe.moe_layer_indices)
 
     def attention_params(self) -> int:
+        """One softmax-attention layer's projections (linear-attention layers: `token_mixer_params`)."""
         if self.mla is not None:
             return self.mla_params() + self.indexer_params()
         h = self.hidden_size
-        params = h * self.q_width() + 2 * h * self.kv_width() + self.q_width() * h
+        gate = self.q_width() if self.attn_output_gate else 0
+        params = h * (self.q_width() + gate) + 2 * h * self.kv_width() + self.q_width() * h
         if self.attention_bias:
             params += self.q_width() + 2 * self.kv_width()
         if self.qk_norm:
             params += 2 * self.head_dim
         return params
+
+    def token_mixer_params(self, layer: int) -> int:
+        """Attention or, in a linear layer, Gated DeltaNet parameters of `layer`."""
+        if self.linear_attention is not None and layer in self.linear_layers:
+            return self.linear_attention.params(self.hidden_size)
+        return self.attention_params()
 
     def mla_params(self) -> int:
         """q_a_proj, q_a_layernorm, q_b_proj (or q_proj), kv_a_proj_with_mqa, kv_a_layernorm,
@@ -231,7 +311,7 @@ class ModelSpec:
         """All parameters, counted from shapes (norm weights included)."""
         total = self.embedding_params() + self.lm_head_params() + self.hidden_size
         for layer in range(self.num_layers):
-            total += self.attention_params() + 2 * self.hidden_size
+            total += self.token_mixer_params(layer) + 2 * self.hidden_size
             if self.is_moe_layer(layer):
                 routed, other = self.moe_block_params()
                 total += routed + other
@@ -250,8 +330,10 @@ class ModelSpec:
 
 _SUPPORTED_MODEL_TYPES: Final = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss",
-    "minimax_m2", "deepseek", "deepseek_v3", "kimi_k2", "glm_moe_dsa",
+    "minimax_m2", "deepseek", "deepseek_v3", "kimi_k2", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text",
+    "qwen3_5_moe",
 )
+_GATED_DELTANET_TYPES: Final = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
 _DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32": DType.FLOAT32}
 
 
@@ -276,10 +358,10 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     reader = _ConfigReader(config, source=source, prefix="")
     if "text_config" in config:
         reader = _ConfigReader(reader.table("text_config"), source=source, prefix="text_config.")
-    for key, what in (("linear_num_value_heads", "linear (gated delta-net) attention"),):
-        if reader.get(key) is not None:
-            reader.fail(key, reader.get(key), f"{what} is not modelled by the kernel graph yet")
     model_type = reader.string("model_type")
+    if reader.get("linear_num_value_heads") is not None and model_type not in _GATED_DELTANET_TYPES:
+        reader.fail("linear_num_value_heads", reader.get("linear_num_value_heads"),
+                    f"linear attention is modelled as Gated DeltaNet for {', '.join(_GATED_DELTANET_TYPES)} only")
     if model_type not in _SUPPORTED_MODEL_TYPES:
         reader.fail("model_type", model_type,
                     f"architecture not supported; supported: {', '.join(_SUPPORTED_MODEL_TYPES)}")
@@ -310,6 +392,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
     quant, experts_only = _quantization(reader)
     mla = _mla(reader)
+    linear, linear_layers = _linear_attention(reader, model_type, num_layers)
     return ModelSpec(
         name=name,
         model_type=model_type,
@@ -318,12 +401,15 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         num_attention_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        intermediate_size=reader.integer("intermediate_size"),
+        # Qwen3.5-MoE has no dense MLP layer and so no `intermediate_size`; the field is then unused.
+        intermediate_size=reader.integer("intermediate_size", default=reader.get("moe_intermediate_size")
+                                         if model_type in _GATED_DELTANET_TYPES else None),
         vocab_size=reader.integer("vocab_size"),
         max_position_embeddings=reader.integer("max_position_embeddings"),
         tie_word_embeddings=reader.boolean("tie_word_embeddings", default=False),
         attention_bias=reader.boolean("attention_bias", default=model_type == "qwen2"),
-        qk_norm=model_type in ("qwen3", "qwen3_moe") or reader.boolean("use_qk_norm", default=False),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", *_GATED_DELTANET_TYPES)
+        or reader.boolean("use_qk_norm", default=False),
         layer_window_tokens=_layer_windows(reader, model_type, num_layers),
         moe=_moe(reader, model_type, num_layers),
         torch_dtype=_DTYPES[dtype_name],
@@ -332,7 +418,39 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         mla=mla,
         dsa=_dsa(reader, mla),
         num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", default=0),
+        linear_attention=linear,
+        linear_layers=linear_layers,
+        attn_output_gate=reader.boolean("attn_output_gate", default=model_type in _GATED_DELTANET_TYPES),
     )
+
+
+def _linear_attention(reader: _ConfigReader, model_type: str,
+                      num_layers: int) -> tuple[LinearAttentionSpec | None, tuple[int, ...]]:
+    """Gated DeltaNet shapes and the layers that use it: `layer_types` entries "linear_attention",
+    or without `layer_types` every layer but each `full_attention_interval`-th (Qwen3-Next)."""
+    if model_type not in _GATED_DELTANET_TYPES:
+        return None, ()
+    layer_types = reader.get("layer_types")
+    if isinstance(layer_types, list):
+        layers = tuple(i for i, kind in enumerate(layer_types) if kind == "linear_attention")
+    else:
+        interval = reader.integer("full_attention_interval")
+        if interval == 0:
+            reader.fail("full_attention_interval", interval, "must be > 0")
+        layers = tuple(i for i in range(num_layers) if (i + 1) % interval)
+    if not layers:
+        return None, ()
+    state = reader.get("mamba_ssm_dtype", "float32")
+    if state not in _DTYPES:
+        reader.fail("mamba_ssm_dtype", state, f"must be one of {', '.join(_DTYPES)}")
+    return LinearAttentionSpec(
+        num_key_heads=reader.integer("linear_num_key_heads"),
+        num_value_heads=reader.integer("linear_num_value_heads"),
+        key_head_dim=reader.integer("linear_key_head_dim"),
+        value_head_dim=reader.integer("linear_value_head_dim"),
+        conv_kernel_dim=reader.integer("linear_conv_kernel_dim"),
+        state_dtype=_DTYPES[state],
+    ), layers
 
 
 def _mla(reader: _ConfigReader) -> MLASpec | None:
@@ -400,8 +518,8 @@ def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> t
             reader.fail("layer_types", layer_types, f"must list num_hidden_layers={num_layers} entries")
         windows = []
         for i, kind in enumerate(layer_types):
-            if kind == "full_attention":
-                windows.append(0)
+            if kind in ("full_attention", "linear_attention"):
+                windows.append(0)  # a linear layer's entry is unused (`ModelSpec.linear_layers`)
             elif kind == "sliding_attention" and isinstance(window, int) and window > 0:
                 windows.append(window)
             else:

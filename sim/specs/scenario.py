@@ -134,7 +134,8 @@ class Scenario:
 
     def scenario_hash(self, *extra: str) -> str:
         parts: dict[str, Any] = {
-            "seed": self.seed, "hardware": stable_identity("hardware", self.hardware), "model": self.model,
+            "seed": self.seed, "hardware": stable_identity("hardware", self.hardware),
+            "model": stable_identity("model", self.model),
             "engine": stable_identity("engine", self.engine), "workload": workload_identity(self.workload),
             "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self.perf}
         if self.disaggregation is not None:  # aggregated scenarios keep their hashes
@@ -180,8 +181,9 @@ class Disaggregation:
 LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "engine": ("enable_eplb", "num_redundant_experts", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
                "speculative_config", "attention_dp_enable_balance", "attention_dp_timeout_iters",
-               "attention_dp_batching_wait_iters"),
+               "attention_dp_batching_wait_iters", "mamba_full_memory_ratio"),
     "hardware": ("nvlink_domain_size", "nvlink"),
+    "model": ("linear_attention", "linear_layers", "attn_output_gate"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):
@@ -253,6 +255,10 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
     _check_combination(source, model, sections.engine, engine, sections.workload)
     disaggregation = None
     if sections.disaggregation is not None:
+        if model.linear_attention is not None:
+            raise ConfigError(source=source, key="disaggregation", value="{...}",
+                              rule=f"{model.name} has linear-attention layers: moving their per-request state "
+                              "between pools is not modelled yet; simulate it aggregated")
         disaggregation = _resolve_disaggregation(data, sections.disaggregation, source)
     draft = None
     if engine.speculative_config is not None:

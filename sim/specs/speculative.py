@@ -133,7 +133,8 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
         if moe is not None:
             moe = dataclasses.replace(moe, moe_layer_indices=(0,))  # DeepSeek's MTP layer is an MoE layer
         return dataclasses.replace(target, name=f"{target.name} (MTP layer)", moe=moe, num_layers=1,
-                                   layer_window_tokens=(0,), num_nextn_predict_layers=0)
+                                   layer_window_tokens=(0,), num_nextn_predict_layers=0,
+                                   linear_attention=None, linear_layers=())
     vocab = target.vocab_size
     if config.method == "eagle3":
         vocab = min(vocab, EAGLE3_DRAFT_VOCAB)
@@ -142,4 +143,5 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
     return dataclasses.replace(
         target, name=f"{target.name} ({config.method} head)", model_type="llama", vocab_size=vocab,
         moe=None, mla=None, dsa=None, qk_norm=False, attention_bias=False, num_layers=1, layer_window_tokens=(0,),
+        linear_attention=None, linear_layers=(), attn_output_gate=False,
         num_nextn_predict_layers=0)

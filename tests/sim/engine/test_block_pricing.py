@@ -86,6 +86,8 @@ def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str)
      "engine.quantization": "fp8"},
     {"model.name": "deepseek-ai/DeepSeek-R1", "hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8,
      "engine.enable_expert_parallel": True},
+    {"model.name": "Qwen/Qwen3.5-397B-A17B", "hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8,
+     "engine.quantization": "fp8_block"},
 ])
 def test_block_pricing_other_models_and_parallelism(overrides: dict[str, Any]) -> None:
     _compare(load_scenario(LLAMA70, overrides), vectorised=True)
@@ -190,6 +192,8 @@ _MOE_MLA = [
     (str(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml"), {}),
     (LLAMA70, {"model.name": "Qwen/Qwen3-235B-A22B", "engine.tensor_parallel_size": 8}),
     (LLAMA70, {"model.name": "openai/gpt-oss-120b", "engine.tensor_parallel_size": 4}),
+    (LLAMA70, {"model.name": "Qwen/Qwen3.5-397B-A17B", "hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8,
+               "engine.quantization": "fp8_block"}),
 ]
 
 

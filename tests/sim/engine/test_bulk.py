@@ -368,6 +368,7 @@ def _reference_step_s(sc: Scenario, key: StepKey, cost: StepCostModel) -> float:
     ("deepseek-ai/DeepSeek-R1", {"tensor_parallel_size": 8}),
     ("deepseek-ai/DeepSeek-R1", {"data_parallel_size": 8, "enable_expert_parallel": True, "kv_cache_dtype": "fp8"}),
     ("zai-org/GLM-5", {"tensor_parallel_size": 4, "moe_expert_parallel_size": 2, "moe_tensor_parallel_size": 2}),
+    ("Qwen/Qwen3.5-397B-A17B", {"tensor_parallel_size": 8, "quantization": "fp8_block"}),
 ])
 def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[str, object]) -> None:
     sc = scenario_from_dict(scenario_dict(model={"name": model}, engine={"max_model_len": 4096, **engine}),

@@ -39,14 +39,42 @@ def test_shipped_models_load_by_hf_id_and_alias() -> None:
     assert len(list_models()) == 19
 
 
-@pytest.mark.parametrize(
-    ("model", "key"),
-    [("Qwen/Qwen3.5-397B-A17B", "text_config.linear_num_value_heads")],
-)
-def test_unmodelled_architectures_name_the_config_key(model: str, key: str) -> None:
+def test_qwen35_hybrid_loads_with_its_published_sizes_and_layer_pattern() -> None:
+    spec = load_model("Qwen/Qwen3.5-397B-A17B")
+    la = spec.linear_attention
+    assert la is not None and (la.num_key_heads, la.num_value_heads, la.key_head_dim, la.conv_kernel_dim) == (16, 64, 128, 4)
+    # full_attention_interval = 4: layers 3, 7, ... are gated softmax attention, the rest Gated DeltaNet.
+    assert spec.num_linear_layers() == 45 and spec.num_attention_layers() == 15
+    assert 3 not in spec.linear_layers and 0 in spec.linear_layers and spec.attn_output_gate and spec.qk_norm
+    assert la.state_dtype.value == "float32"
+    # The model card: 397B parameters, 17B active (language model; the vision tower is not counted).
+    assert spec.num_params() == pytest.approx(397e9, rel=0.01)
+    assert spec.num_active_params() == pytest.approx(17e9, rel=0.03)
+
+
+def _tiny_config(**extra: object) -> dict[str, object]:
+    return {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 100,
+            "max_position_embeddings": 256, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, **extra}
+
+
+def test_full_attention_interval_sets_the_linear_layers_without_layer_types() -> None:
+    spec = model_from_hf_config(_tiny_config(full_attention_interval=4), name="tiny", source="tiny.json")
+    assert spec.linear_layers == (0, 1, 2, 4, 5, 6)
+    assert spec.attention_layer_windows() == (0, 0)
+
+
+@pytest.mark.parametrize(("extra", "key"), [
+    ({"model_type": "llama"}, "linear_num_value_heads"),
+    ({"full_attention_interval": 4, "linear_num_value_heads": 3}, "linear_num_value_heads"),
+    ({"full_attention_interval": 4, "mamba_ssm_dtype": "int8"}, "mamba_ssm_dtype"),
+    ({}, "full_attention_interval"),
+])
+def test_unmodelled_linear_attention_names_the_config_key(extra: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        load_model(model)
-    assert err.value.key == key
+        model_from_hf_config(_tiny_config(**extra), name="tiny", source="tiny.json")
+    assert err.value.key == key and err.value.source == "tiny.json"
 
 
 @pytest.mark.parametrize(("model", "params", "window"), [

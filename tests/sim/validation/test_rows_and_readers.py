@@ -121,8 +121,15 @@ def test_disaggregated_row_becomes_a_prefill_and_a_decode_pool(tmp_path: Path) -
     assert row.skip_reason.startswith("prefill_num_workers not recorded by 2026-03-25.csv and no db-dump twin")
 
 
+def test_a_gated_deltanet_hybrid_row_is_simulable(tmp_path: Path) -> None:
+    change = {"model_path": "Qwen/Qwen3.5-397B-A17B", "backend": "sglang", "backend_version": "0.5.9",
+              "system": "h200_sxm", "tp_size": "8", "moe_tp_size": "1", "moe_ep_size": "8",
+              "attention_dp_size": "1", "moe_quant_mode": "fp8_block", "gemm_quant_mode": "fp8"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.skip_reason is None and row.family == "moe"
+
+
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"model_path": "Qwen/Qwen3.5-397B-A17B"}, "linear (gated delta-net) attention"),
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
     ({"gemm_quant_mode": "int4_wo"}, "int4_wo"),
