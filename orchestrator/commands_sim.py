@@ -205,8 +205,12 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
                 pools.append(f"{pool.name} {pool.num_workers} x {pool.scenario.engine.num_gpus()} GPUs on "
                              f"{pool.scenario.hardware.name}, {pm.num_kv_blocks} KV blocks of {pm.block_size} per GPU")
             return f"disaggregated scenario {scenario.model.name}: " + "; ".join(pools)
+        states = ""
+        if mem.max_state_requests is not None:
+            states = (f", linear-attention states for {mem.max_state_requests} requests "
+                      f"({mem.state_bytes_per_request / 2**20:.1f} MiB each)")
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
-                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU")
+                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU{states}")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
                       rule="not a scenario ([hardware], [model]), sweep ([study]) "
                            "or hardware spec ([peak_flops_per_s])")

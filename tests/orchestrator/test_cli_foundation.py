@@ -97,6 +97,17 @@ def test_check_set_applies_overrides_to_scenarios(tmp_path: Path, capsys: pytest
     assert "engine.max_num_seq" in capsys.readouterr().err
 
 
+def test_check_names_a_hybrid_models_state_pool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "qwen35.toml"
+    path.write_text('[hardware]\nname = "h200_sxm"\n[model]\nname = "Qwen/Qwen3.5-397B-A17B"\n'
+                    '[engine]\ntensor_parallel_size = 8\nquantization = "fp8_block"\nmax_model_len = 8192\n')
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "linear-attention states for " in out and "MiB each" in out
+    assert main(["check", "--set", "engine.mamba_full_memory_ratio=1e-9", str(path)]) == 2
+    assert "engine.mamba_full_memory_ratio" in capsys.readouterr().err
+
+
 def test_check_set_refuses_non_scenario_files(capsys: pytest.CaptureFixture[str]) -> None:
     hw = str(REPO / "sim/data/hardware/h100_sxm.toml")
     assert main(["check", hw]) == 0
