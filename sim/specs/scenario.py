@@ -485,6 +485,9 @@ def _check_speculation(source: str, model: ModelSpec, draft: ModelSpec | None, e
     def fail(key: str, value: object, rule: str) -> None:
         raise ConfigError(source=source, key=f"engine.speculative_config.{key}", value=value, rule=rule)
 
+    if model.linear_attention is not None:
+        fail("method", config.method, f"{model.name} has linear-attention layers: verifying draft tokens needs "
+             "their per-token state checkpoints, which are not modelled yet; simulate it without speculation")
     if config.method == "mtp" and not model.num_nextn_predict_layers:
         fail("method", config.method, f"{model.name} has no multi-token-prediction layers "
              "(config.json num_nextn_predict_layers = 0); use eagle, eagle3, ngram or draft_model")

@@ -114,6 +114,15 @@ def test_disaggregated_hybrid_models_are_refused_with_a_reason() -> None:
     assert err.value.key == "disaggregation" and "linear-attention" in err.value.rule
 
 
+def test_speculative_decoding_on_a_hybrid_model_is_refused_with_a_reason() -> None:
+    d = scenario_dict(model={"name": QWEN35}, hardware={"name": "h200_sxm"},
+                      engine={"tensor_parallel_size": 8, "quantization": "fp8_block",
+                              "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}})
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(d, source="t")
+    assert err.value.key == "engine.speculative_config.method" and "linear-attention" in err.value.rule
+
+
 def test_a_hybrid_model_simulates_end_to_end() -> None:
     result = simulate(_scenario())
     assert result.summary.num_requests == 40
