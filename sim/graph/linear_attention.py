@@ -28,8 +28,8 @@ token and value head), the conv, gating, norms and the recurrent update as point
 kernels over the bytes they move (the recurrent update as one row of key_head_dim x value_head_dim
 state elements per sequence and value head).
 
-FLOPs per token and value head (d_k, d_v the head widths, C the chunk): 2 C d_k (k k^T), 2 C^2 / 3
-(the triangular solve), 2 C (d_k + d_v) (w and u), 4 d_k d_v (w S and k^T v_new), 2 d_k d_v +
+FLOPs per token and value head (d_k, d_v the head widths, C the chunk): 2 C d_k (k k^T), floor(2 C^2
+/ 3) (the triangular solve), 2 C (d_k + d_v) (w and u), 4 d_k d_v (w S and k^T v_new), 2 d_k d_v +
 2 C (d_k + d_v) (the output). Work is counted per token (a prompt chunk of n tokens runs n / C
 chunks, a last partial chunk unpadded), so every row is a polynomial of the token count.
 """
@@ -177,7 +177,9 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, new_to
         # beta k k^T within each chunk (C x C per chunk and head, fp32 out).
         (gemm("gdn_chunk_kkt", 2.0 * rows * c * dk, rows * (dk * a + c * f32), (rows, c, dk)), n),
         # (I + A)^-1 of each chunk's strictly lower-triangular A.
-        (gemm("gdn_chunk_solve_tril", 2.0 * rows * c * c / 3, 2.0 * rows * c * f32, (rows, c, c)), n),
+        # FLOPs in whole numbers per row, so that a family's rows stay exact polynomials of the count
+        # (block pricing checks them with ==).
+        (gemm("gdn_chunk_solve_tril", float(rows * (2 * c * c // 3)), 2.0 * rows * c * f32, (rows, c, c)), n),
         # w = A^-1 (beta k exp(g)) and u = A^-1 (beta v).
         (gemm("gdn_chunk_wu", 2.0 * rows * c * (dk + dv), rows * (c * f32 + 2 * (dk + dv) * a), (rows, dk + dv, c)), n),
         # Across chunks: v_new = u - w S, S <- exp(g) S + k^T v_new; every chunk's S kept.

@@ -124,6 +124,20 @@ def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynom
     assert isinstance(llama._blocks[("prefill", 300, 1)]._template, PolynomialNodes)
 
 
+def test_gated_deltanet_families_are_polynomials_of_the_count() -> None:
+    """Every Gated DeltaNet row of a hybrid model's prefill and decode parts is an exact polynomial
+    of the count (whole-number FLOPs and bytes), so their families get a polynomial template, not
+    nodes built count by count."""
+    sc = load_scenario(LLAMA70, {"model.name": "Qwen/Qwen3.5-397B-A17B", "hardware.name": "h200_sxm",
+                                 "engine.tensor_parallel_size": 8, "engine.quantization": "fp8_block"})
+    block, _ = _pricers(sc)
+    for t in range(100, 100 + BLOCK_FROM_ASK):
+        block.step_s((((t, 300, False), (7, 0, True)), t - 90, 1024))
+    assert block._blocks is not None
+    for family in (("prefill", 300, 1), ("decode", 1024)):
+        assert isinstance(block._blocks[family]._template, PolynomialNodes), family
+
+
 def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
     sc = load_scenario(LLAMA70)
     base = _pricers(sc)[0]._nodes.token
