@@ -144,11 +144,17 @@ def _ignore_sigint() -> None:
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
     """Drop the queued batches and end the workers now, mid-batch included."""
     processes = list(getattr(pool, "_processes", {}).values())  # the executor exposes no other handle
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
     for process in processes:
         process.join(timeout=10)
+    # Let the executor's manager thread close its wake-up pipe before the interpreter exits: on
+    # Python 3.11 the exit hook can otherwise write to the pipe while the thread closes it
+    # ("OSError: Bad file descriptor" printed after "interrupted").
+    if manager is not None:
+        manager.join(timeout=10)
 
 
 def _tiers_for(row: ValidationRow, tiers: Sequence[Tier]) -> list[Tier]:

@@ -10,19 +10,24 @@ import pytest
 from conftest import REPO
 
 from orchestrator.cli import main
+from orchestrator.commands_sim import simulable
 from orchestrator.sweep.capacity import CandidatePlan
 from orchestrator.sweep.metrics import trial_metrics
 from sim.api import missing_price_message, simulate
 from sim.specs.scenario import load_scenario_file
 
 
-def test_list_models_marks_what_can_be_simulated_with_the_loader_reason(capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_models_marks_what_can_be_simulated_with_the_loader_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "models"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-1] == "simulable"
     rows = {line.split()[0]: line for line in lines[2:]}
     assert rows["meta-llama/Llama-3.1-8B"].rstrip().endswith("yes")
-    assert "no: linear (gated delta-net) attention" in rows["Qwen/Qwen3.5-397B-A17B"]
+    assert rows["Qwen/Qwen3.5-397B-A17B"].rstrip().endswith("yes")  # Gated DeltaNet hybrid
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 10}')
+    assert simulable(str(config)).startswith("no: architecture not supported")
 
 
 def _unpriced(tmp_path: Path, price: str = "") -> Path:
