@@ -1,9 +1,10 @@
 """CPU time of a 10,000-request DeepSeek-R1 run on one core (issue 19's speed target: <= 2 s).
 
-    python benchmarks/bench_moe_mla.py [--requests N] [--rate R] [--repeat K]
+    python benchmarks/bench_moe_mla.py [--requests N] [--rate R] [--repeat K] [--scenario PATH ...]
 
 Runs the two shipped DeepSeek-R1 layouts on 8x H200 (TP8; attention DP8 + EP8) at a request rate
-the DP8+EP8 layout sustains, best CPU time (`time.process_time`) of `--repeat` runs of one
+the DP8+EP8 layout sustains (or the `--scenario` files given, e.g. the Qwen3.5 hybrid), best CPU
+time (`time.process_time`) of `--repeat` runs of one
 `simulate` call (calibration load, workload generation and summary included). BLAS is pinned to one
 thread before numpy loads. Runs in one process share its MoE routing memo (a later run finds the
 routing draws kept); `--repeat 1` in fresh processes gives cold numbers.
@@ -28,8 +29,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=16.0)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--scenario", action="append", help="scenario file (repeatable; default: the two DeepSeek-R1 ones)")
     args = ap.parse_args()
-    for path in SCENARIOS:
+    for path in args.scenario or SCENARIOS:
         best = float("inf")
         for _ in range(args.repeat):
             sc = load_scenario(path, {"workload.num_prompts": args.requests, "workload.request_rate": args.rate})
