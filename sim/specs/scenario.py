@@ -428,6 +428,11 @@ def _check_combination(
              f"must divide num_key_value_heads={kv} or be a multiple of it (KV heads are replicated)")
     if model.intermediate_size % tp:
         fail("engine.tensor_parallel_size", tp, f"must divide intermediate_size={model.intermediate_size}")
+    la = model.linear_attention
+    if la is not None and (la.num_key_heads % tp or la.num_value_heads % tp):
+        fail("engine.tensor_parallel_size", tp,
+             f"must divide the Gated DeltaNet heads (linear_num_key_heads={la.num_key_heads}, "
+             f"linear_num_value_heads={la.num_value_heads}): the linear layers split their heads over TP")
     if engine.pipeline_parallel_size > model.num_layers:
         fail("engine.pipeline_parallel_size", engine.pipeline_parallel_size,
              f"must be <= num_hidden_layers={model.num_layers}")

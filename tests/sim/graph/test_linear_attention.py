@@ -105,6 +105,12 @@ def test_a_state_pool_that_holds_no_request_is_infeasible_and_names_the_key() ->
     assert err.value.key == "engine.mamba_full_memory_ratio"
 
 
+def test_tensor_parallelism_must_divide_the_gated_deltanet_heads() -> None:
+    with pytest.raises(ConfigError) as err:
+        _scenario(hardware="b200_sxm", tensor_parallel_size=32)  # divides 32 query heads, not 16 key heads
+    assert err.value.key == "engine.tensor_parallel_size" and "linear_num_key_heads=16" in err.value.rule
+
+
 def test_disaggregated_hybrid_models_are_refused_with_a_reason() -> None:
     d = scenario_dict(model={"name": QWEN35}, hardware={"name": "h200_sxm"},
                       engine={"tensor_parallel_size": 8, "quantization": "fp8_block"},
