@@ -71,7 +71,7 @@ class LinearShapes:
     def of(model: ModelSpec, tp: int) -> LinearShapes:
         la = model.linear_attention
         assert la is not None
-        # Heads are split over the TP ranks; with more ranks than heads each rank keeps one.
+        # Heads are split over the TP ranks (`check` refuses a TP that does not divide them).
         return LinearShapes(key_heads=max(1, la.num_key_heads // tp), value_heads=max(1, la.num_value_heads // tp),
                             key_head_dim=la.key_head_dim, value_head_dim=la.value_head_dim,
                             conv_kernel=la.conv_kernel_dim, layers=model.num_linear_layers(),
