@@ -154,6 +154,8 @@ def moe_block_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     if moe.expert_bias:
         experts += local * (2 * width + h) * act
     shared = 3 * h * (moe.shared_expert_intermediate_size // engine.tensor_parallel_size) * lin
+    if model.shared_expert_gate:
+        shared += h * act
     return experts + shared + h * moe.num_experts * act
 
 

@@ -370,3 +370,8 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         lin_w = precision.linear_weight_dtype
         _dense_mlp(add, "shared_expert", t, h, s.shared_width, lin_w, act,
                    precision.gemm_compute_dtype(lin_w, hw), repeat)
+        if model.shared_expert_gate:
+            # sigmoid(hidden -> 1) scales the shared expert's output (replicated on every TP rank).
+            add(gemm_work("shared_expert_gate", t, 1, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
+            add(_pointwise(KernelKind.ELEMENTWISE, "shared_expert_gate_mul", t, h, act, passes=3.0,
+                           flops_per_element=5.0), repeat)

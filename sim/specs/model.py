@@ -181,6 +181,8 @@ class ModelSpec:
     """Layers whose token mixer is linear attention (`layer_types` "linear_attention")."""
     attn_output_gate: bool = False
     """The full-attention layers gate their output with sigmoid(q_proj's second half) (Qwen3-Next)."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by sigmoid(hidden -> 1) (Qwen2-MoE, Qwen3-Next, Qwen3.5)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -298,6 +300,8 @@ class ModelSpec:
         assert self.moe is not None
         routed = self.moe.num_experts * self.expert_params()
         shared = 3 * self.hidden_size * self.moe.shared_expert_intermediate_size
+        if self.shared_expert_gate:
+            shared += self.hidden_size
         other = self.hidden_size * self.moe.num_experts + shared
         return routed, other
 
@@ -421,6 +425,8 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         linear_attention=linear,
         linear_layers=linear_layers,
         attn_output_gate=reader.boolean("attn_output_gate", default=model_type in _GATED_DELTANET_TYPES),
+        shared_expert_gate=model_type in ("qwen2_moe", *_GATED_DELTANET_TYPES) and bool(
+            reader.get("shared_expert_intermediate_size")),
     )
 
 

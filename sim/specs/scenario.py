@@ -183,7 +183,7 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
                "speculative_config", "attention_dp_enable_balance", "attention_dp_timeout_iters",
                "attention_dp_batching_wait_iters", "mamba_full_memory_ratio"),
     "hardware": ("nvlink_domain_size", "nvlink"),
-    "model": ("linear_attention", "linear_layers", "attn_output_gate"),
+    "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):

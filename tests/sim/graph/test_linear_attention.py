@@ -43,6 +43,8 @@ def test_linear_layers_run_gated_deltanet_and_full_layers_run_gated_attention() 
         assert nodes[name][1] == 15, name
     assert nodes["input_layernorm"][1] == nodes["moe_experts"][1] == nodes["attn_all_reduce"][1] == 60
     assert nodes["gdn_qk_l2norm"][1] == 90  # q and k, two launches a layer
+    # The shared expert's sigmoid gate (hidden -> 1) and its scaling, every MoE layer.
+    assert nodes["shared_expert_gate"] == (2.0 * 1024 * 4096, 60) and nodes["shared_expert_gate_mul"][1] == 60
     # q_proj carries the output gate: (2 x 32 heads + 2 x 2 KV heads) x 256 over TP 8, KV heads replicated.
     assert nodes["qkv_proj"][0] == 2 * 1024 * ((2 * 4 + 2 * 1) * 256) * 4096
     # in_proj_qkvz: q, k (16 heads x 128) and v, z (64 heads x 128) over TP 8.

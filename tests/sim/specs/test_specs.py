@@ -55,8 +55,8 @@ def test_qwen35_hybrid_loads_with_its_published_sizes_and_layer_pattern() -> Non
 def test_qwen3_next_parameter_count_matches_its_checkpoint() -> None:
     """Qwen3-Coder-Next (model_type qwen3_next, Qwen3-Next-80B-A3B's shapes): 79,674,391,296
     parameters in its checkpoint, 3,874,929,408 active (as an independent public model-size
-    calculator's test reads its safetensors). The spec counts every tensor but the shared
-    expert's sigmoid gate (hidden -> 1 per layer: 48 x 2,048 = 98,304 parameters)."""
+    calculator's test reads its safetensors), every tensor counted, the shared expert's sigmoid
+    gate (hidden -> 1 per layer) included."""
     cfg = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "vocab_size": 151936,
            "head_dim": 256, "num_attention_heads": 16, "num_key_value_heads": 2, "num_experts": 512,
            "num_experts_per_tok": 10, "intermediate_size": 5120, "moe_intermediate_size": 512,
@@ -65,8 +65,9 @@ def test_qwen3_next_parameter_count_matches_its_checkpoint() -> None:
            "full_attention_interval": 4, "tie_word_embeddings": False, "max_position_embeddings": 262144}
     spec = model_from_hf_config(cfg, name="qwen3-next", source="config.json")
     assert spec.num_linear_layers() == 36 and spec.num_attention_layers() == 12
-    assert spec.num_params() == 79_674_391_296 - 48 * 2048
-    assert spec.num_active_params() == 3_874_929_408 - 48 * 2048
+    assert spec.shared_expert_gate
+    assert spec.num_params() == 79_674_391_296
+    assert spec.num_active_params() == 3_874_929_408
 
 
 def _tiny_config(**extra: object) -> dict[str, object]:
