@@ -7,7 +7,8 @@ groups of tp/D GPUs each, while the MoE layers still span all of them. Expert pa
 whose auto mode runs the normal kernels for prefill and the low-latency ones for decode, as the
 simulator prices them). For a dense model, data parallelism is plain replication (`--dp-size`
 without attention DP). Settings without an SGLang flag (prefix caching on, the routing skew,
-kernelsight's own keys) are left out. Under DP attention SGLang divides `--max-running-requests` and
+kernelsight's own keys) are left out; a hybrid linear-attention model's line carries
+`--mamba-full-memory-ratio`. Under DP attention SGLang divides `--max-running-requests` and
 `--chunked-prefill-size` among the DP ranks, so the line gives DP times the per-rank (vLLM-style)
 values the scenario holds.
 """
@@ -57,6 +58,9 @@ def sglang_launch_command(scenario: Scenario) -> str:
     if engine.kv_cache_dtype.startswith("fp8"):
         args += ["--kv-cache-dtype", "fp8_e4m3" if engine.kv_cache_dtype in ("fp8", "fp8_e4m3") else "fp8_e5m2"]
     args += ["--mem-fraction-static", f"{engine.gpu_memory_utilization:g}"]
+    if scenario.model.linear_attention is not None:
+        # Hybrid linear-attention models: the state pool : KV split the simulation sized memory with.
+        args += ["--mamba-full-memory-ratio", f"{engine.mamba_full_memory_ratio:g}"]
     if engine.enforce_eager:
         args.append("--disable-cuda-graph")
     return shlex.join(args)

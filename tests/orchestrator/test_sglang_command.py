@@ -41,6 +41,15 @@ def test_tensor_parallel_moe_has_no_dp_attention_or_deepep() -> None:
     assert f["--max-running-requests"] == "64"
 
 
+def test_hybrid_linear_attention_model_carries_its_state_memory_split() -> None:
+    sc = load_scenario(REPO / "scenarios" / "qwen3_5-h200-tp8.toml", {"engine.mamba_full_memory_ratio": 0.5})
+    f = _flags(sglang_launch_command(sc))
+    assert f["--model-path"] == "Qwen/Qwen3.5-397B-A17B" and f["--mamba-full-memory-ratio"] == "0.5"
+    assert (f["--tp-size"], f["--ep-size"]) == ("8", "8")
+    dense = _flags(sglang_launch_command(load_scenario(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml")))
+    assert "--mamba-full-memory-ratio" not in dense
+
+
 def test_dense_model_data_parallel_is_replication() -> None:
     sc = load_scenario(REPO / "scenarios" / "llama3_8b-h100.toml",
                        {"engine.data_parallel_size": 2, "engine.enable_prefix_caching": False})
