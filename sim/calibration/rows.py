@@ -15,8 +15,8 @@ from typing import Final
 
 from sim.dtypes import DType
 from sim.errors import ConfigError
-from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.transformer import collective_work, decode_attention_work, gemm_work, prefill_attention_work
+from sim.graph.kernels import KernelKind, KernelWork, gemm_work
+from sim.graph.transformer import collective_work, decode_attention_work, prefill_attention_work
 from sim.perf.table_kernels import (
     MOE_DTYPES,
     NUMERIC,

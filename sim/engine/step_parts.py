@@ -30,12 +30,11 @@ from collections.abc import Callable, Sequence
 
 from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes, Rebuild
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.kernels import KernelKind, KernelWork, gemm_work
 from sim.graph.moe import as_decode_only, draw_rank0_loads, moe_work
 from sim.graph.transformer import (
     build_step_graph,
     decode_attention_nodes,
-    gemm_work,
     is_attention_work,
     prefill_attention_nodes,
     verify_attention_nodes,

@@ -122,3 +122,27 @@ class KernelGraph:
         for n in self.nodes:
             out[n.work.kind] += n.work.flops * n.repeat
         return dict(out)
+
+
+def gemm_work(name: str, m: int, n: int, k: int, weight_dtype: DType, act_dtype: DType,
+              compute_dtype: DType) -> KernelWork:
+    """Y[m, n] = X[m, k] W[n, k]^T: 2mnk FLOPs, the weight and each activation read or written once."""
+    a = act_dtype.bytes_per_element()
+    return KernelWork(
+        kind=KernelKind.GEMM, name=name, dtype=compute_dtype,
+        flops=2.0 * m * n * k,
+        weight_bytes=float(n * k) * weight_dtype.bytes_per_element(),
+        activation_bytes=float(m * k + m * n) * a,
+        shape=(m, n, k),
+    )
+
+
+def pointwise_work(kind: KernelKind, name: str, tokens: int, width: int, dtype: DType,
+                   passes: float, flops_per_element: float = 1.0) -> KernelWork:
+    """A memory-bound kernel touching `passes` tensors of tokens x width elements."""
+    return KernelWork(
+        kind=kind, name=name, dtype=dtype,
+        flops=flops_per_element * tokens * width,
+        activation_bytes=passes * tokens * width * dtype.bytes_per_element(),
+        shape=(tokens, width),
+    )

@@ -36,12 +36,10 @@ chunks, a last partial chunk unpadded), so every row is a polynomial of the toke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sim.dtypes import DType
-from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.kernels import KernelKind, KernelWork, gemm_work
 from sim.specs.hardware import HardwareSpec
-from sim.specs.model import ModelSpec
+from sim.specs.model import LinearAttentionSpec, ModelSpec
 from sim.specs.precision import PrecisionSpec
 
 NodeList = list[tuple[KernelWork, int]]
@@ -55,89 +53,50 @@ ATTENTION_NAMES = frozenset({"gdn_conv1d", "gdn_gating", "gdn_qk_l2norm", "gdn_c
 """Linear-attention kernels whose work depends on the step's sequences (the attention parts)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinearShapes:
-    """Gated DeltaNet widths on one tensor-parallel rank."""
-
-    key_heads: int
-    value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-    layers: int
-    state_dtype: DType
-
-    @staticmethod
-    def of(model: ModelSpec, tp: int) -> LinearShapes:
-        la = model.linear_attention
-        assert la is not None
-        # Heads are split over the TP ranks (`check` refuses a TP that does not divide them).
-        return LinearShapes(key_heads=max(1, la.num_key_heads // tp), value_heads=max(1, la.num_value_heads // tp),
-                            key_head_dim=la.key_head_dim, value_head_dim=la.value_head_dim,
-                            conv_kernel=la.conv_kernel_dim, layers=model.num_linear_layers(),
-                            state_dtype=la.state_dtype)
-
-    def key_dim(self) -> int:
-        return self.key_heads * self.key_head_dim
-
-    def value_dim(self) -> int:
-        return self.value_heads * self.value_head_dim
-
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim() + self.value_dim()
-
-    def state_elements(self) -> int:
-        """Recurrent state elements of one sequence in one layer."""
-        return self.value_heads * self.key_head_dim * self.value_head_dim
-
-    def conv_state_elements(self) -> int:
-        return self.conv_dim() * (self.conv_kernel - 1)
+def rank_shapes(model: ModelSpec, tp: int) -> LinearAttentionSpec:
+    """The model's Gated DeltaNet shapes on one tensor-parallel rank."""
+    assert model.linear_attention is not None
+    return model.linear_attention.per_rank(tp)
 
 
 def state_bytes_per_request(model: ModelSpec, tp: int, act: DType, layers: int) -> int:
     """Bytes one request's linear-attention state takes on one rank over `layers` linear layers:
     the recurrent state (`mamba_ssm_dtype`) and the conv state (activation dtype)."""
-    s = LinearShapes.of(model, tp)
+    s = rank_shapes(model, tp)
     per_layer = (s.state_elements() * s.state_dtype.bytes_per_element()
                  + s.conv_state_elements() * act.bytes_per_element())
     return int(layers * per_layer)
 
 
-def _gemm(name: str, m: int, n: int, k: int, w: DType, act: DType, compute: DType) -> KernelWork:
-    return KernelWork(kind=KernelKind.GEMM, name=name, dtype=compute, flops=2.0 * m * n * k,
-                      weight_bytes=float(n * k) * w.bytes_per_element(),
-                      activation_bytes=float(m * k + m * n) * act.bytes_per_element(), shape=(m, n, k))
-
-
 def token_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpec, tp: int,
                 tokens: int) -> tuple[NodeList, NodeList]:
     """The token part of the linear layers: (input projections, gated norm and output projection)."""
-    s = LinearShapes.of(model, tp)
+    s = rank_shapes(model, tp)
     act, w = precision.activation_dtype, precision.linear_weight_dtype
     c = precision.gemm_compute_dtype(w, hw)
-    h, n = model.hidden_size, s.layers
+    h, n = model.hidden_size, model.num_linear_layers()
     before = [
-        (_gemm("in_proj_qkvz", tokens, 2 * s.key_dim() + 2 * s.value_dim(), h, w, act, c), n),
+        (gemm_work("in_proj_qkvz", tokens, 2 * s.key_dim() + 2 * s.value_dim(), h, w, act, c), n),
         # The gates are small and stay in the activation dtype.
-        (_gemm("in_proj_ba", tokens, 2 * s.value_heads, h, act, act, act), n),
+        (gemm_work("in_proj_ba", tokens, 2 * s.num_value_heads, h, act, act, act), n),
     ]
     width = s.value_dim()
     after = [
         (KernelWork(kind=KernelKind.NORM, name="gdn_gated_norm", dtype=act, flops=8.0 * tokens * width,
                     activation_bytes=3.0 * tokens * width * act.bytes_per_element(), shape=(tokens, width)), n),
-        (_gemm("out_proj", tokens, h, width, w, act, c), n),
+        (gemm_work("out_proj", tokens, h, width, w, act, c), n),
     ]
     return before, after
 
 
-def _conv(s: LinearShapes, tokens: int, sequences: int, act: DType) -> KernelWork:
+def _conv(s: LinearAttentionSpec, tokens: int, sequences: int, act: DType) -> KernelWork:
     """The causal depthwise conv (with SiLU) over q, k, v of `tokens` tokens of `sequences`
     sequences, each reading and writing its conv state."""
     a = act.bytes_per_element()
     width = s.conv_dim()
     return KernelWork(kind=KernelKind.ELEMENTWISE, name="gdn_conv1d", dtype=act,
-                      flops=float(tokens * width * (2 * s.conv_kernel + 4)),
-                      activation_bytes=float(2 * tokens * width * a + width * s.conv_kernel * a
+                      flops=float(tokens * width * (2 * s.conv_kernel_dim + 4)),
+                      activation_bytes=float(2 * tokens * width * a + width * s.conv_kernel_dim * a
                                              + 2 * sequences * s.conv_state_elements() * a),
                       shape=(tokens, width))
 
@@ -146,11 +105,11 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, new_to
     """Linear-attention kernels of `count` alike prompt chunks of `new_tokens` each, every linear layer
     (the cached context is in the state, so its length does not matter). Work is counted per token
     (new_tokens / CHUNK_TOKENS chunks per sequence), so every row is a polynomial of the count."""
-    s = LinearShapes.of(model, tp)
+    s = rank_shapes(model, tp)
     act = precision.activation_dtype
     a, f32 = act.bytes_per_element(), 4
     t = new_tokens * count
-    heads, dk, dv, c = s.value_heads, s.key_head_dim, s.value_head_dim, CHUNK_TOKENS
+    heads, dk, dv, c = s.num_value_heads, s.key_head_dim, s.value_head_dim, CHUNK_TOKENS
     rows = t * heads  # one row per (token, value head)
     state = float(count * s.state_elements() * s.state_dtype.bytes_per_element())
     # Every chunk's state, written by the state pass and read back by the output pass (per token: 1/C of one).
@@ -166,7 +125,7 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, new_to
         return KernelWork(kind=kind, name=name, dtype=act, flops=float(t * width) * 4.0,
                           activation_bytes=float(t * width) * passes_bytes, shape=(t, width))
 
-    n = s.layers
+    n = model.num_linear_layers()
     return [
         (_conv(s, t, count, act), n),
         # g = -exp(A) softplus(a + dt_bias) and beta = sigmoid(b): bf16 in, fp32 out.
@@ -193,14 +152,15 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, new_to
 
 def decode_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, batch: int) -> NodeList:
     """Linear-attention kernels of one new token for each of `batch` sequences, every linear layer."""
-    s = LinearShapes.of(model, tp)
+    s = rank_shapes(model, tp)
     act = precision.activation_dtype
     a = act.bytes_per_element()
     dk, dv = s.key_head_dim, s.value_head_dim
     state = s.state_elements() * s.state_dtype.bytes_per_element()
-    io = batch * (s.conv_dim() + s.value_dim() + 2 * s.value_heads) * a
+    io = batch * (s.conv_dim() + s.value_dim() + 2 * s.num_value_heads) * a
     recurrent = KernelWork(kind=KernelKind.ELEMENTWISE, name="gdn_recurrent", dtype=act,
-                           flops=float(batch * s.value_heads * 7 * dk * dv),
+                           flops=float(batch * s.num_value_heads * 7 * dk * dv),
                            activation_bytes=float(io), kv_read_bytes=float(batch * state),
-                           kv_write_bytes=float(batch * state), shape=(batch * s.value_heads, dk * dv))
-    return [(_conv(s, batch, batch, act), s.layers), (recurrent, s.layers)]
+                           kv_write_bytes=float(batch * state), shape=(batch * s.num_value_heads, dk * dv))
+    n = model.num_linear_layers()
+    return [(_conv(s, batch, batch, act), n), (recurrent, n)]

@@ -81,16 +81,15 @@ def token_mixer_weight_bytes(model: ModelSpec, engine: EngineParams, precision: 
     la = model.linear_attention
     if la is None:
         return attn
-    tp = engine.tensor_parallel_size
+    r = la.per_rank(engine.tensor_parallel_size)
     lin = precision.linear_weight_dtype.bytes_per_element()
     act = precision.activation_dtype.bytes_per_element()
     h = model.hidden_size
-    key_dim = max(1, la.num_key_heads // tp) * la.key_head_dim
-    value_heads = max(1, la.num_value_heads // tp)
-    value_dim = value_heads * la.value_head_dim
-    linear = (h * (2 * key_dim + 2 * value_dim) + value_dim * h) * lin
-    linear += (h * 2 * value_heads + (2 * key_dim + value_dim) * la.conv_kernel_dim + 2 * value_heads
-               + la.value_head_dim + 2 * h) * act
+    # in_proj_qkvz and out_proj in the linear format; in_proj_ba, the conv, A_log, dt_bias, the
+    # gated norm and the two layer norms in the activation dtype.
+    linear = (h * (2 * r.key_dim() + 2 * r.value_dim()) + r.value_dim() * h) * lin
+    linear += (h * 2 * r.num_value_heads + r.conv_dim() * r.conv_kernel_dim + 2 * r.num_value_heads
+               + r.value_head_dim + 2 * h) * act
     n_lin = model.num_linear_layers()
     return (attn * (model.num_layers - n_lin) + linear * n_lin) / model.num_layers
 

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 from sim.dtypes import DType
-from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.kernels import KernelKind, KernelWork, gemm_work, pointwise_work
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec
@@ -77,18 +77,6 @@ class MLAShapes:
         return self.kv_lora + self.rope
 
 
-def _gemm(name: str, m: int, n: int, k: int, w: DType, act: DType, c: DType) -> KernelWork:
-    return KernelWork(kind=KernelKind.GEMM, name=name, dtype=c, flops=2.0 * m * n * k,
-                      weight_bytes=float(n * k) * w.bytes_per_element(),
-                      activation_bytes=float(m * k + m * n) * act.bytes_per_element(), shape=(m, n, k))
-
-
-def _pointwise(kind: KernelKind, name: str, tokens: int, width: int, dtype: DType, passes: float,
-               flops_per_element: float) -> KernelWork:
-    return KernelWork(kind=kind, name=name, dtype=dtype, flops=flops_per_element * tokens * width,
-                      activation_bytes=passes * tokens * width * dtype.bytes_per_element(), shape=(tokens, width))
-
-
 def projection_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpec, tp: int, t: int) -> NodeList:
     """The token part of MLA attention (and the DSA indexer's projections), every layer."""
     s = MLAShapes.of(model, tp)
@@ -98,31 +86,32 @@ def projection_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpe
     qk = s.nope + s.rope
     out: NodeList = []
     if s.q_lora is not None:
-        out.append((_gemm("fused_qkv_a_proj", t, s.q_lora + s.latent(), s.hidden, w, act, c), n_layers))
-        out.append((_pointwise(KernelKind.NORM, "q_a_layernorm", t, s.q_lora, act, 2.0, 4.0), n_layers))
-        out.append((_gemm("q_b_proj", t, s.heads * qk, s.q_lora, w, act, c), n_layers))
+        out.append((gemm_work("fused_qkv_a_proj", t, s.q_lora + s.latent(), s.hidden, w, act, c), n_layers))
+        out.append((pointwise_work(KernelKind.NORM, "q_a_layernorm", t, s.q_lora, act, 2.0, 4.0), n_layers))
+        out.append((gemm_work("q_b_proj", t, s.heads * qk, s.q_lora, w, act, c), n_layers))
     else:
-        out.append((_gemm("q_proj", t, s.heads * qk, s.hidden, w, act, c), n_layers))
-        out.append((_gemm("kv_a_proj_with_mqa", t, s.latent(), s.hidden, w, act, c), n_layers))
-    out.append((_pointwise(KernelKind.NORM, "kv_a_layernorm", t, s.kv_lora, act, 2.0, 4.0), n_layers))
-    out.append((_pointwise(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.heads + 1) * s.rope, act, 2.0, 3.0), n_layers))
+        out.append((gemm_work("q_proj", t, s.heads * qk, s.hidden, w, act, c), n_layers))
+        out.append((gemm_work("kv_a_proj_with_mqa", t, s.latent(), s.hidden, w, act, c), n_layers))
+    out.append((pointwise_work(KernelKind.NORM, "kv_a_layernorm", t, s.kv_lora, act, 2.0, 4.0), n_layers))
+    out.append((pointwise_work(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.heads + 1) * s.rope, act, 2.0, 3.0),
+                n_layers))
     if model.dsa is not None:
         d = model.dsa
         q_in = s.q_lora or s.hidden
         width = d.index_n_heads * d.index_head_dim
-        out.append((_gemm("dsa_wq_b", t, width, q_in, w, act, c), n_layers))
-        out.append((_gemm("dsa_wk", t, d.index_head_dim, s.hidden, w, act, c), n_layers))
-        out.append((_gemm("dsa_weights_proj", t, d.index_n_heads, s.hidden, act, act, act), n_layers))
-        out.append((_pointwise(KernelKind.NORM, "dsa_k_norm", t, d.index_head_dim, act, 2.0, 4.0), n_layers))
-        out.append((_pointwise(KernelKind.ELEMENTWISE, "dsa_rotary_emb", t, width + d.index_head_dim, act,
-                               2.0, 3.0), n_layers))
+        out.append((gemm_work("dsa_wq_b", t, width, q_in, w, act, c), n_layers))
+        out.append((gemm_work("dsa_wk", t, d.index_head_dim, s.hidden, w, act, c), n_layers))
+        out.append((gemm_work("dsa_weights_proj", t, d.index_n_heads, s.hidden, act, act, act), n_layers))
+        out.append((pointwise_work(KernelKind.NORM, "dsa_k_norm", t, d.index_head_dim, act, 2.0, 4.0), n_layers))
+        out.append((pointwise_work(KernelKind.ELEMENTWISE, "dsa_rotary_emb", t, width + d.index_head_dim, act,
+                                   2.0, 3.0), n_layers))
         # Quantise q and k to FP8 and write the key into the indexer cache.
         out.append((KernelWork(kind=KernelKind.ELEMENTWISE, name="dsa_quant_cache", dtype=act,
                                flops=2.0 * t * (width + d.index_head_dim),
                                activation_bytes=float(t * (width + d.index_head_dim)) * (act.bytes_per_element() + 1),
                                kv_write_bytes=float(t * indexer_cache_bytes_per_token(d.index_head_dim)),
                                shape=(t, width + d.index_head_dim)), n_layers))
-    out.append((_gemm("o_proj", t, s.hidden, s.heads * s.v, w, act, c), n_layers))
+    out.append((gemm_work("o_proj", t, s.hidden, s.heads * s.v, w, act, c), n_layers))
     return out
 
 
@@ -201,7 +190,7 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpec, 
         return out
     w = precision.linear_weight_dtype
     c = precision.gemm_compute_dtype(w, hw)
-    decompress = _gemm("mla_kv_b_proj", count * span, s.heads * (s.nope + s.v), s.kv_lora, w, act, c)
+    decompress = gemm_work("mla_kv_b_proj", count * span, s.heads * (s.nope + s.v), s.kv_lora, w, act, c)
     if context_tokens:
         # The cached context's latent is read from the KV cache.
         decompress = KernelWork(kind=decompress.kind, name=decompress.name, dtype=decompress.dtype,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sim.dtypes import DType
 from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
-from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork
+from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork, gemm_work, pointwise_work
 from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
@@ -83,29 +83,6 @@ class ShardedShapes:
             expert_width=expert_width,
             shared_width=shared_width,
         )
-
-
-def gemm_work(name: str, m: int, n: int, k: int, *, weight_dtype: DType, act_dtype: DType,
-              compute_dtype: DType) -> KernelWork:
-    a = act_dtype.bytes_per_element()
-    return KernelWork(
-        kind=KernelKind.GEMM, name=name, dtype=compute_dtype,
-        flops=2.0 * m * n * k,
-        weight_bytes=float(n * k) * weight_dtype.bytes_per_element(),
-        activation_bytes=float(m * k + m * n) * a,
-        shape=(m, n, k),
-    )
-
-
-def _pointwise(kind: KernelKind, name: str, tokens: int, width: int, dtype: DType, *,
-               passes: float, flops_per_element: float = 1.0) -> KernelWork:
-    """A memory-bound kernel touching `passes` tensors of tokens x width elements."""
-    return KernelWork(
-        kind=kind, name=name, dtype=dtype,
-        flops=flops_per_element * tokens * width,
-        activation_bytes=passes * tokens * width * dtype.bytes_per_element(),
-        shape=(tokens, width),
-    )
 
 
 def pp_hops_across_domains(tp: int, pp: int, domain: int) -> int:
@@ -254,10 +231,10 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     num_layers = model.num_layers
     # Softmax-attention layers; the rest of a hybrid model's layers run linear attention.
     attn_layers = model.num_attention_layers()
-    add(_pointwise(KernelKind.EMBEDDING, "embedding", t, h, act, passes=2.0, flops_per_element=0.0))
+    add(pointwise_work(KernelKind.EMBEDDING, "embedding", t, h, act, passes=2.0, flops_per_element=0.0))
     all_reduce("embedding_all_reduce", 1)
 
-    add(_pointwise(KernelKind.NORM, "input_layernorm", t, h, act, passes=4.0, flops_per_element=4.0), num_layers)
+    add(pointwise_work(KernelKind.NORM, "input_layernorm", t, h, act, passes=4.0, flops_per_element=4.0), num_layers)
     linear_after: list[tuple[KernelWork, int]] = []
     if model.linear_attention is not None:
         linear_before, linear_after = linear_attention.token_nodes(model, precision, hw, s.tp, t)
@@ -272,9 +249,9 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         qkv_n = (s.q_heads + 2 * s.kv_heads) * s.head_dim + gate_n
         add(gemm_work("qkv_proj", t, qkv_n, h, weight_dtype=lin_w, act_dtype=act, compute_dtype=lin_c), attn_layers)
         if model.qk_norm:
-            add(_pointwise(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
+            add(pointwise_work(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
                            passes=2.0, flops_per_element=4.0), attn_layers)
-        add(_pointwise(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
+        add(pointwise_work(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
                        passes=2.0, flops_per_element=3.0), attn_layers)
     for chunk, count in sorted(Counter(batch.prefills).items(),
                                key=lambda kv: (kv[0].new_tokens, kv[0].context_tokens, kv[0].samples)):
@@ -290,12 +267,12 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         add(*projections[-1])
     else:
         if model.attn_output_gate:
-            add(_pointwise(KernelKind.ELEMENTWISE, "attn_output_gate", t, s.q_heads * s.head_dim, act,
+            add(pointwise_work(KernelKind.ELEMENTWISE, "attn_output_gate", t, s.q_heads * s.head_dim, act,
                            passes=3.0, flops_per_element=5.0), attn_layers)
         add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
                       compute_dtype=lin_c), attn_layers)
     all_reduce("attn_all_reduce", num_layers)
-    add(_pointwise(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
+    add(pointwise_work(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
                    flops_per_element=4.0), num_layers)
 
     num_moe = model.num_moe_layers()
@@ -316,7 +293,7 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         if across:
             add(collective_work(KernelKind.SEND_RECV, "pp_send_recv_internode", 2 * t * h * act_b, domain + 1),
                 across)
-    add(_pointwise(KernelKind.NORM, "final_norm", t, h, act, passes=2.0, flops_per_element=4.0))
+    add(pointwise_work(KernelKind.NORM, "final_norm", t, h, act, passes=2.0, flops_per_element=4.0))
     sampled = batch.num_sampled()
     if sampled:
         head = precision.lm_head_dtype
@@ -324,7 +301,7 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         if s.tp > 1:
             add(collective_work(KernelKind.ALL_GATHER, "logits_all_gather", sampled * s.vocab * act_b, s.tp))
         # The sampler reads the gathered logits as fp32: conversion, softmax/argmax, sampling.
-        add(_pointwise(KernelKind.SAMPLING, "sampler", sampled, model.vocab_size, DType.FLOAT32,
+        add(pointwise_work(KernelKind.SAMPLING, "sampler", sampled, model.vocab_size, DType.FLOAT32,
                        passes=4.0, flops_per_element=5.0))
     return KernelGraph(nodes=tuple(nodes))
 
@@ -333,7 +310,7 @@ def _dense_mlp(add: object, prefix: str, t: int, h: int, width: int, w: DType, a
                repeat: int) -> None:
     assert callable(add)
     add(gemm_work(f"{prefix}_gate_up_proj", t, 2 * width, h, weight_dtype=w, act_dtype=act, compute_dtype=c), repeat)
-    add(_pointwise(KernelKind.ELEMENTWISE, f"{prefix}_silu_and_mul", t, width, act, passes=3.0,
+    add(pointwise_work(KernelKind.ELEMENTWISE, f"{prefix}_silu_and_mul", t, width, act, passes=3.0,
                    flops_per_element=5.0), repeat)
     add(gemm_work(f"{prefix}_down_proj", t, h, width, weight_dtype=w, act_dtype=act, compute_dtype=c), repeat)
 
@@ -373,5 +350,5 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         if model.shared_expert_gate:
             # sigmoid(hidden -> 1) scales the shared expert's output (replicated on every TP rank).
             add(gemm_work("shared_expert_gate", t, 1, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
-            add(_pointwise(KernelKind.ELEMENTWISE, "shared_expert_gate_mul", t, h, act, passes=3.0,
+            add(pointwise_work(KernelKind.ELEMENTWISE, "shared_expert_gate_mul", t, h, act, passes=3.0,
                            flops_per_element=5.0), repeat)

@@ -19,6 +19,7 @@ is configured (`[engine] speculative_config`, method `mtp`; `sim.graph.memory.dr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -108,6 +109,20 @@ class LinearAttentionSpec:
     def conv_dim(self) -> int:
         """Channels of the causal conv: q, k and v."""
         return 2 * self.key_dim() + self.value_dim()
+
+    def state_elements(self) -> int:
+        """Recurrent state elements of one sequence in one layer."""
+        return self.num_value_heads * self.key_head_dim * self.value_head_dim
+
+    def conv_state_elements(self) -> int:
+        """The conv's last `conv_kernel_dim - 1` inputs of one sequence in one layer."""
+        return self.conv_dim() * (self.conv_kernel_dim - 1)
+
+    def per_rank(self, tp: int) -> LinearAttentionSpec:
+        """The shapes on one of `tp` tensor-parallel ranks: heads split over the ranks (`check`
+        refuses a TP that does not divide them)."""
+        return dataclasses.replace(self, num_key_heads=max(1, self.num_key_heads // tp),
+                                   num_value_heads=max(1, self.num_value_heads // tp))
 
     def params(self, hidden: int) -> int:
         """in_proj_qkvz, in_proj_ba, conv1d weights, A_log, dt_bias, the gated norm's weight and

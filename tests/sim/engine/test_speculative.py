@@ -12,9 +12,9 @@ from sim.api import load_host_params, scenario_efficiency, scenario_memory, simu
 from sim.engine.pricer import NGRAM_LOOKUP_S_PER_REQUEST, StepPricer
 from sim.errors import ConfigError
 from sim.graph.batch import BatchShape, PrefillChunk
-from sim.graph.kernels import KernelKind
+from sim.graph.kernels import KernelKind, gemm_work
 from sim.graph.mla import verify_nodes
-from sim.graph.transformer import build_step_graph, gemm_work, is_attention_work, prefill_attention_nodes
+from sim.graph.transformer import build_step_graph, is_attention_work, prefill_attention_nodes
 from sim.perf.host import host_cost, step_time_s
 from sim.perf.step import StepCostModel
 from sim.serving.speculative import AcceptanceSampler

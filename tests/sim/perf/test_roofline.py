@@ -6,8 +6,8 @@ import pytest
 from conftest import toy_hardware
 
 from sim.dtypes import DType
-from sim.graph.kernels import KernelKind
-from sim.graph.transformer import collective_work, gemm_work
+from sim.graph.kernels import KernelKind, gemm_work
+from sim.graph.transformer import collective_work
 from sim.perf.roofline import Bound, collective_wire_bytes, roofline
 
 
