@@ -389,7 +389,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
         VllmV1Scheduler(
             kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
                               enable_prefix_caching=engine.enable_prefix_caching),
-            max_num_seqs=running_request_cap(engine.max_num_seqs, mem),
+            max_num_seqs=mem.running_request_cap(engine.max_num_seqs),
             max_num_batched_tokens=engine.max_num_batched_tokens, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
             bulk_decodes=limits.bulk_decode,
@@ -401,13 +401,6 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
         )
         for _ in range(num_ranks)
     ]
-
-
-def running_request_cap(max_num_seqs: int, mem: MemoryBreakdown) -> int:
-    """`max_num_seqs`, or fewer when a hybrid model's linear-attention state pool holds fewer requests."""
-    if mem.max_state_requests is None:
-        return max_num_seqs
-    return max(1, min(max_num_seqs, mem.max_state_requests))
 
 
 def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],

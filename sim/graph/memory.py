@@ -69,6 +69,12 @@ class MemoryBreakdown:
     def kv_capacity_tokens(self) -> int:
         return self.num_kv_blocks * self.block_size
 
+    def running_request_cap(self, max_num_seqs: int) -> int:
+        """`max_num_seqs`, or fewer when a hybrid model's linear-attention state pool holds fewer requests."""
+        if self.max_state_requests is None:
+            return max_num_seqs
+        return max(1, min(max_num_seqs, self.max_state_requests))
+
 
 def layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
     return math.ceil(model.num_layers / engine.pipeline_parallel_size)

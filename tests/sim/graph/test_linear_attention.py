@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from conftest import scenario_dict
 
-from sim.api import check_feasible, running_request_cap, simulate
+from sim.api import check_feasible, simulate
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.linear_attention import CHUNK_TOKENS, decode_nodes, prefill_nodes
@@ -84,8 +84,8 @@ def test_kv_cache_covers_the_full_attention_layers_and_the_state_pool_caps_runni
     pool = int(cache * 0.9 / 1.9)
     assert mem.max_state_requests == pool // mem.state_bytes_per_request
     assert mem.kv_cache_bytes == cache - pool
-    assert running_request_cap(64, mem) == 64
-    assert running_request_cap(10**6, mem) == mem.max_state_requests
+    assert mem.running_request_cap(64) == 64
+    assert mem.running_request_cap(10**6) == mem.max_state_requests
     # A smaller state share holds fewer requests and leaves more KV cache.
     low = _scenario(mamba_full_memory_ratio=0.1)
     low_mem = memory_breakdown(low.model, low.engine, low.precision, low.hardware)
