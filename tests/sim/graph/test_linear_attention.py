@@ -12,7 +12,13 @@ from sim.api import check_feasible, simulate
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.linear_attention import CHUNK_TOKENS, decode_nodes, prefill_nodes
-from sim.graph.memory import kv_bytes_per_token, memory_breakdown, weight_bytes_per_gpu
+from sim.graph.memory import (
+    attention_weight_bytes,
+    kv_bytes_per_token,
+    memory_breakdown,
+    token_mixer_weight_bytes,
+    weight_bytes_per_gpu,
+)
 from sim.graph.transformer import build_step_graph, is_attention_work
 from sim.specs.scenario import Scenario, scenario_from_dict
 
@@ -98,6 +104,14 @@ def test_weights_count_both_kinds_of_token_mixer() -> None:
     per_gpu = weight_bytes_per_gpu(sc.model, sc.engine, sc.precision)
     # fp8 block weights: ~397 GB of parameters, mostly experts at one byte, over 8 GPUs (~50 GB each).
     assert 45e9 < per_gpu < 60e9
+    # One Gated DeltaNet layer on one of 8 ranks, by hand: in_proj_qkvz (4096 -> 2 x 256 + 2 x 1024) and
+    # out_proj (1024 -> 4096) in FP8; in_proj_ba (4096 -> 16), the conv (1,536 x 4), A_log and dt_bias
+    # (8 each), the gated norm (128) and the two layer norms (2 x 4096) in bf16.
+    linear = 4096 * 2560 + 1024 * 4096 + 2 * (4096 * 16 + 1536 * 4 + 16 + 128 + 2 * 4096)
+    attn = attention_weight_bytes(sc.model, sc.engine, sc.precision)
+    assert token_mixer_weight_bytes(sc.model, sc.engine, sc.precision) * 60 == pytest.approx(15 * attn + 45 * linear)
+    # The gated attention layer's q_proj is twice as wide: 4 heads of 256 per rank, plus the gate.
+    assert attn == 4096 * (2 * 1024 + 2 * 256) + 1024 * 4096 + 2 * 2 * 4096 + 2 * 2 * 256
 
 
 def test_a_state_pool_that_holds_no_request_is_infeasible_and_names_the_key() -> None:
