@@ -45,7 +45,7 @@ from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.adp_balance import AdpBalance
 from sim.serving.dp_group import DataParallelGroup
-from sim.serving.kv_cache import KVCacheManager
+from sim.serving.kv_cache import kv_cache_for
 from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
@@ -387,8 +387,8 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     speculation = speculation_sampler(scenario)
     return [
         VllmV1Scheduler(
-            kv=KVCacheManager(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
-                              enable_prefix_caching=engine.enable_prefix_caching),
+            kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
+                            enable_prefix_caching=engine.enable_prefix_caching),
             max_num_seqs=mem.running_request_cap(engine.max_num_seqs),
             max_num_batched_tokens=engine.max_num_batched_tokens, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,

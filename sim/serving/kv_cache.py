@@ -59,11 +59,18 @@ from collections.abc import Iterable, Sequence
 
 from sim.serving.block_keys import ROOT_KEY, SegmentLike, segment_block_keys
 
-__all__ = ["ROOT_KEY", "KVCacheManager", "SegmentLike", "segment_block_keys"]
+__all__ = ["ROOT_KEY", "BlockCountingKVCache", "KVCacheManager", "SegmentLike", "kv_cache_for", "segment_block_keys"]
 
 
 _FreeEntry = list[int] | tuple[int, int]
 """A run of unindexed free blocks, or (indexed block, stamp of its queue entry)."""
+
+
+def _check_pool(num_blocks: int, block_size: int) -> None:
+    if num_blocks <= 0:
+        raise ValueError(f"num_blocks={num_blocks!r} must be > 0")
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size!r} must be > 0")
 
 
 class _HeldBlocks:
@@ -112,10 +119,7 @@ class KVCacheManager:
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks={num_blocks!r} must be > 0")
-        if block_size <= 0:
-            raise ValueError(f"block_size={block_size!r} must be > 0")
+        _check_pool(num_blocks, block_size)
         self._num_blocks = num_blocks
         self._block_size = block_size
         self._enable_prefix_caching = enable_prefix_caching
@@ -432,3 +436,97 @@ class KVCacheManager:
             duplicates.remove(block_id)
         if not duplicates:
             del self._duplicates[key]
+
+
+class BlockCountingKVCache(KVCacheManager):
+    """The block pool of a replica without prefix caching: how many blocks each request holds.
+
+    Without prefix caching no block is looked up, shared or evicted, so which ids a request holds
+    never reaches a result: the scheduler sees the same free counts and the same successes and
+    failures of `allocate` as with `KVCacheManager` (the same rules, on counts), at one dict
+    update per grown request instead of moving block ids through the free queue. The block-id
+    helpers (`blocks_of`, `free_block_ids`, `ref_count`) have no ids to show and say so.
+    """
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, *, num_blocks: int, block_size: int) -> None:
+        _check_pool(num_blocks, block_size)
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._enable_prefix_caching = False
+        self._num_free = num_blocks
+        self._counts: dict[int, int] = {}
+        self.num_prefix_queries_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_evictions = 0
+
+    def allocate(
+        self, request_id: int, *, num_tokens: int, keys: tuple[int, ...], num_computed_tokens: int
+    ) -> bool:
+        """As `KVCacheManager.allocate`; `keys` and a zero `num_computed_tokens` are not used (no
+        prefix cache, so nothing is ever hit)."""
+        num_required = -(-num_tokens // self._block_size)
+        held = self._counts.get(request_id)
+        if held is not None:
+            num_new = num_required - held
+            if num_new <= 0:
+                return True
+            if num_new > self._num_free:
+                return False
+            self._counts[request_id] = num_required
+            self._num_free -= num_new
+            return True
+        if num_computed_tokens >= num_tokens:
+            raise ValueError(
+                f"num_tokens={num_tokens!r} must exceed "
+                f"num_computed_tokens={num_computed_tokens!r}: a step computes at least one token"
+            )
+        if num_computed_tokens:
+            raise ValueError(
+                f"num_computed_tokens={num_computed_tokens!r} claims a prefix-cache hit, but prefix "
+                "caching is off"
+            )
+        if num_required > self._num_free:
+            return False
+        self._counts[request_id] = num_required
+        self._num_free -= num_required
+        return True
+
+    def append_one_block(self, requests: Iterable[int]) -> None:
+        """As `KVCacheManager.append_one_block`: one more block for each request."""
+        counts = self._counts
+        n = 0
+        for request_id in requests:
+            counts[request_id] += 1
+            n += 1
+        self._num_free -= n
+
+    def free(self, request_id: int) -> None:
+        """Release the request's blocks (a request that holds none is ignored)."""
+        held = self._counts.pop(request_id, None)
+        if held is not None:
+            self._num_free += held
+
+    def num_blocks_held(self, request_id: int) -> int:
+        return self._counts.get(request_id, 0)
+
+    def blocks_of(self, request_id: int) -> tuple[int, ...]:
+        raise TypeError("block ids are not tracked without prefix caching (BlockCountingKVCache)")
+
+    def ref_count(self, block_id: int) -> int:
+        raise TypeError("block ids are not tracked without prefix caching (BlockCountingKVCache)")
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        raise TypeError("block ids are not tracked without prefix caching (BlockCountingKVCache)")
+
+    def cached_block_id(self, key: int) -> int | None:
+        return None
+
+
+def kv_cache_for(*, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> KVCacheManager:
+    """The KV cache of one engine rank: block tables and the prefix index with prefix caching,
+    block counts without (the same schedule either way, `BlockCountingKVCache`)."""
+    if enable_prefix_caching:
+        return KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True)
+    return BlockCountingKVCache(num_blocks=num_blocks, block_size=block_size)

@@ -18,7 +18,7 @@ from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.transformer import build_step_graph
 from sim.perf.host import host_cost, step_time_s
 from sim.perf.step import StepCostModel
-from sim.serving.kv_cache import KVCacheManager
+from sim.serving.kv_cache import BlockCountingKVCache, KVCacheManager, kv_cache_for
 from sim.serving.request import RequestState
 from sim.serving.scheduler import StepPlan
 from sim.serving.vllm_v1 import VllmV1Scheduler
@@ -135,6 +135,92 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
     assert computed == sum(r.prompt_tokens - r.prefix_hit_tokens + r.output_tokens - 1 + r.recomputed_tokens
                            for r in reqs)
 
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.just(-1)), min_size=1, max_size=12),
+    arrivals=st.lists(st.integers(0, 40), min_size=12, max_size=12),
+    block_size=st.sampled_from([2, 4]),
+    spare_blocks=st.integers(0, 30),
+    budget=st.integers(4, 32),
+    max_num_seqs=st.integers(1, 6),
+    chunked=st.booleans(),
+    threshold=st.sampled_from([0, 3, 8]),
+    reserve_full_output=st.booleans(),
+    prefill_priority=st.booleans(),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_block_counts_schedule_as_block_tables_without_prefix_caching(
+    lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
+    max_num_seqs: int, chunked: bool, threshold: int, reserve_full_output: bool, prefill_priority: bool,
+    rnd: random.Random,
+) -> None:
+    """`BlockCountingKVCache` (what a run without prefix caching uses) gives the schedule of the
+    block-table `KVCacheManager`: the same plans, preemptions, finishes and free counts, and each
+    request holds as many blocks, whether decodes run in bulk or step by step."""
+    longest = max(p + o for p, o, _ in lengths)
+    num_blocks = -(-longest // block_size) + spare_blocks
+    budget = max(budget, max_num_seqs) if chunked else max(budget, max_num_seqs, longest)
+    specs = _specs(lengths, prefix_tokens=9)
+    bulk_decodes = rnd.random() < 0.5
+    kvs: list[KVCacheManager] = [
+        kv_cache_for(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False),
+        KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False),
+    ]
+    assert isinstance(kvs[0], BlockCountingKVCache)
+    scheds = [VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                              enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
+                              bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output,
+                              prefill_priority=prefill_priority)
+              for kv in kvs]
+    states = [{s.request_id: s for s in request_states(specs, kv)} for kv in kvs]
+    finished: list[list[int]] = [[], []]
+    for step in range(10_000):
+        for rid, at in enumerate(arrivals[:len(specs)]):
+            if at == step:
+                for sched, st_ in zip(scheds, states, strict=True):
+                    sched.add(st_[rid])
+        shapes = [s.next_bulk_decode_steps() for s in scheds]
+        assert shapes[0] == shapes[1]
+        if shapes[0] is not None and rnd.random() < 0.7:
+            n = rnd.randint(1, shapes[0][2] + 1)
+            runs = [s.run_bulk_decode_steps(n) for s in scheds]
+            assert runs[0][0] == runs[1][0] and list(runs[0][2]) == list(runs[1][2])
+            for i in (0, 1):
+                finished[i] += [r.request_id for r in runs[i][1]]
+        else:
+            plans = [s.schedule() for s in scheds]
+            assert (plans[0] is None) == (plans[1] is None)
+            if plans[0] is None or plans[1] is None:
+                if step > max(arrivals):
+                    break
+                continue
+            assert _summary(plans[0]) == _summary(plans[1])
+            for i in (0, 1):
+                finished[i] += [r.request_id for r in scheds[i].finish_step(plans[i])]
+        assert finished[0] == finished[1]
+        assert kvs[0].num_free_blocks() == kvs[1].num_free_blocks()
+        for rid in states[1]:
+            assert kvs[0].num_blocks_held(rid) == kvs[1].num_blocks_held(rid)
+    assert sorted(finished[0]) == list(range(len(specs)))
+
+
+def test_block_counts_refuse_what_they_cannot_show() -> None:
+    kv = BlockCountingKVCache(num_blocks=4, block_size=2)
+    assert kv.allocate(1, num_tokens=5, keys=(), num_computed_tokens=0)
+    assert kv.num_blocks_held(1) == 3 and kv.num_free_blocks() == 1
+    assert not kv.allocate(2, num_tokens=3, keys=(), num_computed_tokens=0)  # fails without side effects
+    assert kv.num_free_blocks() == 1 and kv.num_blocks_held(2) == 0
+    kv.append_one_block([1])
+    assert kv.num_free_blocks() == 0 and kv.usage_frac() == 1.0
+    with pytest.raises(ValueError, match="prefix caching is off"):
+        kv.allocate(3, num_tokens=4, keys=(), num_computed_tokens=2)
+    with pytest.raises(TypeError, match="block ids are not tracked"):
+        kv.blocks_of(1)
+    kv.free(1)
+    kv.free(1)  # a request that holds nothing is ignored
+    assert kv.num_free_blocks() == 4
 
 def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     """Two decoding requests cross block boundaries at different steps and take blocks in turn."""
