@@ -22,7 +22,7 @@ from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord, StepRecord
 from sim.engine.simulation import SimLimits, Simulation, gc_paused, request_states
 from sim.engine.step_log import StepLog
-from sim.errors import InfeasibleScenario
+from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph
 from sim.graph.memory import MemoryBreakdown, memory_breakdown
@@ -385,6 +385,12 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)
+    unit = engine.block_size if profile.policy.context_chunks_in_blocks else 1
+    if unit > engine.max_num_batched_tokens and engine.enable_chunked_prefill:
+        raise ConfigError(source=scenario.source, key="engine.max_num_batched_tokens",
+                          value=engine.max_num_batched_tokens,
+                          rule=(f"must be at least block_size ({unit}): {engine.backend} cuts prompt chunks "
+                                "to whole KV blocks, so a smaller budget never finishes a long prompt"))
     return [
         VllmV1Scheduler(
             kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
@@ -398,6 +404,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
             batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
+            context_chunk_unit=unit,
         )
         for _ in range(num_ranks)
     ]

@@ -6,7 +6,8 @@ A profile has three parts:
   `prefill_priority` (SGLang: a step that can admit or continue a prefill runs prefill chunks
   only, decodes wait) and `reserve_full_output` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity
   scheduler: a request is admitted only when KV blocks for its prompt and all its output tokens
-  are free, so nothing is ever preempted);
+  are free, so nothing is ever preempted) and `context_chunks_in_blocks` (TensorRT-LLM: a prompt
+  chunk cut by the token budget is cut to whole KV blocks);
 - kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
   engine's kernels where its own microbenchmark series is not what it runs when serving
   (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`, `mla_decode`: the
@@ -29,6 +30,7 @@ from typing import Literal
 from sim.dtypes import DType
 from sim.perf.host import HostOverheadParams
 from sim.serde import require
+from sim.specs.engine import BLOCK_SIZES
 
 KvMemoryBasis = Literal["total", "free_after_weights"]
 
@@ -39,6 +41,10 @@ class SchedulingPolicy:
     """SGLang: prefill chunks run in steps of their own and decodes wait (no mixed batches)."""
     reserve_full_output: bool = False
     """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs; no preemption."""
+    context_chunks_in_blocks: bool = False
+    """TensorRT-LLM: a context chunk that does not finish its prompt is cut down to whole KV blocks
+    (`MicroBatchScheduler::setCtxRequestsChunkSize`, chunk unit = `tokens_per_block`); a chunk that
+    would be empty waits for the next step."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +69,8 @@ class EngineDefaults:
     and activations (TensorRT-LLM free_gpu_memory_fraction)."""
     max_cudagraph_capture_size: int | None = None
     """Largest decode batch replayed from a CUDA graph; None = vLLM's min(2 x max_num_seqs, 512)."""
+    block_size: int | None = None
+    """Tokens per KV-cache block (TensorRT-LLM `tokens_per_block`, 32); None = the scenario default (16, vLLM's)."""
 
     def async_for(self, version: str) -> bool:
         """`async_scheduling` of engine release `version` (unknown versions count as recent)."""
@@ -77,6 +85,8 @@ class EngineDefaults:
                 "must be in (0, 1]")
         cap = self.max_cudagraph_capture_size
         require(cap is None or cap >= 1, "max_cudagraph_capture_size", cap, "must be >= 1")
+        require(self.block_size is None or self.block_size in BLOCK_SIZES, "block_size", self.block_size,
+                f"must be one of {', '.join(map(str, BLOCK_SIZES))} (as [engine] block_size)")
 
 
 def _release(version: str) -> tuple[int, ...] | None:

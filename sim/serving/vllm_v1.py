@@ -87,8 +87,12 @@ class VllmV1Scheduler:
                  bulk_decodes: bool = True, prefill_priority: bool = False,
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
-                 speculation: AcceptanceSampler | None = None) -> None:
+                 speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1) -> None:
+        """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
+        multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
+        `SchedulingPolicy.context_chunks_in_blocks`)."""
         self._kv = kv
+        self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
         self._batch_wait_tokens = batch_wait_max_tokens_ratio * max_num_batched_tokens
         self._batch_wait = batch_wait_timeout_iters > 0 and batch_wait_max_tokens_ratio > 0.0
@@ -211,9 +215,14 @@ class VllmV1Scheduler:
             self._step_id = step_id
 
     def _cap(self, pending: int, budget: int) -> int:
-        if 0 < self._threshold < pending:
-            pending = self._threshold
-        return min(pending, budget)
+        """Tokens a request with `pending` tokens to compute gets from `budget` (0: none this step)."""
+        want = pending
+        if 0 < self._threshold < want:
+            want = self._threshold
+        num_new = want if want <= budget else budget
+        if num_new < want and self._unit > 1:  # cut by the budget: whole units
+            num_new -= num_new % self._unit
+        return num_new
 
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
@@ -386,10 +395,14 @@ class VllmV1Scheduler:
             if 0 < self._threshold < want:
                 want = self._threshold
             num_new = want if want <= budget else budget
+            if num_new < want and self._unit > 1:  # cut by the budget: whole units
+                num_new -= num_new % self._unit
             if num_new < want and not checked_tail:
                 if self._last_bulk_seq() > req.run_seq:
                     return None
                 checked_tail = True
+            if not num_new:
+                continue  # cut to nothing (`context_chunk_unit`): it waits; later requests still run
             planned.append((req, num_new))
             budget -= num_new
             num_needed += -(-(req.num_computed + num_new) // bs) - held(req.request_id)
@@ -540,6 +553,9 @@ class VllmV1Scheduler:
                 num_new = 1 + drafts
             else:
                 num_new = self._cap(req.num_pending(), budget)
+                if not num_new:  # cut to nothing (`context_chunk_unit`): it waits; later requests still run
+                    i += 1
+                    continue
             fits = True
             while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
@@ -586,6 +602,8 @@ class VllmV1Scheduler:
             if req.num_pending() <= 1 and req.num_computed >= req.prompt_tokens:
                 continue  # a decode: it waits for a step without prefill work
             num_new = self._cap(req.num_pending(), budget)
+            if not num_new:
+                continue  # cut to nothing (`context_chunk_unit`): it waits for the next step
             if not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
                                      keys=req.keys, num_computed_tokens=req.num_computed):
                 break
@@ -637,6 +655,8 @@ class VllmV1Scheduler:
             if not self._chunked and pending > budget:
                 break
             num_new = self._cap(pending, budget)
+            if not num_new:
+                break  # cut to nothing (`context_chunk_unit`): FCFS, it and those behind it wait
             if not kv.allocate(req.request_id, num_tokens=remote + hit + num_new, keys=req.keys,
                                num_computed_tokens=hit):
                 break

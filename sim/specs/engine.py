@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from sim.serde import require
 from sim.specs.speculative import SpeculativeConfig
@@ -40,6 +40,10 @@ def routing_alpha(routing: str) -> float | bool | None:
         return False
     return alpha if alpha >= 0.0 and alpha != 1.0 and alpha == alpha and alpha != float("inf") else False
 
+
+
+BLOCK_SIZES: Final = (1, 8, 16, 32, 64, 128, 256)
+"""KV-cache block sizes an engine accepts (vLLM's `--block-size` choices)."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineParams:
@@ -145,8 +149,8 @@ class EngineParams:
                 "must be > 0")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                 self.gpu_memory_utilization, "must be in (0, 1]")
-        require(self.block_size in (1, 8, 16, 32, 64, 128, 256), "block_size", self.block_size,
-                "must be one of 1, 8, 16, 32, 64, 128, 256 (vLLM's choices)")
+        require(self.block_size in BLOCK_SIZES, "block_size", self.block_size,
+                f"must be one of {', '.join(map(str, BLOCK_SIZES))} (vLLM's choices)")
         require(self.num_redundant_experts >= 0, "num_redundant_experts", self.num_redundant_experts, "must be >= 0")
         require(self.enable_eplb or not self.num_redundant_experts, "num_redundant_experts",
                 self.num_redundant_experts, "redundant experts need enable_eplb = true (as in vLLM)")

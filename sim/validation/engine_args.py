@@ -37,6 +37,8 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
     }
     if d.max_cudagraph_capture_size is not None:
         engine["max_cudagraph_capture_size"] = d.max_cudagraph_capture_size
+    if d.block_size is not None:
+        engine["block_size"] = d.block_size
     if quantization is not None:
         engine["quantization"] = quantization
     if d.kv_cache_fp8_with_quantized_weights and (quantization or weight_format) in _QUANTIZED:

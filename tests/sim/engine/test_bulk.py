@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sim.api import SimResult, load_host_params, scenario_efficiency, simulate
 from sim.engine.pricer import StepKey, StepPricer
 from sim.engine.simulation import SimLimits, Simulation, request_states
+from sim.errors import ConfigError
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.transformer import build_step_graph
 from sim.perf.host import host_cost, step_time_s
@@ -66,12 +67,13 @@ def _summary(plan: StepPlan) -> tuple[object, ...]:
     caching=st.booleans(),
     reserve_full_output=st.booleans(),
     prefill_priority=st.booleans(),
+    chunk_unit=st.sampled_from([1, 1, 4]),
     rnd=st.randoms(use_true_random=False),
 )
 def test_bulk_scheduler_matches_the_reference_step_by_step(
     lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
     max_num_seqs: int, chunked: bool, threshold: int, caching: bool, reserve_full_output: bool,
-    prefill_priority: bool, rnd: random.Random,
+    prefill_priority: bool, chunk_unit: int, rnd: random.Random,
 ) -> None:
     # Feasible as scenarios require: the longest request fits the cache (and the budget unchunked).
     longest = max(p + o for p, o, _ in lengths)
@@ -84,7 +86,7 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
         scheds.append(VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                       enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
                                       bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output,
-                                      prefill_priority=prefill_priority))
+                                      prefill_priority=prefill_priority, context_chunk_unit=chunk_unit))
         states.append({s.request_id: s for s in request_states(specs, kv)})
     bulk, ref = scheds
     finished: list[list[int]] = [[], []]
@@ -221,6 +223,38 @@ def test_block_counts_refuse_what_they_cannot_show() -> None:
     kv.free(1)
     kv.free(1)  # a request that holds nothing is ignored
     assert kv.num_free_blocks() == 4
+
+
+@pytest.mark.parametrize("bulk_decodes", [True, False])
+def test_a_prompt_chunk_cut_by_the_budget_is_whole_chunk_units(bulk_decodes: bool) -> None:
+    """TensorRT-LLM's rule (`context_chunk_unit`): a chunk the budget cuts is cut down to whole units,
+    one cut to nothing waits; a prompt's last chunk is whatever is left."""
+    kv = kv_cache_for(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=4, max_num_batched_tokens=12, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, bulk_decodes=bulk_decodes, context_chunk_unit=4)
+    a = RequestState(request_id=0, prompt_tokens=3, output_tokens=20, arrival_s=0.0, keys=())
+    b = RequestState(request_id=1, prompt_tokens=30, output_tokens=2, arrival_s=0.0, keys=())
+    sched.add(a)
+    sched.add(b)
+    plan = sched.schedule()
+    assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [3, 8]  # 9 left for b: 8
+    sched.finish_step(plan)
+    sizes = []
+    for _ in range(6):
+        plan = sched.schedule()
+        assert plan is not None
+        sizes.append([c.num_new_tokens for c in plan.chunks if c.request is b])
+        sched.finish_step(plan)
+    # a decodes every step (1 token), b gets 11 -> 8, 8, then its last 6 whole, then decodes.
+    assert sizes[:3] == [[8], [8], [6]]
+
+
+def test_chunk_units_larger_than_the_budget_are_refused() -> None:
+    sc = scenario_from_dict(scenario_dict(engine={"backend": "trtllm", "block_size": 32,
+                                                  "max_num_batched_tokens": 16, "max_num_seqs": 4}),
+                            source="s.toml")
+    with pytest.raises(ConfigError, match="must be at least block_size"):
+        simulate(sc)
 
 def test_bulk_decodes_grow_one_block_each_in_running_order() -> None:
     """Two decoding requests cross block boundaries at different steps and take blocks in turn."""
