@@ -71,6 +71,10 @@ class StepCostModel:
     def __init__(self, hw: HardwareSpec, efficiency: EfficiencyModel) -> None:
         self._hw = hw
         self._efficiency = efficiency
+        self._columns: ColumnEfficiencyModel | None = (
+            efficiency if isinstance(efficiency, ColumnEfficiencyModel) else None)
+        """The model when it prices columns, checked once: a runtime protocol check costs ~10 us,
+        as much as pricing a small column."""
         self._memo: dict[KernelWork, KernelEstimate] = {}
 
     def estimate(self, work: KernelWork) -> KernelEstimate:
@@ -87,12 +91,13 @@ class StepCostModel:
 
     def prices_columns(self) -> bool:
         """Whether `estimate_columns` is vectorised (the efficiency model prices columns)."""
-        return isinstance(self._efficiency, ColumnEfficiencyModel)
+        return self._columns is not None
 
     def estimate_columns(self, cols: KernelColumns) -> tuple[np.ndarray, np.ndarray]:
         """(time of one launch, provenance code) per row: `estimate` of each row's `KernelWork`,
         vectorised when the efficiency model prices columns, else row by row."""
-        if not isinstance(self._efficiency, ColumnEfficiencyModel):
+        columns = self._columns
+        if columns is None:
             ests = [self.estimate(cols.work(i)) for i in range(len(cols))]
             return (np.array([e.time_s for e in ests], dtype=float),
                     np.array([int(e.provenance) for e in ests], dtype=np.int64))
@@ -112,7 +117,7 @@ class StepCostModel:
         else:
             bound = np.maximum(np.maximum(cols.flops / hw.peak_flops_for(cols.dtype),
                                           cols.bytes_moved() / hw.hbm_bandwidth_bytes_per_s), 0.0)
-        eff, prov = self._efficiency.efficiency_columns(cols, hw)
+        eff, prov = columns.efficiency_columns(cols, hw)
         assert bool(((eff > 0.0) & (eff <= 1.0 + 1e-12)).all()), (cols.kind, eff)
         time_s: np.ndarray = bound / eff
         return time_s, prov
