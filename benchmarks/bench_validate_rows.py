@@ -1,14 +1,18 @@
 """CPU time of simulating a fixed sample of `validate` rows, with their predictions for comparing codes.
 
     python benchmarks/bench_validate_rows.py [--backend B] [--family F] [--disaggregated yes|no|any]
-        [--suite dev|eval|any] [--tier T] [--sample N] [--match TEXT] [--json-out FILE]
+        [--suite dev|eval|any] [--source S] [--tier T] [--sample N | --groups N] [--match TEXT]
+        [--json-out FILE]
 
 Loads the measured end-to-end rows (the shipped copy of `e2e/`), keeps the simulable ones that
 match the filters, takes `--sample` of them in a fixed hash order of their row ids (the same rows
 on any code that reads the same data), simulates each once with `sim.validation.runner.evaluate_row`
 and prints its CPU seconds (`time.process_time`), steps and predictions. `--json-out` writes them so
 that two codes' runs can be compared row by row (`--compare A.json B.json`: CPU per row and
-whether every prediction is bitwise the same). BLAS is pinned to one thread before numpy loads.
+whether every prediction is bitwise the same). `--groups N` simulates instead every row of the first
+N pricing groups (in a hash order of the group key), each group with one set of kernel models and
+priced step parts, as a `validate` worker does (`orchestrator.commands_validate.pricing_group`).
+BLAS is pinned to one thread before numpy loads.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from pathlib import Path
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+from orchestrator.commands_validate import pricing_group  # noqa: E402
 from sim.api import load_engine_profile  # noqa: E402
+from sim.calibration.select import EfficiencyModels  # noqa: E402
+from sim.engine.part_prices import PriceCache  # noqa: E402
 from sim.measured import measured_data_root  # noqa: E402
 from sim.validation.load import load_rows  # noqa: E402
+from sim.validation.rows import ValidationRow  # noqa: E402
 from sim.validation.runner import TIERS, evaluate_row  # noqa: E402
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -45,23 +53,39 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
               and (args.family == "any" or r.family == args.family)
               and (args.disaggregated == "any" or r.disaggregated == (args.disaggregated == "yes"))
               and (args.suite == "any" or r.suite == args.suite)
+              and (args.source == "any" or r.source == args.source)
               and all(m in r.label for m in args.match)]
     wanted.sort(key=lambda r: _order(r.row_id))
-    sample = wanted[:args.sample]
-    print(f"{len(wanted)} rows match; simulating {len(sample)} ({args.tier})", file=sys.stderr)
+    if args.groups:
+        groups: dict[str, list[ValidationRow]] = {}
+        for r in wanted:
+            groups.setdefault(pricing_group(r, args.tier), []).append(r)
+        keys = sorted(groups, key=_order)[:args.groups]
+        batches = [groups[k] for k in keys]
+    else:
+        batches = [[r] for r in wanted[:args.sample]]
+    sample = [r for b in batches for r in b]
+    print(f"{len(wanted)} rows match; simulating {len(sample)} in {len(batches)} "
+          f"{'pricing groups' if args.groups else 'rows'} ({args.tier})", file=sys.stderr)
     out: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as work:
-        for row in sample:
-            start = time.process_time()
-            result = evaluate_row(row, args.tier, Path(work))
-            cpu_s = time.process_time() - start
-            out.append({"row_id": row.row_id, "label": row.label, "status": result.status, "cpu_s": cpu_s,
-                        "num_steps": result.num_steps,
-                        "predicted": {k: repr(v) for k, v in sorted(result.predicted.items())}})
-            print(f"{cpu_s:8.2f} s  {result.num_steps:>9,} steps  {result.status:7}  {row.label}", flush=True)
+        for batch in batches:
+            models, prices = (EfficiencyModels(), PriceCache()) if args.groups else (None, None)
+            for row in batch:
+                out.append(_simulate_one(row, args.tier, Path(work), models, prices))
     total = sum(float(str(r["cpu_s"])) for r in out)
     print(f"total {total:.2f} s CPU over {len(out)} rows")
     return out
+
+
+def _simulate_one(row: ValidationRow, tier: str, work: Path, models: EfficiencyModels | None,
+                  prices: PriceCache | None) -> dict[str, object]:
+    start = time.process_time()
+    result = evaluate_row(row, tier, work, models=models, prices=prices)  # type: ignore[arg-type]
+    cpu_s = time.process_time() - start
+    print(f"{cpu_s:8.2f} s  {result.num_steps or 0:>9,} steps  {result.status:7}  {row.label}", flush=True)
+    return {"row_id": row.row_id, "label": row.label, "status": result.status, "cpu_s": cpu_s,
+            "num_steps": result.num_steps, "predicted": {k: repr(v) for k, v in sorted(result.predicted.items())}}
 
 
 def compare(a_path: Path, b_path: Path) -> None:
@@ -88,7 +112,11 @@ def main() -> None:
     ap.add_argument("--disaggregated", default="any", choices=("yes", "no", "any"))
     ap.add_argument("--suite", default="dev", choices=("dev", "eval", "any"))
     ap.add_argument("--tier", default="cross-generation", choices=TIERS)
+    ap.add_argument("--source", default="any",
+                    choices=("aiconfigurator", "trtllm_throughput", "trtllm_static", "llmservingsim", "any"))
     ap.add_argument("--sample", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=0,
+                    help="simulate every row of the first N pricing groups, caches shared per group (as validate)")
     ap.add_argument("--match", action="append", default=[], metavar="TEXT",
                     help="only rows whose label contains TEXT (repeatable: all must match)")
     ap.add_argument("--json-out", type=Path)
