@@ -12,6 +12,7 @@ import numpy as np
 
 from orchestrator.render import si, table
 from sim.api import (
+    context_chunk_unit,
     load_engine_profile,
     load_scenario,
     missing_price_message,
@@ -191,6 +192,9 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
         scenario = load_scenario(path, overrides or None)
         warn_missing_price(scenario)
         mem = scenario_memory(scenario)
+        parts = [pool.scenario for pool in scenario.disaggregation.pools()] if scenario.disaggregation else []
+        for part in [scenario, *parts]:
+            context_chunk_unit(part, load_engine_profile(part.engine.backend))
         # What `run` reads besides the scenario: the kernel model (calibration file) and the
         # dataset's rows (lengths, arrival times, run selection).
         scenario_efficiency(scenario)

@@ -378,6 +378,20 @@ def _draw_workload(scenario: Scenario, workload_seq: np.random.SeedSequence, max
     return specs, class_ids
 
 
+def context_chunk_unit(scenario: Scenario, profile: EngineProfile) -> int:
+    """Tokens a prompt chunk cut by the token budget is a multiple of (1: any): the KV block for an
+    engine whose profile cuts chunks to whole blocks (TensorRT-LLM). Raises `ConfigError` when the
+    budget is below it, since a longer prompt could then never finish."""
+    engine = scenario.engine
+    unit = engine.block_size if profile.policy.context_chunks_in_blocks else 1
+    budget = engine.max_num_batched_tokens
+    if budget is not None and unit > budget and engine.enable_chunked_prefill:
+        raise ConfigError(source=scenario.source, key="engine.max_num_batched_tokens", value=budget,
+                          rule=(f"must be at least block_size ({unit}): {engine.backend} cuts prompt chunks "
+                                "to whole KV blocks, so a smaller budget never finishes a long prompt"))
+    return unit
+
+
 def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
                      limits: SimLimits) -> list[VllmV1Scheduler]:
     """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
@@ -385,12 +399,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)
-    unit = engine.block_size if profile.policy.context_chunks_in_blocks else 1
-    if unit > engine.max_num_batched_tokens and engine.enable_chunked_prefill:
-        raise ConfigError(source=scenario.source, key="engine.max_num_batched_tokens",
-                          value=engine.max_num_batched_tokens,
-                          rule=(f"must be at least block_size ({unit}): {engine.backend} cuts prompt chunks "
-                                "to whole KV blocks, so a smaller budget never finishes a long prompt"))
+    unit = context_chunk_unit(scenario, profile)
     return [
         VllmV1Scheduler(
             kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
