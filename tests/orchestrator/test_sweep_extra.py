@@ -162,10 +162,10 @@ def _first_grid_index(tmp_path: Path, size: int) -> int:
 
 
 def test_a_slow_trial_does_not_hold_back_the_others(ray_runtime: None, tmp_path: Path) -> None:
-    """Trial 0 simulates 20,000 requests, trials 1-6 a handful each. With 2 actors the fast trials
+    """Trial 0 simulates 60,000 requests, trials 1-6 a handful each. With 2 actors the fast trials
     go through the free actor, asked, run and recorded while trial 0 is still running: at most the
     one trial queued behind it on its own actor (pool depth 2) waits for it."""
-    slow, fast = 20_000, list(range(8, 14))
+    slow, fast = 60_000, list(range(8, 14))
     choices: list[int] = list(fast)
     choices.insert(_first_grid_index(tmp_path, len(fast) + 1), slow)  # trial 0 draws the slow one
     path = sweep_file(tmp_path, name="unordered", sampler="grid", n_trials=len(choices),
