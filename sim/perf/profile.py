@@ -76,7 +76,7 @@ class EngineDefaults:
         """`async_scheduling` of engine release `version` (unknown versions count as recent)."""
         if not self.async_scheduling or self.async_scheduling_since is None:
             return self.async_scheduling
-        since, got = _release(self.async_scheduling_since), _release(version)
+        since, got = release_tuple(self.async_scheduling_since), release_tuple(version)
         return got is None or since is None or got >= since
 
     def __post_init__(self) -> None:
@@ -89,7 +89,7 @@ class EngineDefaults:
                 f"must be one of {', '.join(map(str, BLOCK_SIZES))} (as [engine] block_size)")
 
 
-def _release(version: str) -> tuple[int, ...] | None:
+def release_tuple(version: str) -> tuple[int, ...] | None:
     """(major, minor) of '0.12.0', 'v0.19.0-cu130'; None when the string names no release."""
     parts = re.findall(r"\d+", version.split("-")[0])
     return tuple(int(p) for p in parts[:2]) if len(parts) >= 2 else None

@@ -127,6 +127,11 @@ class EngineParams:
     """SGLang's `--mamba-full-memory-ratio` (its default 0.9), hybrid linear-attention models only: the
     cache memory splits ratio : 1 between the requests' linear-attention states and the KV cache of
     the full-attention layers (`sim.graph.memory`)."""
+    max_attention_window: int | None = None
+    """TensorRT-LLM's `max_attention_window` (KvCacheConfig): every softmax-attention layer attends
+    over at most this many tokens and keeps that many in its KV cache, whatever the model config's
+    sliding windows say; 0 = the whole context. None = the config's windows. TensorRT-LLM's engine
+    flow applies no window unless it is set (Mistral-7B-v0.1's 4,096-token window included)."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -147,6 +152,8 @@ class EngineParams:
                 self.batch_wait_max_tokens_ratio, "must be in [0, 1]")
         require(self.mamba_full_memory_ratio > 0.0, "mamba_full_memory_ratio", self.mamba_full_memory_ratio,
                 "must be > 0")
+        require(self.max_attention_window is None or self.max_attention_window >= 0, "max_attention_window",
+                self.max_attention_window, "must be >= 0 (0: the whole context)")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                 self.gpu_memory_utilization, "must be in (0, 1]")
         require(self.block_size in BLOCK_SIZES, "block_size", self.block_size,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from sim.dtypes import DType
@@ -216,6 +216,11 @@ class ModelSpec:
                 "linear attention is modelled with GQA full-attention layers only")
         require(all(0 <= i < self.num_layers for i in self.linear_layers), "layer_types", self.linear_layers,
                 f"linear layer indices must be in 0..{self.num_layers - 1}")
+
+    def with_attention_window(self, window_tokens: int) -> ModelSpec:
+        """The model with every layer's attention window set to `window_tokens` (0: full attention),
+        as an engine that overrides the config's sliding windows runs it."""
+        return replace(self, layer_window_tokens=(window_tokens,) * self.num_layers)
 
     def num_linear_layers(self) -> int:
         return len(self.linear_layers)

@@ -23,7 +23,8 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.graph.memory import MemoryBreakdown
 from sim.measured import open_text
-from sim.perf.profile import EngineProfile
+from sim.perf.profile import EngineProfile, release_tuple
+from sim.specs.model import ModelSpec
 from sim.validation.engine_args import profile_engine, trtllm_bench_settings
 from sim.validation.names import GPU_NAMES, MODEL_NAMES, QUANTIZATION
 from sim.validation.rows import Replay, ValidationRow, suite_of
@@ -91,6 +92,7 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
                               "max_model_len": isl + osl}
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
+    base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["doc_version"])
     sections: dict[str, Any] = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
                                 "workload": {"dataset_name": "fixed", "random_input_len": isl,
                                              "random_output_len": osl, "num_prompts": n,
@@ -107,6 +109,19 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     steady = max(1, min(max_bs, _kv_requests(mem, isl, osl)))
     replay = Replay(kind="offline", num_requests=n, concurrency=steady)
     return ValidationRow(**base, sections=sections, replay=replay)
+
+
+def _engine_flow_attention(engine: dict[str, Any], model: ModelSpec, version: str) -> tuple[str, ...]:
+    """TensorRT-LLM before 1.0 (the TensorRT engine flow of these tables) attends over the whole context
+    unless `max_attention_window_size` is set at run time, which trtllm-bench does not do: a model
+    config's sliding window (Mistral-7B-v0.1's 4,096 tokens) is not applied. Sets
+    `max_attention_window = 0` for such a model and returns the note saying so."""
+    release = release_tuple(version)
+    if not any(model.layer_window_tokens) or (release is not None and release >= (1, 0)):
+        return ()
+    engine["max_attention_window"] = 0
+    return ("TensorRT-LLM engine flow: full attention (the config's sliding window is not applied "
+            "without max_attention_window_size)",)
 
 
 def _kv_requests(mem: MemoryBreakdown, isl: int, osl: int) -> int:
@@ -146,6 +161,7 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
                               "max_model_len": isl + osl}
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
+    base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["engine_version"])
     sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
                 "workload": {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl,
                              "num_prompts": batch, "request_rate": math.inf, "ignore_eos": True}}

@@ -85,6 +85,9 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
     ("num_prompts billions", lambda t: ["check", scenario(t, lambda s: s.replace("num_prompts = 1000",
                                                                                 "num_prompts = 3000000000"))],
      ("workload.num_prompts=3000000000", "must be in [1, 10,000,000]")),
+    ("negative attention window", lambda t: ["check", scenario(t, lambda s: s.replace(
+        "[engine]", "[engine]\nmax_attention_window = -1"))],
+     ("s.toml", "engine.max_attention_window=-1", "must be >= 0")),
     ("trtllm budget below a block", lambda t: ["check", scenario(t, lambda s: s.replace(
         "[engine]", '[engine]\nbackend = "trtllm"\nblock_size = 32\nmax_num_batched_tokens = 16\nmax_num_seqs = 8'))],
      ("s.toml", "engine.max_num_batched_tokens=16", "must be at least block_size (32)")),

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from sim.api import load_engine_profile
+from sim.api import load_engine_profile, predict_step
+from sim.graph.batch import BatchShape
+from sim.specs.scenario import scenario_from_dict
 from sim.validation.aiconfigurator import read_aiconfigurator
 from sim.validation.engine_args import trtllm_bench_settings
 from sim.validation.finalize import finalize
 from sim.validation.llmservingsim import read_llmservingsim
 from sim.validation.rows import EvalRowRefused, ValidationRow, is_eval, require_dev, suite_of
 from sim.validation.specs_cache import SpecCache
-from sim.validation.trtllm import read_trtllm_static
+from sim.validation.trtllm import read_trtllm_static, read_trtllm_throughput
 
 PROFILES = {b: load_engine_profile(b) for b in ("vllm", "sglang", "trtllm")}
 
@@ -233,6 +235,29 @@ def test_static_batch_older_dense_checkpoints_are_represented(tmp_path: Path) ->
     assert mistral.sections["model"]["name"] == "mistralai/Mistral-7B-v0.1" and mistral.suite == "dev"
     assert not llama7.skipped and llama7.suite == "dev"
     assert not llama70.skipped and llama70.suite == "eval"  # a Llama 70B checkpoint: evaluation only
+    # TensorRT-LLM 0.9 (engine flow) attends over the whole context: Mistral's config window is off.
+    assert mistral.sections["engine"]["max_attention_window"] == 0 and "full attention" in mistral.notes[-1]
+    assert "max_attention_window" not in llama7.sections["engine"]  # no window to turn off
+
+
+def test_engine_flow_throughput_rows_attend_the_whole_context(tmp_path: Path) -> None:
+    """Before 1.0 TensorRT-LLM applies no sliding window unless max_attention_window_size is set; from
+    1.0 (the PyTorch flow) the config's windows stand."""
+    path = tmp_path / "t.csv"
+    head = ("engine,doc_version,model,model_hf,gpu,gpu_label,precision,num_gpus,tp,pp,isl,osl,num_requests,"
+            "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
+    path.write_text(head + "".join(
+        f"TensorRT-LLM,{doc},Mistral 7B,,H100_SXM_80GB,H100,FP8,1,1,1,20000,2000,1000.0,1373.2,m,b,r,c,p\n"
+        for doc in ("0.17", "1.0")))
+    old, new = read_trtllm_throughput(path, PROFILES, SpecCache())
+    assert old.sections is not None and old.sections["engine"]["max_attention_window"] == 0
+    assert new.sections is not None and "max_attention_window" not in new.sections["engine"]
+    full = scenario_from_dict(old.sections, source="t.csv")
+    windowed = scenario_from_dict(new.sections, source="t.csv")
+    assert set(full.model.layer_window_tokens) == {0} and set(windowed.model.layer_window_tokens) == {4096}
+    # A decode step at a 20,000-token context reads 4.9x the KV of the windowed one: it is dearer.
+    decode = BatchShape(decode_context_tokens=(20_000,) * 32)
+    assert predict_step(full, decode).device_s() > 1.5 * predict_step(windowed, decode).device_s()
 
 
 def test_inferencex_disaggregated_row_takes_its_db_dump_twins_pool_columns(tmp_path: Path) -> None:
