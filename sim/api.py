@@ -6,7 +6,7 @@ happens here and in `sim.specs.catalog`, never inside the simulation loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -45,7 +45,7 @@ from sim.perf.step import StepCostModel, StepTiming
 from sim.serde import build
 from sim.serving.adp_balance import AdpBalance
 from sim.serving.dp_group import DataParallelGroup
-from sim.serving.kv_cache import KVCacheManager, kv_cache_for
+from sim.serving.kv_cache import kv_cache_for
 from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
@@ -298,11 +298,10 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs, class_ids = _draw_workload(scenario, workload_seq, engine.max_model_len, max_requests)
+    ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits)
     # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
     # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
     lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
-    lanes = pipeline_lanes(scenario) if limits.pipeline_micro_batches else 1
-    ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits, lanes=lanes)
     balance = (AdpBalance(timeout_iters=engine.attention_dp_timeout_iters,
                           batching_wait_iters=engine.attention_dp_batching_wait_iters)
                if engine.attention_dp_enable_balance else None)
@@ -336,8 +335,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     summary = summarize(
         records, num_requests=len(specs), itl=sim.itl, slo=scenario.slo, kv_usage=sim.kv_trace,
         num_preemptions=sim.num_preemptions(),
-        prefix_query_tokens=sum(kv.num_prefix_queries_tokens for kv in _pools(ranks)),
-        prefix_hit_tokens=sum(kv.num_prefix_hit_tokens for kv in _pools(ranks)),
+        prefix_query_tokens=sum(r.kv.num_prefix_queries_tokens for r in ranks),
+        prefix_hit_tokens=sum(r.kv.num_prefix_hit_tokens for r in ranks),
         num_gpus=engine.num_gpus(), price_per_gpu_hour_usd=price, num_steps=sim.num_steps,
         truncated=sim.truncated, worst_provenance=pricer.worst_provenance.label(),
     )
@@ -393,44 +392,19 @@ def context_chunk_unit(scenario: Scenario, profile: EngineProfile) -> int:
     return unit
 
 
-def pipeline_lanes(scenario: Scenario) -> int:
-    """Micro-batches a replica keeps in flight: one per pipeline stage, as vLLM's batch queue and
-    TensorRT-LLM's micro-batching do (each runs the whole pipeline, so a replica of
-    `pipeline_parallel_size` p is p schedulers sharing one KV cache; the stages are not contended,
-    which bounds the throughput from above). 1 where the simulator keeps one batch at a time: no
-    pipeline, MoE attention-DP groups (lockstep ranks), autoscaled fleets."""
-    engine = scenario.engine
-    if engine.pipeline_parallel_size == 1 or scenario.autoscaling is not None:
-        return 1
-    if scenario.model.moe is not None and engine.data_parallel_size > 1:
-        return 1
-    return engine.pipeline_parallel_size
-
-
-def _pools(ranks: Sequence[VllmV1Scheduler]) -> list[KVCacheManager]:
-    """The distinct KV caches of `ranks` (pipeline micro-batch schedulers share their replica's)."""
-    return list({id(r.kv): r.kv for r in ranks}.values())
-
-
 def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
-                     limits: SimLimits, *, lanes: int = 1) -> list[VllmV1Scheduler]:
+                     limits: SimLimits) -> list[VllmV1Scheduler]:
     """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
-    with its own KV cache of `mem.num_kv_blocks` blocks; `lanes` > 1: that many per rank, one per
-    pipeline micro-batch (`pipeline_lanes`), sharing the rank's KV cache and its running-request
-    bound unless the profile bounds each micro-batch (`max_num_seqs_per_micro_batch`)."""
+    with its own KV cache of `mem.num_kv_blocks` blocks."""
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)
     unit = context_chunk_unit(scenario, profile)
-    seqs = mem.running_request_cap(engine.max_num_seqs)
-    if lanes > 1 and not profile.policy.max_num_seqs_per_micro_batch:
-        seqs = max(1, seqs // lanes)
-    kvs = [kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
-                        enable_prefix_caching=engine.enable_prefix_caching) for _ in range(num_ranks)]
     return [
         VllmV1Scheduler(
-            kv=kvs[i // lanes],
-            max_num_seqs=seqs,
+            kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
+                            enable_prefix_caching=engine.enable_prefix_caching),
+            max_num_seqs=mem.running_request_cap(engine.max_num_seqs),
             max_num_batched_tokens=engine.max_num_batched_tokens, enable_chunked_prefill=engine.enable_chunked_prefill,
             long_prefill_token_threshold=engine.long_prefill_token_threshold,
             bulk_decodes=limits.bulk_decode,
@@ -441,7 +415,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
             context_chunk_unit=unit,
         )
-        for i in range(num_ranks * lanes)
+        for _ in range(num_ranks)
     ]
 
 

@@ -56,9 +56,6 @@ class SimLimits:
     bulk_decode: bool = True
     """Advance running decodes in bulk (same results, cost per step independent of the batch);
     False runs the request-by-request reference path."""
-    pipeline_micro_batches: bool = True
-    """A pipeline-parallel replica keeps one micro-batch per stage in flight (`sim.api.pipeline_lanes`);
-    False runs one batch at a time through the stages (the simulator before 2026-11-29)."""
 
 
 @contextmanager
@@ -172,10 +169,8 @@ class Simulation:
         self._max_concurrency = max_concurrency
         self._limits = limits
         self._inline = limits.bulk_decode
-        # A replica's run of decode steps is its own business only while its KV cache is its own:
-        # pipeline micro-batches share their replica's, so another's step can take the blocks.
         self._run_ahead = (self.RUN_AHEAD and limits.bulk_decode and step_log is None and len(replicas) > 1
-                           and router != "prefix_aware" and len({id(s.kv) for s in replicas}) == len(replicas))
+                           and router != "prefix_aware")
         """Replicas run their decode-only steps ahead of other replicas' events (see `_start_run`)."""
         if self._run_ahead:
             for p in self._pricers:

@@ -116,7 +116,6 @@ class KVCacheManager:
         "num_evictions",
         "num_prefix_hit_tokens",
         "num_prefix_queries_tokens",
-        "reserved_blocks",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
@@ -146,9 +145,6 @@ class KVCacheManager:
         """Hit tokens passed to `record_prefix_query` (vLLM's prefix-cache 'hits')."""
         self.num_evictions = 0
         """Cached blocks whose key was dropped because the block was reallocated."""
-        self.reserved_blocks = 0
-        """Blocks promised to admitted requests' full lengths (`reserve_full_output`), kept with the
-        pool so that schedulers sharing it (pipeline micro-batches) share the promise."""
 
     @property
     def num_blocks(self) -> int:
@@ -464,7 +460,6 @@ class BlockCountingKVCache(KVCacheManager):
         self.num_prefix_queries_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_evictions = 0
-        self.reserved_blocks = 0
 
     def allocate(
         self, request_id: int, *, num_tokens: int, keys: tuple[int, ...], num_computed_tokens: int

@@ -101,6 +101,7 @@ class VllmV1Scheduler:
         self._spec = speculation
         self._prefill_priority = prefill_priority
         self._reserve_full_output = reserve_full_output
+        self._reserved_blocks = 0
         self._max_num_seqs = max_num_seqs
         self._budget = max_num_batched_tokens
         self._chunked = enable_chunked_prefill
@@ -587,7 +588,7 @@ class VllmV1Scheduler:
 
     def _no_room_reserved(self, req: RequestState) -> bool:
         """With `reserve_full_output`: the request's full-length blocks do not fit the reservations."""
-        return self._reserve_full_output and self._kv.reserved_blocks + self._full_blocks(req) > self._kv.num_blocks
+        return self._reserve_full_output and self._reserved_blocks + self._full_blocks(req) > self._kv.num_blocks
 
     def _prefill_only_step(self) -> StepPlan | None:
         """`prefill_priority`: ongoing chunked prefills, then waiting requests FCFS; None if none can run.
@@ -661,7 +662,7 @@ class VllmV1Scheduler:
                 break
             self._waiting.popleft()
             if self._reserve_full_output:
-                self._kv.reserved_blocks += self._full_blocks(req)
+                self._reserved_blocks += self._full_blocks(req)
             if not remote and req.num_preemptions == 0 and req.first_scheduled_s is None:
                 kv.record_prefix_query(req.prompt_tokens, hit)
                 req.prefix_hit_tokens = hit
@@ -693,7 +694,7 @@ class VllmV1Scheduler:
         victim.num_preemptions += 1
         victim.run_seq = -1
         if self._reserve_full_output:
-            self._kv.reserved_blocks -= self._full_blocks(victim)
+            self._reserved_blocks -= self._full_blocks(victim)
         self.num_preemptions += 1
         self._waiting.appendleft(victim)
 
@@ -823,4 +824,4 @@ class VllmV1Scheduler:
                 self._spec.forget(req.request_id)
             req.run_seq = -1
             if self._reserve_full_output:
-                self._kv.reserved_blocks -= self._full_blocks(req)
+                self._reserved_blocks -= self._full_blocks(req)

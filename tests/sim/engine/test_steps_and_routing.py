@@ -12,7 +12,7 @@ from conftest import scenario_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.api import load_host_params, pipeline_lanes, scenario_efficiency, simulate
+from sim.api import load_host_params, scenario_efficiency, simulate
 from sim.engine.pricer import StepPricer
 from sim.engine.records import StepRecord
 from sim.engine.simulation import SimLimits, Simulation
@@ -242,39 +242,3 @@ def test_preemption_by_hand(bulk: bool) -> None:
     assert (a.num_preemptions, a.recomputed_tokens) == (0, 0)
     assert (b.num_preemptions, b.recomputed_tokens) == (1, 8)
     assert sched.num_preemptions == 1 and sched.kv.num_free_blocks() == 4
-
-
-def _pp_scenario(backend: str, pp: int) -> Scenario:
-    return scenario_from_dict(scenario_dict(
-        engine={"backend": backend, "pipeline_parallel_size": pp, "max_num_seqs": 8},
-        workload={"num_prompts": 200, "request_rate": float("inf"), "random_input_len": 256,
-                  "random_output_len": 64, "max_concurrency": 64}), source="pp.toml")
-
-
-@pytest.mark.parametrize(("backend", "per_lane", "gain"), [("vllm", 4, 1.0), ("trtllm", 8, 1.3)])
-def test_pipeline_stages_keep_one_micro_batch_each_in_flight(backend: str, per_lane: int, gain: float) -> None:
-    """PP 2: two micro-batches run at once (steps of the two lanes overlap in time), each bounded by
-    max_num_seqs / 2 (vLLM: the scheduler's bound is shared) or by max_num_seqs (TensorRT-LLM: its
-    max_batch_size bounds each micro-batch), and the pipeline's throughput beats one batch at a time."""
-    sc = _pp_scenario(backend, 2)
-    assert pipeline_lanes(sc) == 2
-    result = simulate(sc, max_step_events=100_000)
-    lanes = {s.replica for s in result.steps}
-    assert lanes == {0, 1}
-    by_lane = [[s for s in result.steps if s.replica == i] for i in (0, 1)]
-    assert any(a.start_s < b.end_s and b.start_s < a.end_s for a in by_lane[0][:50] for b in by_lane[1][:50])
-    assert max(s.num_decodes + s.num_prefills for s in result.steps) <= per_lane
-    assert result.summary.num_completed == 200
-    one_at_a_time = simulate(sc, limits=SimLimits(pipeline_micro_batches=False))
-    # vLLM's micro-batches share the 8 running requests (smaller batches, a little faster each);
-    # TensorRT-LLM's hold 8 each, twice the requests in flight.
-    assert result.summary.output_throughput_tokens_per_s > gain * one_at_a_time.summary.output_throughput_tokens_per_s
-
-
-def test_no_micro_batches_without_a_pipeline_or_in_lockstep_groups() -> None:
-    assert pipeline_lanes(_pp_scenario("vllm", 1)) == 1
-    moe_dp = scenario_from_dict(scenario_dict(
-        model={"name": "mistralai/Mixtral-8x7B-v0.1"},
-        engine={"pipeline_parallel_size": 2, "data_parallel_size": 2, "tensor_parallel_size": 2,
-                "max_model_len": 4096}), source="m.toml")
-    assert pipeline_lanes(moe_dp) == 1
