@@ -129,9 +129,10 @@ class EngineParams:
     the full-attention layers (`sim.graph.memory`)."""
     max_attention_window: int | None = None
     """TensorRT-LLM's `max_attention_window` (KvCacheConfig): every softmax-attention layer attends
-    over at most this many tokens and keeps that many in its KV cache, whatever the model config's
-    sliding windows say; 0 = the whole context. None = the config's windows. TensorRT-LLM's engine
-    flow applies no window unless it is set (Mistral-7B-v0.1's 4,096-token window included)."""
+    over at most this many tokens, whatever the model config's sliding windows say; 0 = the whole
+    context. None = the config's windows. TensorRT-LLM's engine flow applies no window unless it is
+    set (Mistral-7B-v0.1's 4,096-token window included). Windows price attention only: the KV cache
+    keeps every token either way (docs/serving.md)."""
 
     def __post_init__(self) -> None:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
