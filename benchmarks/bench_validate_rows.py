@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -36,7 +37,7 @@ from sim.engine.part_prices import PriceCache  # noqa: E402
 from sim.measured import measured_data_root  # noqa: E402
 from sim.validation.load import load_rows  # noqa: E402
 from sim.validation.rows import ValidationRow  # noqa: E402
-from sim.validation.runner import TIERS, evaluate_row  # noqa: E402
+from sim.validation.runner import TIERS, Tier, evaluate_row  # noqa: E402
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 
@@ -72,16 +73,16 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
         for batch in batches:
             models, prices = (EfficiencyModels(), PriceCache()) if args.groups else (None, None)
             for row in batch:
-                out.append(_simulate_one(row, args.tier, Path(work), models, prices))
+                out.append(_simulate_one(row, cast(Tier, args.tier), Path(work), models, prices))
     total = sum(float(str(r["cpu_s"])) for r in out)
     print(f"total {total:.2f} s CPU over {len(out)} rows")
     return out
 
 
-def _simulate_one(row: ValidationRow, tier: str, work: Path, models: EfficiencyModels | None,
+def _simulate_one(row: ValidationRow, tier: Tier, work: Path, models: EfficiencyModels | None,
                   prices: PriceCache | None) -> dict[str, object]:
     start = time.process_time()
-    result = evaluate_row(row, tier, work, models=models, prices=prices)  # type: ignore[arg-type]
+    result = evaluate_row(row, tier, work, models=models, prices=prices)
     cpu_s = time.process_time() - start
     print(f"{cpu_s:8.2f} s  {result.num_steps or 0:>9,} steps  {result.status:7}  {row.label}", flush=True)
     return {"row_id": row.row_id, "label": row.label, "status": result.status, "cpu_s": cpu_s,

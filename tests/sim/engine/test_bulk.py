@@ -54,31 +54,43 @@ def _summary(plan: StepPlan) -> tuple[object, ...]:
             tuple(r.request_id for r in plan.preempted))
 
 
+_SCHEDULES = {
+    "arrivals": st.lists(st.integers(0, 40), min_size=12, max_size=12),
+    "block_size": st.sampled_from([2, 4]),
+    "spare_blocks": st.integers(0, 30),
+    "budget": st.integers(4, 32),
+    "max_num_seqs": st.integers(1, 6),
+    "chunked": st.booleans(),
+    "threshold": st.sampled_from([0, 3, 8]),
+    "reserve_full_output": st.booleans(),
+    "prefill_priority": st.booleans(),
+    "chunk_unit": st.sampled_from([1, 1, 4]),
+    "rnd": st.randoms(use_true_random=False),
+}
+"""Scheduler settings and arrivals the lockstep property tests draw."""
+
+
+def _feasible(lengths: list[tuple[int, int, int]], block_size: int, spare_blocks: int, budget: int,
+              max_num_seqs: int, chunked: bool) -> tuple[int, int]:
+    """(blocks, token budget) feasible as scenarios require: the longest request fits the cache
+    (and, unchunked, the budget)."""
+    longest = max(p + o for p, o, _ in lengths)
+    num_blocks = -(-longest // block_size) + spare_blocks
+    return num_blocks, (max(budget, max_num_seqs) if chunked else max(budget, max_num_seqs, longest))
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.integers(-1, 1)), min_size=1, max_size=12),
-    arrivals=st.lists(st.integers(0, 40), min_size=12, max_size=12),
-    block_size=st.sampled_from([2, 4]),
-    spare_blocks=st.integers(0, 30),
-    budget=st.integers(4, 32),
-    max_num_seqs=st.integers(1, 6),
-    chunked=st.booleans(),
-    threshold=st.sampled_from([0, 3, 8]),
+    **_SCHEDULES,
     caching=st.booleans(),
-    reserve_full_output=st.booleans(),
-    prefill_priority=st.booleans(),
-    chunk_unit=st.sampled_from([1, 1, 4]),
-    rnd=st.randoms(use_true_random=False),
 )
 def test_bulk_scheduler_matches_the_reference_step_by_step(
     lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
     max_num_seqs: int, chunked: bool, threshold: int, caching: bool, reserve_full_output: bool,
     prefill_priority: bool, chunk_unit: int, rnd: random.Random,
 ) -> None:
-    # Feasible as scenarios require: the longest request fits the cache (and the budget unchunked).
-    longest = max(p + o for p, o, _ in lengths)
-    num_blocks = -(-longest // block_size) + spare_blocks
-    budget = max(budget, max_num_seqs) if chunked else max(budget, max_num_seqs, longest)
+    num_blocks, budget = _feasible(lengths, block_size, spare_blocks, budget, max_num_seqs, chunked)
     specs = _specs(lengths, prefix_tokens=9)
     scheds, states = [], []
     for bulk_decodes in (True, False):
@@ -142,28 +154,17 @@ def test_bulk_scheduler_matches_the_reference_step_by_step(
 @settings(max_examples=150, deadline=None)
 @given(
     lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.just(-1)), min_size=1, max_size=12),
-    arrivals=st.lists(st.integers(0, 40), min_size=12, max_size=12),
-    block_size=st.sampled_from([2, 4]),
-    spare_blocks=st.integers(0, 30),
-    budget=st.integers(4, 32),
-    max_num_seqs=st.integers(1, 6),
-    chunked=st.booleans(),
-    threshold=st.sampled_from([0, 3, 8]),
-    reserve_full_output=st.booleans(),
-    prefill_priority=st.booleans(),
-    rnd=st.randoms(use_true_random=False),
+    **_SCHEDULES,
 )
 def test_block_counts_schedule_as_block_tables_without_prefix_caching(
     lengths: list[tuple[int, int, int]], arrivals: list[int], block_size: int, spare_blocks: int, budget: int,
     max_num_seqs: int, chunked: bool, threshold: int, reserve_full_output: bool, prefill_priority: bool,
-    rnd: random.Random,
+    chunk_unit: int, rnd: random.Random,
 ) -> None:
     """`BlockCountingKVCache` (what a run without prefix caching uses) gives the schedule of the
     block-table `KVCacheManager`: the same plans, preemptions, finishes and free counts, and each
     request holds as many blocks, whether decodes run in bulk or step by step."""
-    longest = max(p + o for p, o, _ in lengths)
-    num_blocks = -(-longest // block_size) + spare_blocks
-    budget = max(budget, max_num_seqs) if chunked else max(budget, max_num_seqs, longest)
+    num_blocks, budget = _feasible(lengths, block_size, spare_blocks, budget, max_num_seqs, chunked)
     specs = _specs(lengths, prefix_tokens=9)
     bulk_decodes = rnd.random() < 0.5
     kvs: list[KVCacheManager] = [
@@ -174,7 +175,7 @@ def test_block_counts_schedule_as_block_tables_without_prefix_caching(
     scheds = [VllmV1Scheduler(kv=kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                               enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
                               bulk_decodes=bulk_decodes, reserve_full_output=reserve_full_output,
-                              prefill_priority=prefill_priority)
+                              prefill_priority=prefill_priority, context_chunk_unit=chunk_unit)
               for kv in kvs]
     states = [{s.request_id: s for s in request_states(specs, kv)} for kv in kvs]
     finished: list[list[int]] = [[], []]
@@ -192,15 +193,15 @@ def test_block_counts_schedule_as_block_tables_without_prefix_caching(
             for i in (0, 1):
                 finished[i] += [r.request_id for r in runs[i][1]]
         else:
-            plans = [s.schedule() for s in scheds]
-            assert (plans[0] is None) == (plans[1] is None)
-            if plans[0] is None or plans[1] is None:
+            counted, tables = scheds[0].schedule(), scheds[1].schedule()
+            assert (counted is None) == (tables is None)
+            if counted is None or tables is None:
                 if step > max(arrivals):
                     break
                 continue
-            assert _summary(plans[0]) == _summary(plans[1])
-            for i in (0, 1):
-                finished[i] += [r.request_id for r in scheds[i].finish_step(plans[i])]
+            assert _summary(counted) == _summary(tables)
+            finished[0] += [r.request_id for r in scheds[0].finish_step(counted)]
+            finished[1] += [r.request_id for r in scheds[1].finish_step(tables)]
         assert finished[0] == finished[1]
         assert kvs[0].num_free_blocks() == kvs[1].num_free_blocks()
         for rid in states[1]:
