@@ -11,7 +11,8 @@ and prints its CPU seconds (`time.process_time`), steps and predictions. `--json
 that two codes' runs can be compared row by row (`--compare A.json B.json`: CPU per row and
 whether every prediction is bitwise the same). `--groups N` simulates instead every row of the first
 N pricing groups (in a hash order of the group key), each group with one set of kernel models and
-priced step parts, as a `validate` worker does (`orchestrator.commands_validate.pricing_group`).
+priced step parts, as a `validate` worker does (`orchestrator.commands_validate.pricing_group`; a row
+that repeats another's simulation copies its results, so its CPU is ~0).
 BLAS is pinned to one thread before numpy loads.
 """
 
@@ -30,7 +31,7 @@ from typing import cast
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from orchestrator.commands_validate import pricing_group  # noqa: E402
+from orchestrator.commands_validate import _evaluate_batch, pricing_group  # noqa: E402
 from sim.api import load_engine_profile  # noqa: E402
 from sim.calibration.select import EfficiencyModels  # noqa: E402
 from sim.engine.part_prices import PriceCache  # noqa: E402
@@ -71,11 +72,31 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as work:
         for batch in batches:
-            models, prices = (EfficiencyModels(), PriceCache()) if args.groups else (None, None)
+            if args.groups:
+                out += _simulate_group(batch, cast(Tier, args.tier), Path(work))
+                continue
             for row in batch:
-                out.append(_simulate_one(row, cast(Tier, args.tier), Path(work), models, prices))
+                out.append(_simulate_one(row, cast(Tier, args.tier), Path(work), None, None))
     total = sum(float(str(r["cpu_s"])) for r in out)
     print(f"total {total:.2f} s CPU over {len(out)} rows")
+    return out
+
+
+def _simulate_group(batch: list[ValidationRow], tier: Tier, work: Path) -> list[dict[str, object]]:
+    """A pricing group as a `validate` worker simulates it (`_evaluate_batch`: shared kernel models and
+    part prices, a repeated simulation copied); each row's CPU is its share of the group's by wall time."""
+    start = time.process_time()
+    results = _evaluate_batch([(row, tier, work, None, 0) for row in batch])
+    cpu_s = time.process_time() - start
+    wall_s = sum(r.wall_s for r in results) or 1.0
+    out: list[dict[str, object]] = []
+    for row, result in zip(batch, results, strict=True):
+        share = cpu_s * result.wall_s / wall_s
+        copied = f" (= {result.same_simulation_as})" if result.same_simulation_as else ""
+        print(f"{share:8.2f} s  {result.num_steps or 0:>9,} steps  {result.status:7}  {row.label}{copied}", flush=True)
+        out.append({"row_id": row.row_id, "label": row.label, "status": result.status, "cpu_s": share,
+                    "num_steps": result.num_steps,
+                    "predicted": {k: repr(v) for k, v in sorted(result.predicted.items())}})
     return out
 
 

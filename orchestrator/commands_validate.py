@@ -68,9 +68,23 @@ def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
     rows of the same hardware, model, precision, layout and tier price the same step parts (the
     results are those of pricing each row afresh, `sim.engine.part_prices`)."""
     models, prices, perturbed = EfficiencyModels(), PriceCache(), PerturbedModels()
-    return [evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices, intervals=intervals,
-                         perturbed=perturbed)
-            for row, tier, work_dir, profile, intervals in batch]
+    done: dict[tuple[str, str, str, int], RowResult] = {}
+    out: list[RowResult] = []
+    for row, tier, work_dir, profile, intervals in batch:
+        # A row that repeats another's simulation (same scenario and replay) gets its results:
+        # simulating it again would give the same ones, bitwise.
+        key = (row.simulation_key, tier, "" if profile is None else repr(profile), intervals)
+        twin = done.get(key)
+        if twin is not None:
+            start = time.perf_counter()
+            out.append(dataclasses.replace(twin, row_id=row.row_id, same_simulation_as=twin.row_id,
+                                           wall_s=time.perf_counter() - start))
+            continue
+        result = evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices,
+                              intervals=intervals, perturbed=perturbed)
+        done[key] = result
+        out.append(result)
+    return out
 
 
 def pricing_group(row: ValidationRow, tier: Tier) -> str:

@@ -12,7 +12,8 @@ stays within `budget_s`. A row whose own estimate exceeds
 The budget is split over (suite, source) groups, an eval group weighing `EVAL_WEIGHT` dev groups
 (water-filling: a group that cannot use its share passes it on), so each source and suite is
 sampled, at random with respect to the rows.
-`budget_s <= 0` keeps every row.
+`budget_s <= 0` keeps every row. A row that repeats a chosen row's simulation
+(`ValidationRow.simulation_key`) costs nothing: validate copies that row's results.
 """
 
 from __future__ import annotations
@@ -126,8 +127,16 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
     if budget_s <= 0:
         return live, {}
 
+    keys = {r.row_id: r.simulation_key for r in live}
+    simulated: set[str] = set()
+
     def row_cost(r: ValidationRow) -> float:
-        return cost.estimate_s(r) * tiers_per_row[r.row_id]
+        # A row that repeats a chosen row's simulation costs nothing: validate copies its results.
+        return 0.0 if keys[r.row_id] in simulated else cost.estimate_s(r) * tiers_per_row[r.row_id]
+
+    def choose(r: ValidationRow) -> None:
+        chosen.append(r)
+        simulated.add(keys[r.row_id])
 
     chosen: list[ValidationRow] = []
     deferred: dict[str, str] = {}
@@ -135,8 +144,8 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
     queues: dict[tuple[str, str], list[ValidationRow]] = {}
     for r in live:
         if r.replay is not None and r.replay.kind in ("trace", "static_batch", "single_request"):
-            chosen.append(r)
             remaining -= row_cost(r)
+            choose(r)
         elif max_row_s > 0 and cost.estimate_s(r) > max_row_s:
             deferred[r.row_id] = (f"estimated {cost.estimate_s(r):.0f} s of simulation per tier, over the per-row "
                                   f"cap of {max_row_s:.0f} s")
@@ -158,7 +167,7 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
             while queue and spent + row_cost(queue[0]) <= share:
                 r = queue.pop(0)
                 spent += row_cost(r)
-                chosen.append(r)
+                choose(r)
                 progressed = True
             remaining -= spent
             if not queue:
@@ -173,5 +182,7 @@ def select_rows(rows: Sequence[ValidationRow], *, tiers_per_row: dict[str, int],
 
 
 def expected_wall_s(rows: Sequence[ValidationRow], tiers_per_row: dict[str, int], cost: CostModel, jobs: int) -> float:
-    total = sum(cost.estimate_s(r) * tiers_per_row.get(r.row_id, 0) for r in rows)
+    """Estimated wall time of simulating `rows` on `jobs` workers; a repeated simulation counts once."""
+    first = {r.simulation_key: r for r in reversed(rows)}
+    total = sum(cost.estimate_s(r) * tiers_per_row.get(r.row_id, 0) for r in first.values())
     return total / max(jobs, 1) if math.isfinite(total) else math.inf

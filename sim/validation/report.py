@@ -299,12 +299,17 @@ def _plain_rate(cost: dict[str, Any]) -> str:
     return f" ({rate * 1e6:.2f} us for {backends}, whose prefill-only steps cut the bulk-decode runs)"
 
 
-def _budget_paragraph(result: Mapping[str, Any]) -> str:
+def _budget_paragraph(result: Mapping[str, Any], results: Sequence[RowResult]) -> str:
     """How the run chose its rows: every simulable one (`--budget-s 0`), or a time budget's sample."""
     cost = result["cost_model"]
     model = (f"cost model {cost['per_step_s'] * 1e6:.1f} us per step + {cost['per_request_step_s'] * 1e6:.2f} us "
              f"per running request per step{_plain_rate(cost)}, measured at start")
-    shared = "rows of one pricing group share kernel models and priced step parts in a worker"
+    simulated = [r for r in results if r.status != "skipped"]
+    copied = sum(r.same_simulation_as is not None for r in simulated)
+    shared = ("rows of one pricing group share kernel models and priced step parts in a worker; "
+              f"{copied:,} of the {len(simulated):,} row x tier results repeat another row's simulation (the "
+              "same scenario and replay: one configuration measured again, e.g. in two releases' tables) and "
+              "copy its results")
     if result["budget_s"] <= 0:
         return (f"No time budget (`--budget-s 0`): every simulable row is simulated and scored, none deferred "
                 f"({model}, orders the work; {shared}). Every simulated row replays all requests of its "
@@ -332,7 +337,7 @@ def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], res
            "static-batch tables). How rows become scenarios, the estimators for shortened runs and the engine "
            "profiles: [docs/validation.md](validation.md).",
            "",
-           _budget_paragraph(result), "",
+           _budget_paragraph(result, results), "",
            "### Eval suite against the targets", "", *headline_table(groups), "",
            "### Per suite x tier x source", "", *groups_table(groups), ""]
     tiers = list(result["tiers"])

@@ -16,6 +16,7 @@ point (it re-derives the suite from model and GPU, not trusting the `suite` fiel
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,16 @@ class ValidationRow:
     @property
     def skipped(self) -> bool:
         return self.skip_reason is not None
+
+    @property
+    def simulation_key(self) -> str:
+        """What the row's simulation reads: its scenario sections and replay. Rows with the same key
+        (the same configuration measured twice, e.g. by two releases' performance tables that the
+        simulator models alike) get the same simulated results under each tier, so `validate`
+        simulates them once. Empty for a skipped row."""
+        if self.sections is None:
+            return ""
+        return json.dumps([self.sections, repr(self.replay)], sort_keys=True, default=repr)
 
     def with_skip(self, reason: str) -> ValidationRow:
         return ValidationRow(row_id=self.row_id, source=self.source, suite=self.suite, model=self.model,

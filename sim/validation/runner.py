@@ -44,6 +44,9 @@ class RowResult:
     """`<metric>_lo` / `<metric>_hi` of each predicted metric from `interval_runs` perturbed runs
     (`validate --intervals K`, sim.uncertainty); empty without them."""
     interval_runs: int = 0
+    same_simulation_as: str | None = None
+    """The row whose simulation this result repeats (`ValidationRow.simulation_key`: the same scenario
+    and replay, so the same results); `wall_s` is then the time of copying it, ~0."""
 
 
 def tier_skip_reason(row: ValidationRow, tier: Tier) -> str | None:

@@ -37,3 +37,17 @@ def test_rows_of_one_pricing_group_share_prices_and_score_as_if_simulated_alone(
     for a, b in zip(with_iv, alone_iv, strict=True):
         assert a.interval_runs == 2 and a.bounds
         assert dataclasses.replace(a, wall_s=0.0) == dataclasses.replace(b, wall_s=0.0)
+
+
+def test_a_row_that_repeats_another_rows_simulation_gets_its_results_copied(tmp_path: Path) -> None:
+    rows = [r for r in load_rows(_e2e_dir(None), _profiles()) if r.row_id.startswith(PREFIX) and not r.skipped]
+    row = min(rows, key=lambda r: work_of(r)[1])
+    twin = dataclasses.replace(row, row_id=row.row_id + "-remeasured", measured={})
+    other = next(r for r in rows if r.simulation_key != row.simulation_key and pricing_group(r, "cross-generation")
+                 == pricing_group(row, "cross-generation"))
+    pooled = run_pool([(r, "cross-generation", tmp_path, None, 0) for r in (row, other, twin)], jobs=1)
+    first, second, copied = pooled
+    assert copied.same_simulation_as == row.row_id and first.same_simulation_as is None
+    assert second.same_simulation_as is None
+    alone = evaluate_row(twin, "cross-generation", tmp_path)
+    assert dataclasses.replace(copied, wall_s=0.0, same_simulation_as=None) == dataclasses.replace(alone, wall_s=0.0)

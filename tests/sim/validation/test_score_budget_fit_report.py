@@ -11,7 +11,7 @@ import pytest
 from sim.api import load_engine_profile
 from sim.calibration.report import replace_section
 from sim.perf.profile import EngineProfile
-from sim.validation.budget import CostModel, select_rows, work_of
+from sim.validation.budget import CostModel, expected_wall_s, select_rows, work_of
 from sim.validation.fit import fit_host, loss, row_loss
 from sim.validation.report import HEADING, carry_analysis
 from sim.validation.rows import EvalRowRefused, Replay, ValidationRow
@@ -24,7 +24,7 @@ def _row(rid: str, *, suite: str = "dev", source: str = "aiconfigurator", n: int
     model = "meta-llama/Llama-3.1-70B" if suite == "eval" else "Qwen/Qwen3-32B"
     sections = None if skip else {
         "engine": {"max_num_batched_tokens": 1000},
-        "workload": {"random_input_len": 500, "random_output_len": osl}}
+        "workload": {"random_input_len": 500, "random_output_len": osl, "seed": sum(map(ord, rid))}}
     return ValidationRow(row_id=rid, source=source, suite=suite, model=model,  # type: ignore[arg-type]
                          hardware="h100_sxm", backend="vllm", backend_version="0", label=rid,
                          measured=measured or {"ttft_mean_s": 1.0, "tpot_mean_s": 0.1},
@@ -98,6 +98,21 @@ def test_select_rows_respects_the_budget_weights_eval_groups_and_is_deterministi
     assert len(everything) == len(rows) and not none
 
 
+def test_a_row_that_repeats_a_chosen_rows_simulation_costs_no_budget() -> None:
+    cost = CostModel(per_step_s=0.0, per_request_step_s=1e-3)  # a row of 10 x 100 costs 1 s
+    rows = [_row(f"dev{i}") for i in range(4)]
+    twins = [dataclasses.replace(r, row_id=r.row_id + "-again", label=r.row_id + "-again") for r in rows]
+    assert twins[0].simulation_key == rows[0].simulation_key != rows[1].simulation_key
+    tiers = {r.row_id: 1 for r in rows + twins}
+    chosen, deferred = select_rows(rows + twins, tiers_per_row=tiers, cost=cost, budget_s=1, jobs=2,
+                                   max_row_s=100)
+    # 2 s buys two simulations; each chosen row brings its twin along for free.
+    assert len(chosen) == 4 and len(deferred) == 4
+    assert {r.simulation_key for r in chosen} == {r.simulation_key for r in chosen if not r.row_id.endswith("again")}
+    assert expected_wall_s(chosen, tiers, cost, jobs=2) == expected_wall_s(
+        [r for r in chosen if not r.row_id.endswith("again")], tiers, cost, jobs=2) == 1.0
+
+
 def test_fit_finds_the_host_numbers_of_a_synthetic_engine() -> None:
     """Fake engine: TPOT = 10 ms + base_s + 64 x per_seq_s; the truth is base 400 us, per-seq 2 us."""
     truth = 0.010 + 400e-6 + 64 * 2e-6
@@ -156,9 +171,13 @@ def test_the_report_says_whether_every_row_or_a_budgeted_sample_was_simulated() 
 
     cost = {"per_step_s": 47e-6, "per_request_step_s": 0.15e-6, "per_plain_request_step_s": 0.15e-6,
             "request_by_request": ["sglang"]}
-    every = _budget_paragraph({"budget_s": 0.0, "max_row_s": 0.0, "cost_model": cost})
+    results = [RowResult(row_id="a", tier="t", status="scored"),
+               RowResult(row_id="b", tier="t", status="scored", same_simulation_as="a"),
+               RowResult(row_id="c", tier="t", status="skipped", reason="no calibration")]
+    every = _budget_paragraph({"budget_s": 0.0, "max_row_s": 0.0, "cost_model": cost}, results)
     assert every.startswith("No time budget (`--budget-s 0`): every simulable row is simulated")
     assert "deferred, never dropped" not in every
-    sample = _budget_paragraph({"budget_s": 600.0, "max_row_s": 60.0, "cost_model": cost})
+    assert "1 of the 2 row x tier results repeat another row's simulation" in every
+    sample = _budget_paragraph({"budget_s": 600.0, "max_row_s": 60.0, "cost_model": cost}, results)
     assert sample.startswith("Time budget: 600 s of estimated simulation per worker (cost model 47.0 us per step")
     assert "per-row cap 60 s" in sample and "`--budget-s 0` simulates all of them" in sample
