@@ -204,12 +204,12 @@ def cmd_validate(args: Namespace) -> int:
     else:
         chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
                                        jobs=args.jobs, max_row_s=args.max_row_s)
-    sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
-                     f"simulating {len(chosen)} rows x tiers, expected "
-                     f"{expected_wall_s(chosen, tiers_per_row, cost, args.jobs):.0f} s on {args.jobs} workers\n")
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
     work = out_dir / "traces"
     tasks = [(r, t, work, None, args.intervals) for r in chosen for t in _tiers_for(r, tiers)]
+    sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
+                     f"simulating {len(chosen)} rows ({len(tasks)} row x tier pairs), expected "
+                     f"{expected_wall_s(chosen, tiers_per_row, cost, args.jobs):.0f} s on {args.jobs} workers\n")
     with ProgressBar(len(tasks), desc="validate", unit="simulation") as bar:
         results = run_pool(tasks, args.jobs, cost, bar.update_to)
     results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
