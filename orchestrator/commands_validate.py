@@ -27,6 +27,7 @@ from orchestrator.progress import ProgressBar
 from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_widening
 from sim.calibration.select import EfficiencyModels
 from sim.engine.part_prices import SCHEDULING_ONLY_FIELDS, PriceCache
+from sim.engine.simulation import gc_paused
 from sim.errors import ConfigError
 from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
@@ -67,6 +68,13 @@ def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
     """Evaluate tasks of one pricing group with one set of kernel models and priced step parts:
     rows of the same hardware, model, precision, layout and tier price the same step parts (the
     results are those of pricing each row afresh, `sim.engine.part_prices`)."""
+    with gc_paused():
+        # One pause for the batch: re-enabled after each row, the collector's first pass would walk
+        # every object the row left alive (its requests and records) before they are freed.
+        return _evaluate_rows(batch)
+
+
+def _evaluate_rows(batch: Sequence[Task]) -> list[RowResult]:
     models, prices, perturbed = EfficiencyModels(), PriceCache(), PerturbedModels()
     done: dict[tuple[str, str, str, int], RowResult] = {}
     out: list[RowResult] = []
@@ -109,7 +117,9 @@ def _batches(tasks: Sequence[Task], cost: CostModel | None) -> list[list[int]]:
         groups.setdefault(pricing_group(row, tier), []).append(i)
     batches = list(groups.values())
     if cost is not None:
-        batches.sort(key=lambda b: -sum(cost.estimate_s(tasks[i][0]) for i in b))
+        # A repeated simulation is copied (`_evaluate_batch`): it costs the batch nothing.
+        batches.sort(key=lambda b: -sum(cost.estimate_s(row) for row in
+                                        {(tasks[i][0].simulation_key, tasks[i][1]): tasks[i][0] for i in b}.values()))
     return batches
 
 

@@ -124,7 +124,7 @@ class PartNodes:
     def decode(self, num_decode: int, mean_context_tokens: int) -> NodeList:
         sc = self._sc
         return self._named(decode_attention_nodes(sc.model, sc.engine, sc.precision,
-                                                  (mean_context_tokens,) * num_decode))
+                                                  {mean_context_tokens: num_decode}))
 
     def verify(self, num_decode: int, mean_context_tokens: int, query_tokens: int) -> NodeList:
         """Verification attention of `num_decode` requests of `query_tokens` = k + 1 queries each."""

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.dtypes import DType
@@ -212,24 +214,36 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpec, 
     return [(decompress, n_layers), (attention, n_layers)]
 
 
-def decode_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, contexts: tuple[int, ...]) -> NodeList:
-    """Absorbed decode of one new token per request against its cached context, every layer."""
+def decode_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int,
+                 contexts: tuple[int, ...] | Mapping[int, int]) -> NodeList:
+    """Absorbed decode of one new token per request against its cached context, every layer;
+    `contexts` per request or as {context: requests}."""
     s = MLAShapes.of(model, tp)
     act, kv = precision.activation_dtype, precision.kv_cache_dtype
     n_layers = s.layers
-    b = len(contexts)
-    spans = [c + 1 for c in contexts]
+    counts = contexts if isinstance(contexts, Mapping) else Counter(contexts)
+    b = sum(counts.values())
+    spans = {c + 1: k for c, k in counts.items()}  # span -> requests (c -> c + 1 is one to one)
     out: NodeList = []
     name = "mla_decode"
     if model.dsa is not None:
-        out += [(w, n_layers) for w in _indexer_nodes(model, b, sum(spans), max(spans), b, act)]
-        spans = [min(x, model.dsa.index_topk) for x in spans]
+        out += [(w, n_layers) for w in _indexer_nodes(model, b, _total(spans), max(spans), b, act)]
+        topk = model.dsa.index_topk
+        capped: dict[int, int] = {}
+        for x, k in spans.items():
+            capped[min(x, topk)] = capped.get(min(x, topk), 0) + k
+        spans = capped
         name = "mla_sparse"
     out.append((_bmm("mla_gen_pre", b, s.heads, s.kv_lora, s.nope, act), n_layers))
-    work = _absorbed(name, queries=b, total=sum(spans), longest=max(spans), s=s, act=act, kv=kv, writes=b)
+    work = _absorbed(name, queries=b, total=_total(spans), longest=max(spans), s=s, act=act, kv=kv, writes=b)
     out.append((work, n_layers))
     out.append((_bmm("mla_gen_post", b, s.heads, s.v, s.kv_lora, act), n_layers))
     return out
+
+
+def _total(spans: Mapping[int, int]) -> int:
+    """Latent rows read in all: each span times the requests with it."""
+    return sum(x * k for x, k in spans.items())
 
 
 def verify_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int, *, num_requests: int, context_tokens: int,

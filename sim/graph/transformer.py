@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sim.dtypes import DType
@@ -132,13 +133,15 @@ def prefill_attention_work(*, batch: int, new_tokens: int, context_tokens: int, 
     )
 
 
-def decode_attention_work(*, contexts: tuple[int, ...], heads: int, kv_heads: int, head_dim: int,
-                          window: int, act: DType, kv: DType) -> KernelWork:
-    """One new token per request attending to its cached context plus itself."""
-    spans = [c + 1 if window <= 0 else min(c + 1, window) for c in contexts]
-    total = sum(spans)
+def decode_attention_work(*, contexts: tuple[int, ...] | Mapping[int, int], heads: int, kv_heads: int,
+                          head_dim: int, window: int, act: DType, kv: DType) -> KernelWork:
+    """One new token per request attending to its cached context plus itself; `contexts` per
+    request, or as {context: requests} (the same work, without a tuple of every request)."""
+    counts = contexts if isinstance(contexts, Mapping) else Counter(contexts)
+    spans = {c: c + 1 if window <= 0 else min(c + 1, window) for c in counts}
+    total = sum(spans[c] * k for c, k in counts.items())
     kv_row = 2 * kv_heads * head_dim * kv.bytes_per_element()
-    batch = len(contexts)
+    batch = sum(counts.values())
     return KernelWork(
         kind=KernelKind.ATTN_DECODE, name="attn_decode" if window <= 0 else "attn_decode_swa",
         dtype=act,
@@ -146,7 +149,7 @@ def decode_attention_work(*, contexts: tuple[int, ...], heads: int, kv_heads: in
         activation_bytes=2.0 * batch * heads * head_dim * act.bytes_per_element(),
         kv_read_bytes=float(total * kv_row),
         kv_write_bytes=float(batch * kv_row),
-        shape=(batch, round(total / batch), max(spans), heads, kv_heads, head_dim, window),
+        shape=(batch, round(total / batch), max(spans.values()), heads, kv_heads, head_dim, window),
     )
 
 
@@ -178,17 +181,19 @@ def prefill_attention_nodes(model: ModelSpec, engine: EngineParams, precision: P
 
 
 def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
-                           contexts: tuple[int, ...]) -> list[tuple[KernelWork, int]]:
-    """Attention kernels of one decode token per request over every layer, as (work, repeat)."""
+                           contexts: tuple[int, ...] | Mapping[int, int]) -> list[tuple[KernelWork, int]]:
+    """Attention kernels of one decode token per request over every layer, as (work, repeat);
+    `contexts` per request or as {context: requests} (`decode_attention_work`)."""
+    counts = contexts if isinstance(contexts, Mapping) else Counter(contexts)
     if model.mla is not None:
-        return mla.decode_nodes(model, precision, engine.tensor_parallel_size, contexts)
+        return mla.decode_nodes(model, precision, engine.tensor_parallel_size, counts)
     s = ShardedShapes.of(model, engine)
     nodes = [(decode_attention_work(
-        contexts=contexts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
+        contexts=counts, heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim, window=window,
         act=precision.activation_dtype, kv=precision.kv_cache_dtype), layers)
         for window, layers in sorted(Counter(model.attention_layer_windows()).items())]
     if model.linear_attention is not None:
-        nodes += linear_attention.decode_nodes(model, precision, s.tp, len(contexts))
+        nodes += linear_attention.decode_nodes(model, precision, s.tp, sum(counts.values()))
     return nodes
 
 
