@@ -159,6 +159,8 @@ class StepPricer:
         """Counts asked per family not yet block priced."""
         self._tops = (scenario.engine.max_num_batched_tokens,
                       min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
+        self._context_top = (scenario.engine.max_model_len or 0) // decode_context_bucket_tokens + 1
+        """Mean-context buckets a decode family along the context prices (`_decode_part`)."""
         self._k = scenario.engine.num_speculative_tokens()
         """Draft tokens per decoding request (0: no speculative decoding, steps priced as before)."""
         self._draft = self._nodes.draft
@@ -580,11 +582,48 @@ class StepPricer:
         return part
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
-        part = self._decode_parts.get((num_decode, mean_context_tokens))
+        """The decode attention part, block priced along whichever of its two axes the run moves on.
+
+        A decode part is one family per mean-context bucket, indexed by the batch size
+        (`("decode", mean)`), and equally one family per batch size, indexed by the bucket
+        (`("decode_at", batch, bucket_tokens)`): a Poisson run's batch moves while its mean context
+        holds, a closed loop or an offline run keeps its batch while the mean context sweeps its
+        range. Each new part counts an ask in both families, and the first family asked twice gets a
+        block pricer (a family whose fields are no polynomial of its count, e.g. a sliding window
+        along the context, gets none). Block and alone prices are the same bits, so the axis a part
+        is priced along never changes it."""
+        key = (num_decode, mean_context_tokens)
+        part = self._decode_parts.get(key)
+        if part is not None:
+            return part
+        mean = mean_context_tokens
+        blocks = self._blocks
+        bucket = mean // self._bucket
+        if blocks is not None and bucket * self._bucket == mean:
+            axes: tuple[tuple[PartFamily, int, int], ...] = (
+                (("decode", mean), num_decode, self._tops[1] or 0),
+                (("decode_at", num_decode, self._bucket), bucket, self._context_top))
+            for family, count, _ in axes:
+                pricer = blocks.get(family)
+                part = pricer.part(count) if pricer is not None else None
+                if part is not None:
+                    break
+            else:
+                for family, count, top in axes:
+                    if family in blocks:
+                        continue  # priced by it already, or it has no block pricer
+                    asks = self._asks[family] = self._asks.get(family, 0) + 1
+                    if asks >= 2:
+                        pricer = blocks[family] = self._prices.block_pricer(family, top)
+                        part = pricer.part(count) if pricer is not None else None
+                        if part is not None:
+                            break
         if part is None:
             nodes = self._nodes
-            part = self._decode_parts[(num_decode, mean_context_tokens)] = self._new_part(
-                ("decode", mean_context_tokens), num_decode, lambda n: nodes.decode(n, mean_context_tokens))
+            part = self._prices.alone_part(("decode", mean), num_decode, lambda n: nodes.decode(n, mean))
+        if part.worst_provenance > self.worst_provenance:
+            self.worst_provenance = part.worst_provenance
+        self._decode_parts[key] = part
         return part
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:

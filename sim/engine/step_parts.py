@@ -16,10 +16,12 @@ The parts are exactly the nodes `build_step_graph` gives for a batch (tests comp
 Each part family is indexed by one count, which is what block pricing (`sim.engine.block_pricing`)
 needs: the token part by the token count, the sampling part by the sampled count, a prefill part
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
-mean context). A family is named by a `PartFamily` key: ("token",), ("token", "decode_only") (a
-decode-only step of an expert-parallel model: its all-to-all runs in low-latency mode), ("sampling",),
-("prefill", context_tokens, count), ("decode", mean_context_tokens), ("verify", mean_context_tokens,
-query_tokens), and ("draft", <one of these>) for the drafter's.
+mean context) or, equally, by its mean-context bucket (for one decode count: the pricer takes the
+axis a run moves on, `StepPricer._decode_part`). A family is named by a `PartFamily` key: ("token",),
+("token", "decode_only") (a decode-only step of an expert-parallel model: its all-to-all runs in
+low-latency mode), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
+("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),
+("verify", mean_context_tokens, query_tokens), and ("draft", <one of these>) for the drafter's.
 """
 
 from __future__ import annotations
@@ -155,9 +157,10 @@ class PartNodes:
         # Rows that move one tensor-parallel rank's share of the tokens are polynomials of ceil(n / tp).
         tp = self._sc.engine.tensor_parallel_size
 
-        def polynomial(build: Callable[[int], NodeList], fallback: bool = False) -> Callable[[], NodeTemplate | None]:
+        def polynomial(build: Callable[[int], NodeList], fallback: bool = False,
+                       divisor: int = tp) -> Callable[[], NodeTemplate | None]:
             def make() -> NodeTemplate | None:
-                poly = PolynomialNodes.of(build, top, rebuild, divisor=tp)
+                poly = PolynomialNodes.of(build, top, rebuild, divisor=divisor)
                 return poly if poly is not None or not fallback else BuiltNodes(build)
             return make
 
@@ -177,6 +180,10 @@ class PartNodes:
         if kind == "decode":
             mean = int(family[1])  # type: ignore[call-overload]
             return BlockPricer(polynomial(lambda n: self.decode(n, mean)), cost, eager, top)
+        if kind == "decode_at":
+            # One batch size, counted in mean-context buckets: no row carries a TP rank's token share.
+            batch, bucket = int(family[1]), int(family[2])  # type: ignore[call-overload]
+            return BlockPricer(polynomial(lambda b: self.decode(batch, b * bucket), divisor=1), cost, eager, top)
         assert kind == "prefill"
         context, count = int(family[1]), int(family[2])  # type: ignore[call-overload]
         # Prefill attention is quadratic in the chunk; with a window, piecewise (then built per count).

@@ -360,6 +360,7 @@ def test_a_part_priced_alone_is_bitwise_its_block_price(path: str, overrides: di
         (("prefill", 0, 2), lambda n: nodes.prefill(n, 0, 2), 8192),
         (("token",), nodes.token, 8192),
         (("decode", 512), lambda n: nodes.decode(n, 512), 256),
+        (("decode_at", 64, 16), lambda b: nodes.decode(64, b * 16), 1024),  # along the context
         (("sampling",), nodes.sampling, 256),
     ]
     checked = 0
@@ -376,6 +377,39 @@ def test_a_part_priced_alone_is_bitwise_its_block_price(path: str, overrides: di
                 (alone.gpu_s, alone.comm_s, alone.short_kernel_gap_s, alone.worst_provenance), (family, n)
             checked += 1
     assert checked > 80
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-70B", "deepseek-ai/DeepSeek-R1", "openai/gpt-oss-120b"])
+def test_decode_parts_are_block_priced_along_the_axis_the_run_moves_on(model: str) -> None:
+    """A run whose batch holds while the mean context sweeps (a closed loop) block prices its decode
+    parts per batch size along the context; one whose mean context holds while the batch moves
+    prices them per context along the batch; either way every step is the count-by-count price.
+    A sliding window makes the context axis no polynomial: such a model stays on the batch axis.
+    Asked in another order, a pricer picks other axes for the same parts: the same bits."""
+    overrides: dict[str, Any] = {"model.name": model}
+    if "DeepSeek" in model:
+        overrides |= {"hardware.name": "h200_sxm", "engine.tensor_parallel_size": 8}
+    sc = load_scenario(LLAMA70, overrides)
+    block, scalar = _pricers(sc)
+    sweep: list[StepKey] = [((), n, ctx) for n in (64, 63) for ctx in range(512, 4096, 16 * 7)]
+    held: list[StepKey] = [((), n, 2048) for n in range(40, 200, 3)]
+    shuffled, _ = _pricers(sc)
+    for key in held[::-1] + sweep[::-2] + sweep:
+        shuffled.step_s(key)
+    for key in sweep + held:
+        assert block.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL, abs=0.0), key
+        assert block.step_s(key) == shuffled.step_s(key), key
+    blocks = block._blocks
+    assert blocks is not None
+    along_context = [f for f, pricer in blocks.items() if f[0] == "decode_at" and pricer is not None
+                     and pricer.part(1) is not None]
+    along_batch = [f for f, pricer in blocks.items() if f[0] == "decode" and pricer is not None]
+    assert ("decode", 2048) in along_batch
+    if "gpt-oss" in model:
+        assert not along_context  # windowed layers: the context axis has no polynomial form
+    else:
+        assert {f[1] for f in along_context} == {63, 64}
+        assert len(along_batch) <= 3  # the sweep's first contexts, before a batch size was asked twice
 
 
 def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
