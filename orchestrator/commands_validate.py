@@ -74,8 +74,13 @@ def _evaluate_batch(batch: Sequence[Task]) -> list[RowResult]:
         return _evaluate_rows(batch)
 
 
+_MODELS = EfficiencyModels()
+"""The process's kernel models, shared by the batches it evaluates (a calibration is parsed once per
+worker, as a sweep worker's trials share theirs; the models are pure values)."""
+
+
 def _evaluate_rows(batch: Sequence[Task]) -> list[RowResult]:
-    models, prices, perturbed = EfficiencyModels(), PriceCache(), PerturbedModels()
+    models, prices, perturbed = _MODELS, PriceCache(), PerturbedModels()
     done: dict[tuple[str, str, str, int], RowResult] = {}
     out: list[RowResult] = []
     for row, tier, work_dir, profile, intervals in batch:

@@ -52,6 +52,12 @@ _TOKEN: PartFamily = ("token",)
 _DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
 _SAMPLING: PartFamily = ("sampling",)
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
+_Axis = tuple[PartFamily, int, int, int]
+"""A family that holds a part: (family, the part's count in it, the family's top, the ask it is
+block priced from; `StepPricer._two_axis_part`)."""
+_CONTEXT_STRIDE: Final = 32
+"""Contexts of a prefill family along the context are counted in steps of this many tokens when
+they fall on them (TensorRT-LLM's chunks end on 32-token KV blocks), else in single tokens."""
 BLOCK_FROM_ASK: Final = 8
 """A prefill family at a nonzero context is block priced from the count it is asked for this many
 times on (`_new_part`; other families from their second): such a family holds one or a few
@@ -573,57 +579,77 @@ class StepPricer:
         return part
 
     def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> Part:
+        """A prompt chunk's attention: one family per context indexed by the chunk's new tokens
+        (`("prefill", context, count)`), and, at a nonzero context, one per chunk size indexed by the
+        context in steps of `stride` tokens (`("prefill_at", new, count, stride)`: an offline run's
+        chunks take what the decodes leave of the token budget, so one chunk size recurs at many
+        contexts; TensorRT-LLM's contexts fall on 32-token KV blocks). `_two_axis_part` picks."""
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
         if part is None:
             nodes = self._nodes
-            part = self._prefill_parts[key] = self._new_part(
-                ("prefill", context_tokens, count), new_tokens, lambda n: nodes.prefill(n, context_tokens, count))
+            family = ("prefill", context_tokens, count)
+            build = lambda n: nodes.prefill(n, context_tokens, count)  # noqa: E731
+            if context_tokens == 0:
+                part = self._new_part(family, new_tokens, build)
+            else:
+                stride = _CONTEXT_STRIDE if context_tokens % _CONTEXT_STRIDE == 0 else 1
+                part = self._two_axis_part(
+                    [(family, new_tokens, self._tops[0] or 0, BLOCK_FROM_ASK),
+                     (("prefill_at", new_tokens, count, stride), context_tokens // stride,
+                      (self._sc.engine.max_model_len or 0) // stride, BLOCK_FROM_ASK)],
+                    new_tokens, build)
+            self._prefill_parts[key] = part
         return part
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
-        """The decode attention part, block priced along whichever of its two axes the run moves on.
-
-        A decode part is one family per mean-context bucket, indexed by the batch size
-        (`("decode", mean)`), and equally one family per batch size, indexed by the bucket
-        (`("decode_at", batch, bucket_tokens)`): a Poisson run's batch moves while its mean context
-        holds, a closed loop or an offline run keeps its batch while the mean context sweeps its
-        range. Each new part counts an ask in both families, and the first family asked twice gets a
-        block pricer (a family whose fields are no polynomial of its count, e.g. a sliding window
-        along the context, gets none). Block and alone prices are the same bits, so the axis a part
-        is priced along never changes it."""
+        """The decode attention part, block priced along whichever of its two axes the run moves on
+        (`_two_axis_part`): one family per mean-context bucket indexed by the batch size
+        (`("decode", mean)`), or one per batch size indexed by the bucket (`("decode_at", batch,
+        bucket_tokens)`). A Poisson run's batch moves while its mean context holds; a closed loop or
+        an offline run keeps its batch while the mean context sweeps its range."""
         key = (num_decode, mean_context_tokens)
         part = self._decode_parts.get(key)
-        if part is not None:
-            return part
-        mean = mean_context_tokens
+        if part is None:
+            mean = mean_context_tokens
+            nodes = self._nodes
+            axes: list[_Axis] = [(("decode", mean), num_decode, self._tops[1] or 0, 2)]
+            if mean % self._bucket == 0:
+                axes.append((("decode_at", num_decode, self._bucket), mean // self._bucket, self._context_top, 2))
+            part = self._decode_parts[key] = self._two_axis_part(
+                axes, num_decode, lambda n: nodes.decode(n, mean))
+        return part
+
+    def _two_axis_part(self, axes: Sequence[_Axis], n: int, build: Callable[[int], NodeList]) -> Part:
+        """A part that two families hold (`axes`: (family, its count for this part, the family's
+        top, the ask from which it is block priced), the first the family the part is priced alone
+        in at count `n`): priced by the first family that has a block pricer, else the ask counts in
+        every family and the first family asked often enough gets a block pricer; else alone. Block
+        and alone prices are the same bits (`_new_part`), so the family a part is priced in never
+        changes it; a family whose fields are no polynomial of its count (a sliding window along
+        the context) gets no template and leaves its parts to the other."""
+        part = None
         blocks = self._blocks
-        bucket = mean // self._bucket
-        if blocks is not None and bucket * self._bucket == mean:
-            axes: tuple[tuple[PartFamily, int, int], ...] = (
-                (("decode", mean), num_decode, self._tops[1] or 0),
-                (("decode_at", num_decode, self._bucket), bucket, self._context_top))
-            for family, count, _ in axes:
+        if blocks is not None:
+            for family, count, _, _ in axes:
                 pricer = blocks.get(family)
                 part = pricer.part(count) if pricer is not None else None
                 if part is not None:
                     break
             else:
-                for family, count, top in axes:
+                for family, count, top, from_ask in axes:
                     if family in blocks:
                         continue  # priced by it already, or it has no block pricer
                     asks = self._asks[family] = self._asks.get(family, 0) + 1
-                    if asks >= 2:
+                    if asks >= from_ask:
                         pricer = blocks[family] = self._prices.block_pricer(family, top)
                         part = pricer.part(count) if pricer is not None else None
                         if part is not None:
                             break
         if part is None:
-            nodes = self._nodes
-            part = self._prices.alone_part(("decode", mean), num_decode, lambda n: nodes.decode(n, mean))
+            part = self._prices.alone_part(axes[0][0], n, build)
         if part.worst_provenance > self.worst_provenance:
             self.worst_provenance = part.worst_provenance
-        self._decode_parts[key] = part
         return part
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:

@@ -21,7 +21,9 @@ axis a run moves on, `StepPricer._decode_part`). A family is named by a `PartFam
 ("token", "decode_only") (a decode-only step of an expert-parallel model: its all-to-all runs in
 low-latency mode), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
 ("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),
-("verify", mean_context_tokens, query_tokens), and ("draft", <one of these>) for the drafter's.
+("prefill_at", new_tokens, count, stride) (a prompt chunk of one size indexed by its context in steps
+of `stride` tokens: the other axis of a prefill part at a nonzero context), ("verify",
+mean_context_tokens, query_tokens), and ("draft", <one of these>) for the drafter's.
 """
 
 from __future__ import annotations
@@ -184,6 +186,10 @@ class PartNodes:
             # One batch size, counted in mean-context buckets: no row carries a TP rank's token share.
             batch, bucket = int(family[1]), int(family[2])  # type: ignore[call-overload]
             return BlockPricer(polynomial(lambda b: self.decode(batch, b * bucket), divisor=1), cost, eager, top)
+        if kind == "prefill_at":
+            # One chunk size, counted in context steps: polynomial without a window (no fallback).
+            new, count, stride = int(family[1]), int(family[2]), int(family[3])  # type: ignore[call-overload]
+            return BlockPricer(polynomial(lambda k: self.prefill(new, k * stride, count), divisor=1), cost, eager, top)
         assert kind == "prefill"
         context, count = int(family[1]), int(family[2])  # type: ignore[call-overload]
         # Prefill attention is quadratic in the chunk; with a window, piecewise (then built per count).

@@ -361,6 +361,8 @@ def test_a_part_priced_alone_is_bitwise_its_block_price(path: str, overrides: di
         (("token",), nodes.token, 8192),
         (("decode", 512), lambda n: nodes.decode(n, 512), 256),
         (("decode_at", 64, 16), lambda b: nodes.decode(64, b * 16), 1024),  # along the context
+        (("prefill_at", 700, 1, 32), lambda k: nodes.prefill(700, k * 32, 1), 256),
+        (("prefill_at", 333, 2, 1), lambda c: nodes.prefill(333, c, 2), 4096),
         (("sampling",), nodes.sampling, 256),
     ]
     checked = 0
@@ -410,6 +412,25 @@ def test_decode_parts_are_block_priced_along_the_axis_the_run_moves_on(model: st
     else:
         assert {f[1] for f in along_context} == {63, 64}
         assert len(along_batch) <= 3  # the sweep's first contexts, before a batch size was asked twice
+
+
+def test_prompt_chunks_of_one_size_at_many_contexts_are_block_priced_along_the_context() -> None:
+    """An offline run's chunks take what the decodes leave of the budget, so one chunk size recurs
+    at many contexts (on 32-token blocks under TensorRT-LLM): after `BLOCK_FROM_ASK` asks the chunk
+    size gets a family along the context; prices are the count-by-count ones, in any order."""
+    sc = load_scenario(LLAMA70)
+    block, scalar = _pricers(sc)
+    shuffled, _ = _pricers(sc)
+    keys: list[StepKey] = [(((new, ctx, False),), 40, 1024) for new in (2016, 4064) for ctx in range(2048, 40000, 32 * 9)]
+    keys += [(((1000, ctx, False),), 0, 0) for ctx in range(1, 3000, 77)]  # contexts off the 32-token steps
+    for key in keys[::-3] + keys:
+        shuffled.step_s(key)
+    for key in keys:
+        assert block.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL, abs=0.0), key
+        assert block.step_s(key) == shuffled.step_s(key), key
+    assert block._blocks is not None
+    along_context = {f for f, pricer in block._blocks.items() if f[0] == "prefill_at" and pricer is not None}
+    assert along_context == {("prefill_at", 2016, 1, 32), ("prefill_at", 4064, 1, 32), ("prefill_at", 1000, 1, 1)}
 
 
 def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
