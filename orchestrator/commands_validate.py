@@ -406,9 +406,11 @@ def register(sub: Any) -> None:
     v.add_argument("--data", help="measured-data root holding e2e/, upstream layout such as ../shared/data "
                    "(default: the copy shipped in sim/data/measured)")
     v.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
-    v.add_argument("--budget-s", type=float, default=600.0,
-                   help="estimated simulation seconds per worker; rows beyond it are deferred (0: no limit)")
-    v.add_argument("--max-row-s", type=float, default=60.0, help="defer rows estimated over this (0: no cap)")
+    v.add_argument("--budget-s", type=float, default=0.0,
+                   help="a quick run: estimated simulation seconds per worker, rows beyond it deferred "
+                        "(default 0: every row, about 9 minutes on 2 cores)")
+    v.add_argument("--max-row-s", type=float, default=60.0,
+                   help="with --budget-s: defer rows estimated over this (0: no cap)")
     v.add_argument("--limit", type=int, help="at most N rows per suite and source (smoke runs; no doc update)")
     v.add_argument("--intervals", type=int, default=0, metavar="K",
                    help="also K perturbed runs per row (run --intervals K; each pool's model in a disaggregated "

@@ -300,7 +300,7 @@ def _plain_rate(cost: dict[str, Any]) -> str:
 
 
 def _budget_paragraph(result: Mapping[str, Any], results: Sequence[RowResult]) -> str:
-    """How the run chose its rows: every simulable one (`--budget-s 0`), or a time budget's sample."""
+    """How the run chose its rows: every simulable one (the default), or a `--budget-s` sample."""
     cost = result["cost_model"]
     model = (f"cost model {cost['per_step_s'] * 1e6:.1f} us per step + {cost['per_request_step_s'] * 1e6:.2f} us "
              f"per running request per step{_plain_rate(cost)}, measured at start")
@@ -311,22 +311,24 @@ def _budget_paragraph(result: Mapping[str, Any], results: Sequence[RowResult]) -
               "same scenario and replay: one configuration measured again, e.g. in two releases' tables) and "
               "copy its results")
     if result["budget_s"] <= 0:
-        return (f"No time budget (`--budget-s 0`): every simulable row is simulated and scored, none deferred "
+        return (f"No time budget (the default): every simulable row is simulated and scored, none deferred "
                 f"({model}, orders the work; {shared}). Every simulated row replays all requests of its "
-                "measured run. The default `kernelsight validate` (a 600 s budget per worker) scores a random "
-                "sample of them.")
+                "measured run. A quick `kernelsight validate --budget-s S` scores a random sample of them "
+                "within S seconds of estimated simulation per worker.")
     return (f"Time budget: {result['budget_s']:.0f} s of estimated simulation per worker ({model}; {shared}), "
             f"per-row cap {result['max_row_s']:.0f} s. Every simulated row replays all requests of its "
             "measured run. Rows over the budget are listed as deferred, never dropped: the budget is split "
             "over (suite, source) groups (an eval group weighs two dev groups) and rows are taken in a fixed hash "
-            "order, so a deferred row is a random one, not a hard one; `--budget-s 0` simulates all of them.")
+            "order, so a deferred row is a random one, not a hard one; `kernelsight validate` without a budget "
+            "simulates all of them.")
 
 
 def render_section(result: Mapping[str, Any], rows: Sequence[ValidationRow], results: Sequence[RowResult],
                    groups: Sequence[GroupScore], deferred: Mapping[str, str], plots: Sequence[str]) -> str:
     every_row = result["budget_s"] <= 0
+    budget_flag = "" if every_row else f" --budget-s {result['budget_s']:.0f}"
     out = [HEADING, "",
-           f"Regenerate with `kernelsight validate{' --budget-s 0' if every_row else ''}` "
+           f"Regenerate with `kernelsight validate{budget_flag}` "
            f"(suite {result['suite']}, tiers "
            f"{', '.join(result['tiers'])}; took {result['wall_s']:.0f} s with {result['jobs']} worker processes on "
            f"{result['machine']}). Measured data: `e2e/` tables (shipped in sim/data/measured, copied from "

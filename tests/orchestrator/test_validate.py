@@ -150,3 +150,12 @@ def test_rows_from_replays_exactly_the_rows_an_earlier_run_simulated(tmp_path: P
     assert any("--rows-from" in (r["deferred"] or "") for r in later["rows"])
     bad = _run("--rows-from", str(tmp_path / "missing.json"), "--limit", "1", "--no-doc")
     assert bad.returncode == 2 and "--rows-from" in bad.stderr
+
+
+def test_every_row_is_the_default_and_a_budget_is_a_quick_run() -> None:
+    from orchestrator.cli import build_parser
+
+    default = build_parser().parse_args(["validate"])
+    assert default.budget_s == 0.0  # every row (issue 23: it fits the 10 minutes on 2 cores)
+    quick = build_parser().parse_args(["validate", "--budget-s", "120"])
+    assert quick.budget_s == 120.0 and quick.max_row_s == 60.0

@@ -175,9 +175,9 @@ def test_the_report_says_whether_every_row_or_a_budgeted_sample_was_simulated() 
                RowResult(row_id="b", tier="t", status="scored", same_simulation_as="a"),
                RowResult(row_id="c", tier="t", status="skipped", reason="no calibration")]
     every = _budget_paragraph({"budget_s": 0.0, "max_row_s": 0.0, "cost_model": cost}, results)
-    assert every.startswith("No time budget (`--budget-s 0`): every simulable row is simulated")
+    assert every.startswith("No time budget (the default): every simulable row is simulated")
     assert "deferred, never dropped" not in every
     assert "1 of the 2 row x tier results repeat another row's simulation" in every
     sample = _budget_paragraph({"budget_s": 600.0, "max_row_s": 60.0, "cost_model": cost}, results)
     assert sample.startswith("Time budget: 600 s of estimated simulation per worker (cost model 47.0 us per step")
-    assert "per-row cap 60 s" in sample and "`--budget-s 0` simulates all of them" in sample
+    assert "per-row cap 60 s" in sample and "without a budget simulates all of them" in sample
