@@ -59,9 +59,20 @@ class ServiceError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOCALHOST, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now: the sockets are held until all are
+    bound, so the OS cannot hand out one port twice (separate `free_port` calls can, and `ray start`
+    refuses a port given to two of its components)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((LOCALHOST, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 _WORKER_PORTS = 201
@@ -355,6 +366,8 @@ class LocalServices:
         env = self.env({"PYTHONPATH": _join_path(self.pythonpath, os.environ.get("PYTHONPATH", "")), **RAY_NODE_ENV})
         resources: list[str] = []
         workers_base = worker_ports_base(len(num_cpus_per_node))
+        # Every component port of every node, distinct (and distinct from the GCS port).
+        ports = iter([p for p in free_ports(8 * len(num_cpus_per_node) + 1) if p != gcs_port])
         for index, num_cpus in enumerate(num_cpus_per_node):
             resource = f"ks_node_{index}"
             resources.append(resource)
@@ -363,17 +376,17 @@ class LocalServices:
                 _ray_cli(), "start", "--block", "--node-ip-address", LOCALHOST, "--temp-dir", str(temp_dir),
                 "--num-cpus", str(num_cpus), "--num-gpus", "0", "--resources", json.dumps({resource: 1}),
                 "--object-store-memory", str(object_store_bytes), "--disable-usage-stats",
-                "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-                "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
+                "--node-manager-port", str(next(ports)), "--object-manager-port", str(next(ports)),
+                "--dashboard-agent-listen-port", str(next(ports)), "--dashboard-agent-grpc-port", str(next(ports)),
+                "--runtime-env-agent-port", str(next(ports)), "--metrics-export-port", str(next(ports)),
                 "--min-worker-port", str(worker_lo), "--max-worker-port", str(worker_lo + 200),
                 "--log-style", "record", "--log-color", "false",
             ]
             if index == 0:
-                argv += ["--head", "--port", str(gcs_port), "--ray-client-server-port", str(free_port()),
+                argv += ["--head", "--port", str(gcs_port), "--ray-client-server-port", str(next(ports)),
                          "--include-dashboard", "true" if include_dashboard else "false"]
                 if include_dashboard:
-                    argv += ["--dashboard-host", LOCALHOST, "--dashboard-port", str(free_port())]
+                    argv += ["--dashboard-host", LOCALHOST, "--dashboard-port", str(next(ports))]
             else:
                 argv += ["--address", address]
             proc = self._spawn(f"ray-node-{index}", argv, env=env)
