@@ -43,6 +43,8 @@ Rebuild = Callable[[KernelWork, Sequence[tuple[int, ...]]], list[KernelWork]]
 """A kernel of a table-keyed kind rebuilt at other shapes from its count-1 node (MoE: the fused
 layer's work follows the routed load, not a polynomial of the count), one kernel per shape."""
 _FLOAT_FIELDS = tuple(f.name for f in fields(KernelWork) if f.type == "float")
+_DYADIC = 1024.0
+"""`PolynomialNodes.evaluates_exactly`: coefficients must be multiples of 1 / this."""
 _MIN_BLOCK = 128
 _CHUNK = 128
 """Columns of a window whose deferred rows `BlockPricer._complete` prices together."""
@@ -164,6 +166,14 @@ class PolynomialNodes(NodeTemplate):
         self.num_rows = len(self.coef)
         self.deferred = frozenset(self.rebuilt)
 
+    def evaluates_exactly(self) -> bool:
+        """Whether every float field's Newton coefficients are multiples of 2^-10 (integers, or the
+        halves and quarters of FP4 byte counts), so the form's values are exact sums, the real node's
+        bits at every count. A field such as `dsa_topk`'s FLOPs (keys x log2(span)) is linear in the
+        count but not dyadic: its form rounds differently from the node in the last bit."""
+        return all((c * _DYADIC).is_integer() for r, (floats, _) in enumerate(self.coef) if r not in self.rebuilt
+                   for coef in floats for c in coef)
+
     @staticmethod
     def checks(top: int) -> list[int]:
         """Counts where the form is checked: powers of two, the top three and a few others.
@@ -191,6 +201,8 @@ class PolynomialNodes(NodeTemplate):
         if divisor > 1 and 2 * divisor + 1 <= top:
             quotient = (build(divisor + 1), build(2 * divisor + 1))
         poly = PolynomialNodes(one, two, three, rebuild, divisor=divisor, quotient=quotient)
+        if not poly.evaluates_exactly():
+            return None
         if not (poly.same_nodes(two) and poly.same_nodes(three)
                 and (quotient is None or all(poly.same_nodes(q) for q in quotient))):
             return None

@@ -433,6 +433,19 @@ def test_prompt_chunks_of_one_size_at_many_contexts_are_block_priced_along_the_c
     assert along_context == {("prefill_at", 2016, 1, 32), ("prefill_at", 4064, 1, 32), ("prefill_at", 1000, 1, 1)}
 
 
+def test_a_form_whose_float_fields_are_not_dyadic_is_refused() -> None:
+    """GLM-5's `dsa_topk` FLOPs (keys x log2(span)) are linear in the decode count but not whole
+    numbers: the Newton form's sum rounds differently from the node in the last bit at some counts,
+    so its decode families get no template (priced alone); Llama's whole-number fields keep theirs."""
+    glm = load_scenario(LLAMA70, {"model.name": "zai-org/GLM-5", "hardware.name": "h200_sxm",
+                                  "engine.tensor_parallel_size": 8, "engine.pipeline_parallel_size": 2})
+    llama = load_scenario(LLAMA70)
+    for sc, templated in ((glm, False), (llama, True)):
+        nodes = PartPrices(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), 5e-6).nodes
+        poly = PolynomialNodes.of(lambda n, nodes=nodes: nodes.decode(n, 3696), 256, divisor=1)
+        assert (poly is not None) is templated
+
+
 def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
     sc = load_scenario(LLAMA70)
     block, _ = _pricers(sc)
