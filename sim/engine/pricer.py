@@ -623,8 +623,8 @@ class StepPricer:
     def _two_axis_part(self, axes: Sequence[_Axis], n: int, build: Callable[[int], NodeList]) -> Part:
         """A part that two families hold (`axes`: (family, its count for this part, the family's
         top, the ask from which it is block priced), the first the family the part is priced alone
-        in at count `n`): priced by the first family that has a block pricer, else the ask counts in
-        every family and the first family asked often enough gets a block pricer; else alone. Block
+        in at count `n`): priced by the first family that has a block pricer, else an ask is counted
+        in each family in turn until one is asked often enough to get a block pricer; else alone. Block
         and alone prices are the same bits (`_new_part`), so the family a part is priced in never
         changes it; a family whose fields are no polynomial of its count (a sliding window along
         the context) gets no template and leaves its parts to the other."""
