@@ -54,7 +54,7 @@ _SAMPLING: PartFamily = ("sampling",)
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 _Axis = tuple[PartFamily, int, int, int]
 """A family that holds a part: (family, the part's count in it, the family's top, the ask it is
-block priced from; `StepPricer._two_axis_part`)."""
+block priced from; `StepPricer._part_in_families`)."""
 _CONTEXT_STRIDE: Final = 32
 """Contexts of a prefill family along the context are counted in steps of this many tokens when
 they fall on them (TensorRT-LLM's chunks end on 32-token KV blocks), else in single tokens."""
@@ -541,26 +541,10 @@ class StepPricer:
         kernel model prices columns: `PartPrices.priced`). Families asked for a few times (a
         prompt's chunks at one context, a decode pool's one-token prefills at a new context) never
         pay for a template and a window of counts they do not use."""
-        part = None
-        blocks = self._blocks
-        if blocks is not None:
-            pricer = blocks.get(family)
-            if pricer is not None:
-                part = pricer.part(n)
-            elif family not in blocks:
-                asks = self._asks[family] = self._asks.get(family, 0) + 1
-                kind, *rest = family[1:] if family[0] == "draft" else family
-                if asks >= (BLOCK_FROM_ASK if kind == "prefill" and rest[0] != 0 else 2):
-                    top = self._tops[0] if kind in ("token", "prefill") else self._tops[1]
-                    assert top is not None
-                    pricer = blocks[family] = self._prices.block_pricer(family, top)
-                    if pricer is not None:
-                        part = pricer.part(n)
-        if part is None:
-            part = self._prices.alone_part(family, n, build)
-        if part.worst_provenance > self.worst_provenance:
-            self.worst_provenance = part.worst_provenance
-        return part
+        kind, *rest = family[1:] if family[0] == "draft" else family
+        from_ask = BLOCK_FROM_ASK if kind == "prefill" and rest[0] != 0 else 2
+        top = (self._tops[0] if kind in ("token", "prefill") else self._tops[1]) or 0
+        return self._part_in_families([(family, n, top, from_ask)], n, build)
 
     def _token_part(self, token_key: int) -> Part:
         part = self._token_parts.get(token_key)
@@ -583,7 +567,7 @@ class StepPricer:
         (`("prefill", context, count)`), and, at a nonzero context, one per chunk size indexed by the
         context in steps of `stride` tokens (`("prefill_at", new, count, stride)`: an offline run's
         chunks take what the decodes leave of the token budget, so one chunk size recurs at many
-        contexts; TensorRT-LLM's contexts fall on 32-token KV blocks). `_two_axis_part` picks."""
+        contexts; TensorRT-LLM's contexts fall on 32-token KV blocks). `_part_in_families` picks."""
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
         if part is None:
@@ -594,7 +578,7 @@ class StepPricer:
                 part = self._new_part(family, new_tokens, build)
             else:
                 stride = _CONTEXT_STRIDE if context_tokens % _CONTEXT_STRIDE == 0 else 1
-                part = self._two_axis_part(
+                part = self._part_in_families(
                     [(family, new_tokens, self._tops[0] or 0, BLOCK_FROM_ASK),
                      (("prefill_at", new_tokens, count, stride), context_tokens // stride,
                       (self._sc.engine.max_model_len or 0) // stride, BLOCK_FROM_ASK)],
@@ -604,7 +588,7 @@ class StepPricer:
 
     def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
         """The decode attention part, block priced along whichever of its two axes the run moves on
-        (`_two_axis_part`): one family per mean-context bucket indexed by the batch size
+        (`_part_in_families`): one family per mean-context bucket indexed by the batch size
         (`("decode", mean)`), or one per batch size indexed by the bucket (`("decode_at", batch,
         bucket_tokens)`). A Poisson run's batch moves while its mean context holds; a closed loop or
         an offline run keeps its batch while the mean context sweeps its range."""
@@ -616,16 +600,16 @@ class StepPricer:
             axes: list[_Axis] = [(("decode", mean), num_decode, self._tops[1] or 0, 2)]
             if mean % self._bucket == 0:
                 axes.append((("decode_at", num_decode, self._bucket), mean // self._bucket, self._context_top, 2))
-            part = self._decode_parts[key] = self._two_axis_part(
+            part = self._decode_parts[key] = self._part_in_families(
                 axes, num_decode, lambda n: nodes.decode(n, mean))
         return part
 
-    def _two_axis_part(self, axes: Sequence[_Axis], n: int, build: Callable[[int], NodeList]) -> Part:
-        """A part that two families hold (`axes`: (family, its count for this part, the family's
+    def _part_in_families(self, axes: Sequence[_Axis], n: int, build: Callable[[int], NodeList]) -> Part:
+        """A part that one or two families hold (`axes`: (family, its count for this part, the family's
         top, the ask from which it is block priced), the first the family the part is priced alone
         in at count `n`): priced by the first family that has a block pricer, else an ask is counted
         in each family in turn until one is asked often enough to get a block pricer; else alone. Block
-        and alone prices are the same bits (`_new_part`), so the family a part is priced in never
+        and alone prices are the same bits (`PartPrices.priced`), so the family a part is priced in never
         changes it; a family whose fields are no polynomial of its count (a sliding window along
         the context) gets no template and leaves its parts to the other."""
         part = None
