@@ -89,9 +89,7 @@ def _evaluate_rows(batch: Sequence[Task]) -> list[RowResult]:
         key = (row.simulation_key, tier, "" if profile is None else repr(profile), intervals)
         twin = done.get(key)
         if twin is not None:
-            start = time.perf_counter()
-            out.append(dataclasses.replace(twin, row_id=row.row_id, same_simulation_as=twin.row_id,
-                                           wall_s=time.perf_counter() - start))
+            out.append(dataclasses.replace(twin, row_id=row.row_id, same_simulation_as=twin.row_id, wall_s=0.0))
             continue
         result = evaluate_row(row, tier, work_dir, profile=profile, models=models, prices=prices,
                               intervals=intervals, perturbed=perturbed)

@@ -46,7 +46,7 @@ class RowResult:
     interval_runs: int = 0
     same_simulation_as: str | None = None
     """The row whose simulation this result repeats (`ValidationRow.simulation_key`: the same scenario
-    and replay, so the same results); `wall_s` is then the time of copying it, ~0."""
+    and replay, so the same results); `wall_s` is then 0: nothing was simulated for this row."""
 
 
 def tier_skip_reason(row: ValidationRow, tier: Tier) -> str | None:
