@@ -11,7 +11,7 @@ and prints its CPU seconds (`time.process_time`), steps and predictions. `--json
 that two codes' runs can be compared row by row (`--compare A.json B.json`: CPU per row and
 whether every prediction is bitwise the same). `--groups N` simulates instead every row of the first
 N pricing groups (in a hash order of the group key), each group with one set of kernel models and
-priced step parts, as a `validate` worker does (`orchestrator.commands_validate.pricing_group`; a row
+priced step parts, as a `validate` worker does (`orchestrator.validate_pool.pricing_group`; a row
 that repeats another's simulation copies its results, so its CPU is ~0).
 BLAS is pinned to one thread before numpy loads.
 """
@@ -31,7 +31,7 @@ from typing import cast
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from orchestrator.commands_validate import _evaluate_batch, pricing_group  # noqa: E402
+from orchestrator.validate_pool import _evaluate_batch, pricing_group  # noqa: E402
 from sim.api import load_engine_profile  # noqa: E402
 from sim.calibration.select import EfficiencyModels  # noqa: E402
 from sim.engine.part_prices import PriceCache  # noqa: E402

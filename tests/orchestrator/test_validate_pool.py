@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from orchestrator.commands_validate import _e2e_dir, _profiles, pricing_group, run_pool
+from orchestrator.commands_validate import _e2e_dir, _profiles
+from orchestrator.validate_pool import pricing_group, run_pool
 from sim.validation.budget import work_of
 from sim.validation.load import load_rows
 from sim.validation.runner import evaluate_row
