@@ -17,6 +17,7 @@ import numpy as np
 from sim.calibration.select import EfficiencyModels, efficiency_model_for
 from sim.engine.autoscaled import AutoscaledSimulation
 from sim.engine.disaggregated import DisaggregatedSimulation
+from sim.engine.micro_batches import pipeline_micro_batches
 from sim.engine.part_prices import PriceCache
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord, StepRecord
@@ -299,6 +300,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs, class_ids = _draw_workload(scenario, workload_seq, engine.max_model_len, max_requests)
     ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits)
+    states = request_states(specs, ranks[0].kv)
     # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
     # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
     lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
@@ -307,16 +309,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
                if engine.attention_dp_enable_balance else None)
     replicas: list[VllmV1Scheduler | DataParallelGroup] = (
         [DataParallelGroup(ranks, balance)] if lockstep else list(ranks))
-    states = request_states(specs, ranks[0].kv)
-    efficiency = efficiency or scenario_efficiency(scenario, profile, models=models)
-    if wrapper is not None:
-        efficiency = wrapper(efficiency, scenario)
-    host = host or profile.host
-    if prices is None:
-        pricer = StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
-    else:
-        shared = prices.prices(scenario, efficiency, host.eager_launch_s)
-        pricer = StepPricer(scenario, shared.cost, host, prices=shared)
+    pricer = _pool_pricer(scenario, profile, efficiency, host, prices, wrapper, models, limits)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim: Simulation
     if scenario.autoscaling is None:
@@ -327,7 +320,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         assert not lockstep  # rejected on load (sim.specs.scenario._resolve_autoscaling)
         sim = AutoscaledSimulation(replicas=ranks, pricer=pricer, router=engine.router,
                                    max_concurrency=scenario.workload.max_concurrency, limits=limits,
-                                   spec=scenario.autoscaling, max_num_seqs=engine.max_num_seqs,
+                                   spec=scenario.autoscaling, max_num_seqs=ranks[0].max_num_seqs,
                                    progress=progress, step_log=step_log)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
@@ -392,21 +385,36 @@ def context_chunk_unit(scenario: Scenario, profile: EngineProfile) -> int:
     return unit
 
 
+def micro_batches(scenario: Scenario, limits: SimLimits) -> int:
+    """Pipeline micro-batches a replica of `scenario` keeps in flight (`pipeline_micro_batches`; 1
+    with `SimLimits.pipeline_micro_batches` off)."""
+    return pipeline_micro_batches(scenario) if limits.pipeline_micro_batches else 1
+
+
 def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
                      limits: SimLimits) -> list[VllmV1Scheduler]:
     """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
-    with its own KV cache of `mem.num_kv_blocks` blocks."""
+    with its own KV cache of `mem.num_kv_blocks` blocks. A pipeline's scheduler plans all its
+    micro-batches in flight at once (`sim.engine.micro_batches`): a token budget per micro-batch,
+    a request's chunk at most one, running requests bounded together or, where the profile says
+    so (TensorRT-LLM), per micro-batch."""
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)
     unit = context_chunk_unit(scenario, profile)
+    m = micro_batches(scenario, limits)
+    budget = engine.max_num_batched_tokens
+    threshold = engine.long_prefill_token_threshold
+    if m > 1 and not 0 < threshold <= budget:
+        threshold = budget
+    seqs = engine.max_num_seqs * (m if profile.policy.max_num_seqs_per_micro_batch else 1)
     return [
         VllmV1Scheduler(
             kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
                             enable_prefix_caching=engine.enable_prefix_caching),
-            max_num_seqs=mem.running_request_cap(engine.max_num_seqs),
-            max_num_batched_tokens=engine.max_num_batched_tokens, enable_chunked_prefill=engine.enable_chunked_prefill,
-            long_prefill_token_threshold=engine.long_prefill_token_threshold,
+            max_num_seqs=mem.running_request_cap(seqs),
+            max_num_batched_tokens=budget * m, enable_chunked_prefill=engine.enable_chunked_prefill,
+            long_prefill_token_threshold=threshold,
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,
@@ -431,16 +439,19 @@ def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
 
 def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
                  host: HostOverheadParams | None, prices: PriceCache | None,
-                 wrapper: EfficiencyWrapper | None = None, models: EfficiencyModels | None = None
+                 wrapper: EfficiencyWrapper | None, models: EfficiencyModels | None, limits: SimLimits
                  ) -> StepPricer:
+    """The step pricer of a scenario's replicas (an aggregated engine, or one pool of a
+    disaggregated fleet), sharing priced parts through `prices` when given."""
     efficiency = efficiency or scenario_efficiency(scenario, profile, models=models)
     if wrapper is not None:
         efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
+    m = micro_batches(scenario, limits)
     if prices is None:
-        return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host)
+        return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host, micro_batches=m)
     shared = prices.prices(scenario, efficiency, host.eager_launch_s)
-    return StepPricer(scenario, shared.cost, host, prices=shared)
+    return StepPricer(scenario, shared.cost, host, prices=shared, micro_batches=m)
 
 
 def _breakdown(pricer: StepPricer) -> KernelBreakdown:
@@ -484,8 +495,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
                           arrival_s=s.arrival_s, keys=s.keys, segments=s.segments) for s in full]
     for s in full:
         s.keys = ()  # the decode phase takes its prompt KV from the transfer, not the prefix cache
-    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices, wrapper, models)
-    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices, wrapper, models)
+    p_pricer = _pool_pricer(p_sc, p_profile, efficiency, host, prices, wrapper, models, limits)
+    d_pricer = _pool_pricer(d_sc, d_profile, efficiency, host, prices, wrapper, models, limits)
     path = transfer_path(disagg)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = DisaggregatedSimulation(

@@ -29,6 +29,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from sim.engine.block_pricing import NodeList, Part, PartSource
+from sim.engine.micro_batches import split_step
 from sim.engine.part_prices import PartPrices
 from sim.engine.step_parts import PartFamily
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
@@ -116,10 +117,13 @@ class DecodeRun:
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
                  decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True,
-                 prices: PartPrices | None = None) -> None:
+                 prices: PartPrices | None = None, micro_batches: int = 1) -> None:
         """`prices`: priced parts shared with other runs of the same pricing identity (from
-        `PriceCache.prices`); None prices this run's parts afresh."""
+        `PriceCache.prices`); None prices this run's parts afresh. `micro_batches` > 1: a step is
+        that many pipeline micro-batches in flight, as long as the slowest of them
+        (`sim.engine.micro_batches`)."""
         self._sc = scenario
+        self._micro_batches = micro_batches
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
@@ -127,7 +131,8 @@ class StepPricer:
         """Step seconds per key (no more entries than `counts`)."""
         self._rank_steps: dict[tuple[StepKey, int | None], tuple[float, list[Part], HostCost]] = {}
         """Group steps' rank prices by (rank key, token key): a group's ranks repeat their shapes
-        far more often than the group does (its key is every rank's)."""
+        far more often than the group does (its key is every rank's); pipeline micro-batches' by
+        (micro-batch key, None), for the same reason."""
         self._key_parts: dict[AnyKey, tuple[list[Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown; a group step's are its
         slowest rank's)."""
@@ -404,9 +409,28 @@ class StepPricer:
         """Seconds of a step: its kernels (sum of the parts) and host overhead."""
         if isinstance(key, GroupKey):
             return self._group_step_s(key)
+        if self._micro_batches > 1:
+            return self._pipeline_step_s(key)
         step_s, parts, host = self._rank_step(key, None)
         self._key_parts[key] = (parts, host)
         return step_s
+
+    def _pipeline_step_s(self, key: StepKey) -> float:
+        """Seconds of a pipeline cycle: its slowest micro-batch's step through every stage
+        (`sim.engine.micro_batches`); the breakdown keeps that micro-batch's parts."""
+        prefills, num_decode, mean = key
+        slowest = -1.0
+        memo = self._rank_steps
+        for chunks, n in split_step(prefills, num_decode, self._micro_batches) or [(prefills, num_decode)]:
+            micro_key: StepKey = (chunks, n, mean if n else 0)
+            priced = memo.get((micro_key, None))
+            if priced is None:
+                priced = memo[(micro_key, None)] = self._rank_step(micro_key, None)
+            step_s, parts, host = priced
+            if step_s > slowest:
+                slowest, chosen = step_s, (parts, host)
+        self._key_parts[key] = chosen
+        return slowest
 
     def _group_step_s(self, key: GroupKey) -> float:
         """Seconds of a data-parallel group step: the slowest rank's.

@@ -56,6 +56,10 @@ class SimLimits:
     bulk_decode: bool = True
     """Advance running decodes in bulk (same results, cost per step independent of the batch);
     False runs the request-by-request reference path."""
+    pipeline_micro_batches: bool = True
+    """A pipeline-parallel replica keeps one micro-batch per stage in flight
+    (`sim.engine.micro_batches`); False runs one batch at a time through the stages (the earlier
+    model, kept for comparison)."""
 
 
 @contextmanager

@@ -41,6 +41,10 @@ class SchedulingPolicy:
     """SGLang: prefill chunks run in steps of their own and decodes wait (no mixed batches)."""
     reserve_full_output: bool = False
     """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs; no preemption."""
+    max_num_seqs_per_micro_batch: bool = False
+    """TensorRT-LLM: with pipeline parallelism `max_num_seqs` (its `max_batch_size`) bounds each of the
+    `pipeline_parallel_size` micro-batches in flight, not all of them together (vLLM's and SGLang's
+    bound the scheduler's running requests, which the micro-batches share)."""
     context_chunks_in_blocks: bool = False
     """TensorRT-LLM: a context chunk that does not finish its prompt is cut down to whole KV blocks
     (`MicroBatchScheduler::setCtxRequestsChunkSize`, chunk unit = `tokens_per_block`); a chunk that

@@ -224,6 +224,11 @@ class VllmV1Scheduler:
             num_new -= num_new % self._unit
         return num_new
 
+    @property
+    def max_num_seqs(self) -> int:
+        """Running requests the scheduler holds at most."""
+        return self._max_num_seqs
+
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"

@@ -382,6 +382,15 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
                      "random_range_ratio": 0.5}},
     "closed-loop": {"workload": {"num_prompts": 100, "max_concurrency": 7, "random_input_len": 256,
                                  "random_output_len": 50, "random_range_ratio": 0.5}},
+    # Pipeline micro-batches short of KV blocks: preemption (vLLM, SGLang) or held admissions
+    # (TensorRT-LLM, whose max_batch_size bounds each micro-batch).
+    "pp2-preempting": {"engine": {"pipeline_parallel_size": 2, "gpu_memory_utilization": 0.12, "max_num_seqs": 64},
+                       "workload": {"num_prompts": 100, "max_concurrency": 96, "random_input_len": 1000,
+                                    "random_output_len": 200, "random_range_ratio": 0.5}},
+    "pp2-trtllm-tight": {"engine": {"backend": "trtllm", "pipeline_parallel_size": 2, "gpu_memory_utilization": 0.12,
+                                    "max_num_seqs": 32},
+                         "workload": {"num_prompts": 100, "max_concurrency": 96, "random_input_len": 1000,
+                                      "random_output_len": 200, "random_range_ratio": 0.5}},
 }
 # SGLang's prefill priority: bulk decodes sit out the prefill-only steps.
 SCENARIOS.update({f"sglang-{name}": {**spec, "engine": {**spec.get("engine", {}), "backend": "sglang"}}

@@ -1,0 +1,107 @@
+"""Pipeline micro-batches (`sim.engine.micro_batches`): the split, the cycle's price, the scheduler's
+bounds, and whole runs with and without them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import scenario_dict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.api import load_host_params, scenario_efficiency, simulate
+from sim.engine.micro_batches import pipeline_micro_batches, split_step
+from sim.engine.pricer import StepKey, StepPricer
+from sim.engine.simulation import SimLimits
+from sim.perf.step import StepCostModel
+from sim.specs.scenario import Scenario, scenario_from_dict
+
+
+def _pp(backend: str = "vllm", pp: int = 2, **engine: Any) -> Scenario:
+    return scenario_from_dict(scenario_dict(
+        engine={"backend": backend, "pipeline_parallel_size": pp, **engine},
+        workload={"num_prompts": 120, "max_concurrency": 64, "random_input_len": 800, "random_output_len": 120,
+                  "random_range_ratio": 0.5}), source="pp.toml")
+
+
+def test_split_spreads_decodes_evenly_and_places_chunks_largest_first() -> None:
+    assert split_step((), 7, 3) == [((), 3), ((), 2), ((), 2)]
+    assert split_step((), 1, 4) == [((), 1)]  # empty micro-batches are left out
+    # Decodes 2/2; the 900-token chunk goes to the first micro-batch, then the 300 and the 100 to
+    # the second (fewest tokens: 2 < 902, then 302 < 902).
+    chunks = ((100, 0, True), (900, 64, False), (300, 0, True))
+    assert split_step(chunks, 4, 2) == [(((900, 64, False),), 2), (((100, 0, True), (300, 0, True)), 2)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192), st.booleans()), max_size=12),
+       st.integers(0, 600), st.integers(2, 8))
+def test_split_keeps_every_chunk_and_decode(chunks: list[tuple[int, int, bool]], num_decode: int, m: int) -> None:
+    parts = split_step(tuple(chunks), num_decode, m)
+    assert len(parts) <= m
+    assert sorted(c for cs, _ in parts for c in cs) == sorted(chunks)
+    assert sum(n for _, n in parts) == num_decode
+    decodes = [n for _, n in parts]
+    if num_decode >= m:
+        assert max(decodes) - min(decodes) <= 1
+    assert all(cs or n for cs, n in parts)
+    assert all(list(cs) == sorted(cs) for cs, _ in parts)
+
+
+def test_micro_batches_only_with_a_pipeline_outside_lockstep_groups() -> None:
+    assert pipeline_micro_batches(_pp(pp=1)) == 1
+    assert pipeline_micro_batches(_pp(pp=4)) == 4
+    moe_dp = scenario_from_dict(scenario_dict(
+        model={"name": "mistralai/Mixtral-8x7B-v0.1"},
+        engine={"pipeline_parallel_size": 2, "data_parallel_size": 2, "tensor_parallel_size": 2,
+                "max_model_len": 4096}), source="m.toml")
+    assert pipeline_micro_batches(moe_dp) == 1
+
+
+def test_a_cycle_costs_its_slowest_micro_batch_through_the_whole_pipeline() -> None:
+    sc = _pp(pp=2)
+    cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
+    host = load_host_params("vllm")
+    cycle = StepPricer(sc, cost, host, micro_batches=2)
+    one = StepPricer(sc, cost, host)
+    key: StepKey = ((), 64, 512)
+    assert cycle.step_s(key) == one.step_s(((), 32, 512))
+    mixed: StepKey = (((100, 0, True), (2000, 0, True)), 9, 256)
+    # 5 + 4 decodes; the 2,000-token chunk joins the 4 (fewest tokens), the 100-token chunk the 5.
+    expected = max(one.step_s((((2000, 0, True),), 4, 256)), one.step_s((((100, 0, True),), 5, 256)))
+    assert cycle.step_s(mixed) == expected
+    assert cycle.step_s(mixed) < one.step_s(mixed)
+
+
+def test_scheduler_bounds_per_micro_batch() -> None:
+    """A pipeline step holds every micro-batch's token budget, each chunk at most one budget;
+    TensorRT-LLM's max_batch_size bounds each micro-batch, vLLM's max_num_seqs all of them."""
+    budget = 512
+    for backend, most_running in (("vllm", 16), ("trtllm", 32)):
+        sc = _pp(backend, max_num_seqs=16, max_num_batched_tokens=budget)
+        result = simulate(sc, max_step_events=100_000)
+        assert result.summary.num_completed == 120
+        steps = result.steps
+        assert max(s.num_prefill_tokens + s.num_decodes for s in steps) > budget
+        assert max(s.num_prefill_tokens + s.num_decodes for s in steps) <= 2 * budget
+        assert max(s.num_prefills + s.num_decodes for s in steps) == most_running
+        # One batch at a time: one budget, max_num_seqs in all.
+        flat = simulate(sc, max_step_events=100_000, limits=SimLimits(pipeline_micro_batches=False))
+        assert max(s.num_prefill_tokens + s.num_decodes for s in flat.steps) <= budget
+        assert max(s.num_prefills + s.num_decodes for s in flat.steps) == 16
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
+def test_micro_batches_raise_throughput_and_finish_every_request_under_kv_pressure(backend: str) -> None:
+    """A pipeline keeps its stages busy (more throughput than one batch at a time), and a replica
+    short of KV blocks preempts (vLLM, SGLang) or holds admissions (TensorRT-LLM) as one engine
+    does: every request finishes."""
+    roomy = _pp(backend, max_num_seqs=64)
+    a, b = simulate(roomy), simulate(roomy, limits=SimLimits(pipeline_micro_batches=False))
+    assert a.summary.output_throughput_tokens_per_s > 1.1 * b.summary.output_throughput_tokens_per_s
+    tight = _pp(backend, max_num_seqs=64, gpu_memory_utilization=0.12)
+    result = simulate(tight)
+    assert result.summary.num_completed == 120 and not result.summary.truncated
+    if backend != "trtllm":
+        assert result.summary.num_preemptions > 0
