@@ -53,12 +53,12 @@ from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
-from sim.specs.scenario import Pool, Scenario, load_scenario_file
+from sim.specs.scenario import Pool, Scenario, load_scenario_file, ranks_in_lockstep
 from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _GIB = float(1 << 30)
 
@@ -301,9 +301,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     specs, class_ids = _draw_workload(scenario, workload_seq, engine.max_model_len, max_requests)
     ranks = _rank_schedulers(scenario, mem, profile, engine.data_parallel_size, limits)
     states = request_states(specs, ranks[0].kv)
-    # An MoE model's DP ranks are one engine that meets at every MoE layer (lockstep steps, the
-    # slowest rank's time); a dense model's DP ranks are independent replicas (sim.serving.dp_group).
-    lockstep = scenario.model.moe is not None and engine.data_parallel_size > 1
+    lockstep = ranks_in_lockstep(scenario.model, engine)
     balance = (AdpBalance(timeout_iters=engine.attention_dp_timeout_iters,
                           batching_wait_iters=engine.attention_dp_batching_wait_iters)
                if engine.attention_dp_enable_balance else None)
@@ -406,7 +404,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     budget = engine.max_num_batched_tokens
     threshold = engine.long_prefill_token_threshold
     if m > 1 and not 0 < threshold <= budget:
-        threshold = budget
+        threshold = budget - budget % unit  # one micro-batch's budget, in whole chunk units
     seqs = engine.max_num_seqs * (m if profile.policy.max_num_seqs_per_micro_batch else 1)
     return [
         VllmV1Scheduler(
@@ -432,7 +430,7 @@ def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
     """A pool's replicas: for an MoE model with attention DP, one lockstep group per worker (its DP
     ranks meet at every MoE layer, as in an aggregated engine); else one per rank."""
     dp = scenario.engine.data_parallel_size
-    if scenario.model.moe is None or dp == 1:
+    if not ranks_in_lockstep(scenario.model, scenario.engine):
         return list(ranks)
     return [DataParallelGroup(ranks[w * dp:(w + 1) * dp]) for w in range(num_workers)]
 

@@ -25,7 +25,7 @@ attention data-parallel ranks) keep one batch at a time.
 
 from __future__ import annotations
 
-from sim.specs.scenario import Scenario
+from sim.specs.scenario import Scenario, ranks_in_lockstep
 
 ChunkShape = tuple[int, int, bool]
 """A prompt chunk in a step key: (new tokens, context tokens, samples)."""
@@ -37,7 +37,7 @@ def pipeline_micro_batches(scenario: Scenario) -> int:
     engine = scenario.engine
     if engine.pipeline_parallel_size == 1:
         return 1
-    if scenario.model.moe is not None and engine.data_parallel_size > 1:
+    if ranks_in_lockstep(scenario.model, engine):
         return 1
     return engine.pipeline_parallel_size
 

@@ -416,21 +416,25 @@ class StepPricer:
         return step_s
 
     def _pipeline_step_s(self, key: StepKey) -> float:
-        """Seconds of a pipeline cycle: its slowest micro-batch's step through every stage
-        (`sim.engine.micro_batches`); the breakdown keeps that micro-batch's parts."""
+        """Seconds of a pipeline cycle (`sim.engine.micro_batches`): its slowest micro-batch's step
+        through every stage, and no less than the host work of all its micro-batches, which one
+        scheduler thread does in turn. The breakdown keeps the slowest micro-batch's parts."""
         prefills, num_decode, mean = key
-        slowest = -1.0
+        slowest = host_s = 0.0
         memo = self._rank_steps
-        for chunks, n in split_step(prefills, num_decode, self._micro_batches) or [(prefills, num_decode)]:
+        micro = split_step(prefills, num_decode, self._micro_batches)
+        assert micro, "a step key with neither prompt chunks nor decodes"
+        for chunks, n in micro:
             micro_key: StepKey = (chunks, n, mean if n else 0)
             priced = memo.get((micro_key, None))
             if priced is None:
                 priced = memo[(micro_key, None)] = self._rank_step(micro_key, None)
             step_s, parts, host = priced
-            if step_s > slowest:
+            host_s += host.cpu_s + host.launch_s
+            if step_s > slowest or not slowest:
                 slowest, chosen = step_s, (parts, host)
         self._key_parts[key] = chosen
-        return slowest
+        return max(slowest, host_s)
 
     def _group_step_s(self, key: GroupKey) -> float:
         """Seconds of a data-parallel group step: the slowest rank's.

@@ -7,7 +7,8 @@ A profile has three parts:
   only, decodes wait) and `reserve_full_output` (TensorRT-LLM's GUARANTEED_NO_EVICT capacity
   scheduler: a request is admitted only when KV blocks for its prompt and all its output tokens
   are free, so nothing is ever preempted) and `context_chunks_in_blocks` (TensorRT-LLM: a prompt
-  chunk cut by the token budget is cut to whole KV blocks);
+  chunk cut by the token budget is cut to whole KV blocks) and `max_num_seqs_per_micro_batch`
+  (TensorRT-LLM: with pipeline parallelism `max_batch_size` bounds each micro-batch in flight);
 - kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
   engine's kernels where its own microbenchmark series is not what it runs when serving
   (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`, `mla_decode`: the

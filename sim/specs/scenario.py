@@ -191,6 +191,13 @@ a scenario's hash leaves each out while it holds its default, so scenarios writt
 keep their hashes. A new key with a default joins this list."""
 
 
+def ranks_in_lockstep(model: ModelSpec, engine: EngineParams) -> bool:
+    """An MoE model's data-parallel ranks are one engine that meets at every MoE layer (lockstep
+    steps at the slowest rank's time, `sim.serving.dp_group`); a dense model's are independent
+    replicas."""
+    return model.moe is not None and engine.data_parallel_size > 1
+
+
 def stable_identity(section: str, value: Any) -> Any:
     """`value` (a section's spec) as hashed: its `LATER_KEYS` left out at their defaults."""
     data = to_jsonable(value)
@@ -307,7 +314,7 @@ def _resolve_autoscaling(sections: ScenarioSections, model: ModelSpec, engine: E
              "and decode pools are fixed (per-pool autoscaling is not simulated yet): remove [autoscaling] "
              "or [disaggregation]")
     slots = engine.data_parallel_size
-    if model.moe is not None and slots > 1:
+    if ranks_in_lockstep(model, engine):
         fail("min_replicas", spec.min_replicas,
              f"{model.name} is an MoE model: its data_parallel_size={slots} ranks are one lockstep engine, not "
              "independent replicas, so there is nothing to scale; use data_parallel_size = 1 per replica")

@@ -106,7 +106,8 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
         kv_bytes_per_token_total=mem.kv_bytes_per_token * tp * pp, num_gpus=tp * pp, pp=pp, isl=isl, osl=osl)
     max_bs = min(max_bs, max_tokens)
     engine.update(max_num_seqs=max_bs, max_num_batched_tokens=max_tokens)
-    steady = max(1, min(max_bs, _kv_requests(mem, isl, osl)))
+    # max_batch_size bounds each of the pp micro-batches in flight (sim.engine.micro_batches).
+    steady = max(1, min(max_bs * pp, _kv_requests(mem, isl, osl)))
     replay = Replay(kind="offline", num_requests=n, concurrency=steady)
     return ValidationRow(**base, sections=sections, replay=replay)
 

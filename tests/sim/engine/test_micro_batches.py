@@ -3,6 +3,7 @@ bounds, and whole runs with and without them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -74,6 +75,20 @@ def test_a_cycle_costs_its_slowest_micro_batch_through_the_whole_pipeline() -> N
     assert cycle.step_s(mixed) < one.step_s(mixed)
 
 
+def test_one_host_thread_prepares_every_micro_batch_of_a_cycle() -> None:
+    """A host-bound cycle lasts the host work of all its micro-batches, done in turn."""
+    sc = _pp(pp=4)
+    cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
+    host = load_host_params("vllm")
+    slow_host = replace(host, schedule=replace(host.schedule, base_s=0.05))
+    cycle = StepPricer(sc, cost, slow_host, micro_batches=4)
+    one = StepPricer(sc, cost, slow_host)
+    key: StepKey = ((), 64, 512)
+    assert one.step_s(((), 16, 512)) < 0.1
+    assert cycle.step_s(key) > 4 * 0.05
+    assert StepPricer(sc, cost, host, micro_batches=4).step_s(key) == StepPricer(sc, cost, host).step_s(((), 16, 512))
+
+
 def test_scheduler_bounds_per_micro_batch() -> None:
     """A pipeline step holds every micro-batch's token budget, each chunk at most one budget;
     TensorRT-LLM's max_batch_size bounds each micro-batch, vLLM's max_num_seqs all of them."""
@@ -90,6 +105,19 @@ def test_scheduler_bounds_per_micro_batch() -> None:
         flat = simulate(sc, max_step_events=100_000, limits=SimLimits(pipeline_micro_batches=False))
         assert max(s.num_prefill_tokens + s.num_decodes for s in flat.steps) <= budget
         assert max(s.num_prefills + s.num_decodes for s in flat.steps) == 16
+
+
+def test_tensorrt_llm_cuts_pipeline_chunks_to_whole_blocks() -> None:
+    """A prompt longer than one micro-batch's budget is cut to whole KV blocks (TensorRT-LLM's chunk
+    unit), as one batch at a time cuts it."""
+    sc = scenario_from_dict(scenario_dict(
+        engine={"backend": "trtllm", "pipeline_parallel_size": 2, "max_num_batched_tokens": 1000, "block_size": 16,
+                "max_num_seqs": 64},
+        workload={"num_prompts": 20, "random_input_len": 3000, "random_output_len": 20, "random_range_ratio": 0.5}),
+        source="pp.toml")
+    result = simulate(sc, max_step_events=100_000)
+    assert result.summary.num_completed == 20
+    assert max(s.num_prefill_tokens for s in result.steps if s.num_prefills == 1 and not s.num_decodes) == 992
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "trtllm"])
