@@ -401,18 +401,15 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     speculation = speculation_sampler(scenario)
     unit = context_chunk_unit(scenario, profile)
     m = micro_batches(scenario, limits)
-    budget = engine.max_num_batched_tokens
-    threshold = engine.long_prefill_token_threshold
-    if m > 1 and not 0 < threshold <= budget:
-        threshold = budget - budget % unit  # one micro-batch's budget, in whole chunk units
     seqs = engine.max_num_seqs * (m if profile.policy.max_num_seqs_per_micro_batch else 1)
     return [
         VllmV1Scheduler(
             kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
                             enable_prefix_caching=engine.enable_prefix_caching),
             max_num_seqs=mem.running_request_cap(seqs),
-            max_num_batched_tokens=budget * m, enable_chunked_prefill=engine.enable_chunked_prefill,
-            long_prefill_token_threshold=threshold,
+            max_num_batched_tokens=engine.max_num_batched_tokens * m,
+            enable_chunked_prefill=engine.enable_chunked_prefill,
+            long_prefill_token_threshold=engine.long_prefill_token_threshold, micro_batches=m,
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,

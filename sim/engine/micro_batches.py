@@ -6,7 +6,8 @@ once: while stage 2 runs micro-batch 1, stage 1 runs micro-batch 2. The simulato
 pipeline's steady state with one scheduler per replica and one step per pipeline cycle:
 
 - the step holds all p micro-batches: p times the token budget (each micro-batch has its own
-  `max_num_batched_tokens`; a request's chunk is still at most one budget), and the running
+  `max_num_batched_tokens`; a prompt chunk gets at most what one budget leaves beside that
+  micro-batch's share of the running requests: `VllmV1Scheduler`), and the running
   requests of all of them (vLLM and SGLang bound them together by `max_num_seqs`; TensorRT-LLM's
   `max_batch_size` bounds each micro-batch: `SchedulingPolicy.max_num_seqs_per_micro_batch`);
 - the step is split into p micro-batches (`split_step`): the decodes spread evenly, the prompt

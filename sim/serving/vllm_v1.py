@@ -87,10 +87,14 @@ class VllmV1Scheduler:
                  bulk_decodes: bool = True, prefill_priority: bool = False,
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
-                 speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1) -> None:
+                 speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
+                 micro_batches: int = 1) -> None:
         """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
         multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
-        `SchedulingPolicy.context_chunks_in_blocks`)."""
+        `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
+        pipeline micro-batches (`sim.engine.micro_batches`); `max_num_batched_tokens` is all of
+        theirs, and a prompt chunk gets at most what one micro-batch's share of the budget leaves
+        beside its share of the running requests (`_micro_batch_threshold`)."""
         self._kv = kv
         self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
@@ -106,6 +110,8 @@ class VllmV1Scheduler:
         self._budget = max_num_batched_tokens
         self._chunked = enable_chunked_prefill
         self._threshold = long_prefill_token_threshold
+        self._base_threshold = long_prefill_token_threshold
+        self._micro_batches = micro_batches
         self._block_size = kv.block_size
         self._bulk = bulk_decodes and not self._k
         self._bulk_waits = self._bulk and prefill_priority
@@ -229,10 +235,27 @@ class VllmV1Scheduler:
         """Running requests the scheduler holds at most."""
         return self._max_num_seqs
 
+    def _micro_batch_threshold(self) -> int:
+        """The most tokens a prompt chunk gets in this step's plan of pipeline micro-batches: one
+        micro-batch's budget less its even share of the running requests (decodes take one token
+        each: the engines fill a micro-batch's budget with its running requests first), capped by
+        `long_prefill_token_threshold` when set, in whole chunk units, at least one unit (without
+        chunked prefill: the largest prompt admitted whole). Read from the running requests at the
+        start of the plan, so the bulk and the request-by-request plans see the same cap."""
+        m = self._micro_batches
+        room = self._budget // m - len(self._running) // m
+        if 0 < self._base_threshold < room:
+            room = self._base_threshold
+        unit = self._unit if self._chunked else 1
+        room -= room % unit
+        return max(room, unit)
+
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
         resynced: tuple[RequestState, ...] = ()
+        if self._micro_batches > 1:
+            self._threshold = self._micro_batch_threshold()
         if self._prefill_priority:
             plan = self._prefill_only_step()
             if plan is not None:
@@ -657,7 +680,7 @@ class VllmV1Scheduler:
             if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
             pending = req.num_known() - hit - remote
-            if not self._chunked and pending > budget:
+            if not self._chunked and (pending > budget or (self._micro_batches > 1 and pending > self._threshold)):
                 break
             num_new = self._cap(pending, budget)
             if not num_new:

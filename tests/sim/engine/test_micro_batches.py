@@ -16,6 +16,9 @@ from sim.engine.micro_batches import pipeline_micro_batches, split_step
 from sim.engine.pricer import StepKey, StepPricer
 from sim.engine.simulation import SimLimits
 from sim.perf.step import StepCostModel
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
+from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.scenario import Scenario, scenario_from_dict
 
 
@@ -133,3 +136,23 @@ def test_micro_batches_raise_throughput_and_finish_every_request_under_kv_pressu
     assert result.summary.num_completed == 120 and not result.summary.truncated
     if backend != "trtllm":
         assert result.summary.num_preemptions > 0
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_a_chunk_gets_what_one_micro_batch_leaves_beside_its_decodes(bulk: bool) -> None:
+    """Two micro-batches of 512 tokens with 20 running decodes (10 each): a long prompt's chunk is
+    at most 512 - 10 tokens, though the step's budget has room for more."""
+    kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=2 * 512, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, bulk_decodes=bulk, micro_batches=2)
+    for i in range(20):
+        sched.add(RequestState(request_id=i, prompt_tokens=4, output_tokens=100, arrival_s=0.0, keys=()))
+    for _ in range(3):
+        plan = sched.schedule()
+        assert plan is not None
+        sched.finish_step(plan)
+    sched.add(RequestState(request_id=99, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [c.num_new_tokens for c in plan.chunks if c.request.request_id == 99] == [502]
+    assert plan.num_bulk_decodes + sum(1 for c in plan.chunks if c.request.request_id != 99) == 20
