@@ -420,21 +420,19 @@ class StepPricer:
         through every stage, and no less than the host work of all its micro-batches, which one
         scheduler thread does in turn. The breakdown keeps the slowest micro-batch's parts."""
         prefills, num_decode, mean = key
-        slowest = host_s = 0.0
         memo = self._rank_steps
         micro = split_step(prefills, num_decode, self._micro_batches)
         assert micro, "a step key with neither prompt chunks nor decodes"
+        priced: list[tuple[float, list[Part], HostCost]] = []
         for chunks, n in micro:
             micro_key: StepKey = (chunks, n, mean if n else 0)
-            priced = memo.get((micro_key, None))
-            if priced is None:
-                priced = memo[(micro_key, None)] = self._rank_step(micro_key, None)
-            step_s, parts, host = priced
-            host_s += host.cpu_s + host.launch_s
-            if step_s > slowest or not slowest:
-                slowest, chosen = step_s, (parts, host)
-        self._key_parts[key] = chosen
-        return max(slowest, host_s)
+            one = memo.get((micro_key, None))
+            if one is None:
+                one = memo[(micro_key, None)] = self._rank_step(micro_key, None)
+            priced.append(one)
+        slowest_s, parts, host = max(priced, key=lambda p: p[0])  # the first of equals
+        self._key_parts[key] = (parts, host)
+        return max(slowest_s, sum(h.cpu_s + h.launch_s for _, _, h in priced))
 
     def _group_step_s(self, key: GroupKey) -> float:
         """Seconds of a data-parallel group step: the slowest rank's.
