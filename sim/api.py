@@ -394,8 +394,8 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
     with its own KV cache of `mem.num_kv_blocks` blocks. A pipeline's scheduler plans all its
     micro-batches in flight at once (`sim.engine.micro_batches`): a token budget per micro-batch,
-    a request's chunk at most one, running requests bounded together or, where the profile says
-    so (TensorRT-LLM), per micro-batch."""
+    a prompt chunk at most what one leaves beside its share of the running requests, running
+    requests bounded together or, where the profile says so (TensorRT-LLM), per micro-batch."""
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)

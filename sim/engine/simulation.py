@@ -574,12 +574,13 @@ class Simulation:
 
     def _cut_run(self, idx: int) -> None:
         """A request reaches a replica in a run at `now_s`: the run ends with the step in flight
-        (the first that ends after now; one that ends at now ended before this event)."""
+        (the first that ends after now; one that ends at now ended before this event, unless it
+        is the run's last: another event at the same instant came first, and the run's end,
+        already queued, follows it)."""
         replica = self._replicas[idx]
         run = replica.run
         assert run is not None
         k = int(np.searchsorted(run.ends[:run.num_steps], self.now_s, side="right")) + 1
-        assert k <= run.num_steps, "a run's end is handled before later events"
         if k < run.num_steps:
             run.num_steps = k
             self._push(float(run.ends[k - 1]), idx)

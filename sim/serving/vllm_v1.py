@@ -94,7 +94,7 @@ class VllmV1Scheduler:
         `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
         pipeline micro-batches (`sim.engine.micro_batches`); `max_num_batched_tokens` is all of
         theirs, and a prompt chunk gets at most what one micro-batch's share of the budget leaves
-        beside its share of the running requests (`_micro_batch_threshold`)."""
+        beside its share of the running requests (`_set_micro_batch_room`)."""
         self._kv = kv
         self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
@@ -112,6 +112,8 @@ class VllmV1Scheduler:
         self._threshold = long_prefill_token_threshold
         self._base_threshold = long_prefill_token_threshold
         self._micro_batches = micro_batches
+        self._micro_room = max_num_batched_tokens
+        """Without chunked prefill, the longest prompt a plan admits (`_set_micro_batch_room`)."""
         self._block_size = kv.block_size
         self._bulk = bulk_decodes and not self._k
         self._bulk_waits = self._bulk and prefill_priority
@@ -235,32 +237,35 @@ class VllmV1Scheduler:
         """Running requests the scheduler holds at most."""
         return self._max_num_seqs
 
-    def _micro_batch_threshold(self) -> int:
-        """The most tokens a prompt chunk gets in this step's plan of pipeline micro-batches: one
-        micro-batch's budget less its even share of the running requests (decodes take one token
-        each: the engines fill a micro-batch's budget with its running requests first), capped by
-        `long_prefill_token_threshold` when set, in whole chunk units, at least one unit (without
-        chunked prefill: the largest prompt admitted whole). Read from the running requests at the
-        start of the plan, so the bulk and the request-by-request plans see the same cap."""
+    def _set_micro_batch_room(self, beside_decodes: bool) -> None:
+        """The room a prompt gets in this plan of pipeline micro-batches: one micro-batch's budget,
+        less its even share of the running requests when `beside_decodes` (the engines fill a
+        micro-batch's budget with its running requests first; SGLang's prefill-only steps hold
+        none). `_micro_room` is that room in whole chunk units, at least one unit (without chunked
+        prefill: the longest prompt admitted whole); `_threshold`, the most tokens a chunk gets,
+        is it capped by `long_prefill_token_threshold` when set. Read from the running requests at
+        the start of the plan, so the bulk and the request-by-request plans see the same room."""
         m = self._micro_batches
-        room = self._budget // m - len(self._running) // m
-        if 0 < self._base_threshold < room:
-            room = self._base_threshold
+        room = self._budget // m - (len(self._running) // m if beside_decodes else 0)
         unit = self._unit if self._chunked else 1
-        room -= room % unit
-        return max(room, unit)
+        room = max(room - room % unit, unit)
+        self._micro_room = room
+        self._threshold = self._base_threshold if 0 < self._base_threshold < room else room
 
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
         resynced: tuple[RequestState, ...] = ()
-        if self._micro_batches > 1:
-            self._threshold = self._micro_batch_threshold()
+        micro = self._micro_batches > 1
         if self._prefill_priority:
+            if micro:
+                self._set_micro_batch_room(beside_decodes=False)
             plan = self._prefill_only_step()
             if plan is not None:
                 self._in_flight = True
                 return plan
+        if micro:
+            self._set_micro_batch_room(beside_decodes=True)
         if self._num_bulk:
             plan = self._schedule_bulk()
             if plan is not None:
@@ -680,7 +685,7 @@ class VllmV1Scheduler:
             if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
             pending = req.num_known() - hit - remote
-            if not self._chunked and (pending > budget or (self._micro_batches > 1 and pending > self._threshold)):
+            if not self._chunked and (pending > budget or pending > self._micro_room):
                 break
             num_new = self._cap(pending, budget)
             if not num_new:

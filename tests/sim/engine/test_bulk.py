@@ -387,9 +387,17 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
     "pp2-preempting": {"engine": {"pipeline_parallel_size": 2, "gpu_memory_utilization": 0.12, "max_num_seqs": 64},
                        "workload": {"num_prompts": 100, "max_concurrency": 96, "random_input_len": 1000,
                                     "random_output_len": 200, "random_range_ratio": 0.5}},
-    "pp2-no-chunking": {"engine": {"pipeline_parallel_size": 2, "enable_chunked_prefill": False, "max_num_seqs": 24},
-                        "workload": {"num_prompts": 80, "request_rate": 40.0, "random_input_len": 1500,
+    # Pipeline micro-batches without chunked prefill: whole prompts of up to 900 tokens in
+    # micro-batches of 1,024 beside a few hundred running requests.
+    "pp2-no-chunking": {"engine": {"pipeline_parallel_size": 2, "enable_chunked_prefill": False, "max_model_len": 1024,
+                                   "max_num_batched_tokens": 1024, "max_num_seqs": 512},
+                        "workload": {"num_prompts": 500, "max_concurrency": 400, "random_input_len": 600,
                                      "random_output_len": 60, "random_range_ratio": 0.5}},
+    # Equal lengths on two replicas: runs of decode steps end at the same instant as another
+    # replica's event that routes a request to them.
+    "dp2-equal-lengths": {"engine": {"data_parallel_size": 2},
+                          "workload": {"num_prompts": 40, "random_input_len": 600, "random_output_len": 200,
+                                       "random_range_ratio": 0.0, "max_concurrency": 4}},
     "pp2-trtllm-tight": {"engine": {"backend": "trtllm", "pipeline_parallel_size": 2, "gpu_memory_utilization": 0.12,
                                     "max_num_seqs": 32},
                          "workload": {"num_prompts": 100, "max_concurrency": 96, "random_input_len": 1000,

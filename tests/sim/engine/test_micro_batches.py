@@ -145,14 +145,80 @@ def test_a_chunk_gets_what_one_micro_batch_leaves_beside_its_decodes(bulk: bool)
     kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
     sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=2 * 512, enable_chunked_prefill=True,
                             long_prefill_token_threshold=0, bulk_decodes=bulk, micro_batches=2)
-    for i in range(20):
-        sched.add(RequestState(request_id=i, prompt_tokens=4, output_tokens=100, arrival_s=0.0, keys=()))
-    for _ in range(3):
-        plan = sched.schedule()
-        assert plan is not None
-        sched.finish_step(plan)
+    _decoding(sched, 20)
     sched.add(RequestState(request_id=99, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
     plan = sched.schedule()
     assert plan is not None
     assert [c.num_new_tokens for c in plan.chunks if c.request.request_id == 99] == [502]
     assert plan.num_bulk_decodes + sum(1 for c in plan.chunks if c.request.request_id != 99) == 20
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_without_chunked_prefill_a_prompt_waits_for_a_micro_batch_with_room(bulk: bool) -> None:
+    """A whole prompt is admitted only into the room one micro-batch has beside its running
+    requests: 500 tokens do not fit 512 less 60 / 2 running, though the plan's budget has room;
+    they do once the running requests are done."""
+    kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=256, max_num_batched_tokens=2 * 512, enable_chunked_prefill=False,
+                            long_prefill_token_threshold=0, bulk_decodes=bulk, micro_batches=2)
+    for i in range(60):
+        sched.add(RequestState(request_id=i, prompt_tokens=4, output_tokens=5, arrival_s=0.0, keys=()))
+    plan = sched.schedule()
+    assert plan is not None
+    sched.finish_step(plan)
+    sched.add(RequestState(request_id=99, prompt_tokens=500, output_tokens=10, arrival_s=0.0, keys=()))
+    admitted_at = None
+    for step in range(1, 10):
+        plan = sched.schedule()
+        assert plan is not None
+        if any(c.request.request_id == 99 for c in plan.chunks):
+            admitted_at = step
+            assert [c.num_new_tokens for c in plan.chunks if c.request.request_id == 99] == [500]
+            break
+        sched.finish_step(plan)
+    assert admitted_at == 5  # the step after the 60 requests' last token (they sample 5: steps 1..4 here)
+
+
+def test_a_threshold_without_chunked_prefill_does_not_hold_prompts_forever() -> None:
+    """`long_prefill_token_threshold` cuts a prompt (as without pipeline parallelism) instead of
+    keeping it waiting for room it can never have."""
+    cut = scenario_from_dict(scenario_dict(
+        engine={"pipeline_parallel_size": 2, "enable_chunked_prefill": False, "long_prefill_token_threshold": 500,
+                "max_model_len": 2048},
+        workload={"num_prompts": 40, "request_rate": 20.0, "random_input_len": 1000, "random_output_len": 30,
+                  "random_range_ratio": 0.5}), source="pp.toml")
+    result = simulate(cut)
+    assert result.summary.num_completed == 40 and not result.summary.truncated
+
+
+def _decoding(sched: VllmV1Scheduler, n: int) -> None:
+    for i in range(n):
+        sched.add(RequestState(request_id=i, prompt_tokens=4, output_tokens=100, arrival_s=0.0, keys=()))
+    for _ in range(3):
+        plan = sched.schedule()
+        assert plan is not None
+        sched.finish_step(plan)
+
+
+def test_prefill_only_steps_give_a_chunk_a_whole_micro_batch() -> None:
+    """SGLang's prefill priority: a prefill-only plan holds no decodes, so a chunk gets one micro-batch's
+    whole budget."""
+    kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=2 * 512, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, prefill_priority=True, micro_batches=2)
+    _decoding(sched, 20)
+    sched.add(RequestState(request_id=99, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
+    plan = sched.schedule()
+    assert plan is not None and plan.num_bulk_decodes == 0
+    assert [c.num_new_tokens for c in plan.chunks] == [512]
+
+
+def test_a_set_threshold_caps_chunks_as_without_a_pipeline() -> None:
+    """TensorRT-LLM's chunk unit rounds what the budget leaves, not `long_prefill_token_threshold`."""
+    for m in (1, 2):
+        kv = KVCacheManager(num_blocks=2000, block_size=32, enable_prefix_caching=False)
+        sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=m * 512, enable_chunked_prefill=True,
+                                long_prefill_token_threshold=100, context_chunk_unit=32, micro_batches=m)
+        sched.add(RequestState(request_id=0, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
+        plan = sched.schedule()
+        assert plan is not None and [c.num_new_tokens for c in plan.chunks] == [100]
