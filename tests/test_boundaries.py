@@ -137,7 +137,8 @@ def test_sim_has_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("module", ["sim.workload.traces", "sim.workload.generate", "sim.workload.requests",
                                     "sim.workload.arrivals", "sim.engine.block_pricing", "sim.engine.step_parts",
-                                    "sim.engine.part_prices", "sim.engine.micro_batches", "sim.engine.pricer"])
+                                    "sim.engine.part_prices", "sim.engine.part_book", "sim.engine.micro_batches",
+                                    "sim.engine.pricer"])
 def test_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     subprocess.run([sys.executable, "-c", f"import {module}"], cwd=REPO, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -154,6 +155,8 @@ def test_engine_and_workload_modules_depend_one_way() -> None:
     assert inside("sim.engine.step_parts", "sim.engine.") == {"sim.engine.block_pricing"}
     assert inside("sim.engine.part_prices", "sim.engine.") == {"sim.engine.block_pricing", "sim.engine.step_parts"}
     assert inside("sim.engine.micro_batches", "sim.engine.") == set()
+    assert inside("sim.engine.part_book", "sim.engine.") == {"sim.engine.block_pricing", "sim.engine.step_parts",
+                                                             "sim.engine.part_prices"}
     assert inside("sim.workload.requests", "sim.workload.") == set()
     assert inside("sim.workload.arrivals", "sim.workload.") == set()
     assert inside("sim.workload.traces", "sim.workload.") == {"sim.workload.requests", "sim.workload.arrivals"}

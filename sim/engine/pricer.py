@@ -9,29 +9,26 @@ the sampling part, one attention part per distinct prefill chunk and the decode 
 Accumulated per-key counts give the kernel breakdown of a run without touching per-kernel data in
 the loop.
 
-A part not seen before is priced with its family's block pricer when the efficiency model prices
-columns (`sim.engine.block_pricing`: many counts in one vectorised call per kernel kind), else, and
-where block pricing does not apply, count by count; a family's first count (a prefill family at
-a nonzero context: its first `BLOCK_FROM_ASK - 1`) is priced alone too, through the same column
-arithmetic, so the prices are the same bits either way. Priced parts live in a `PartPrices`
-(`sim.engine.part_prices`), which a long-lived caller shares between runs of the same pricing
-identity (`PriceCache`): the run's prices are the same either way.
+A part not seen before comes from the run's `PartBook` (`sim.engine.part_book`), which decides
+the family it is priced in, alone or by the family's block pricer (the same bits either way);
+priced parts live in a `PartPrices` (`sim.engine.part_prices`), which a long-lived caller shares
+between runs of the same pricing identity (`PriceCache`): the run's prices are the same either way.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from sim.engine.block_pricing import NodeList, Part, PartSource
+from sim.engine.block_pricing import Part
 from sim.engine.micro_batches import split_step
+from sim.engine.part_book import PartBook
 from sim.engine.part_prices import PartPrices
-from sim.engine.step_parts import PartFamily
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -49,23 +46,7 @@ class GroupKey(NamedTuple):
 
 
 AnyKey = StepKey | GroupKey
-_TOKEN: PartFamily = ("token",)
-_DECODE_ONLY_TOKEN: PartFamily = ("token", "decode_only")
-_SAMPLING: PartFamily = ("sampling",)
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
-_Axis = tuple[PartFamily, int, int, int]
-"""A family that holds a part: (family, the part's count in it, the family's top, the ask it is
-block priced from; `StepPricer._part_in_families`)."""
-_CONTEXT_STRIDE: Final = 32
-"""Contexts of a prefill family along the context are counted in steps of this many tokens when
-they fall on them (TensorRT-LLM's chunks end on 32-token KV blocks), else in single tokens."""
-BLOCK_FROM_ASK: Final = 8
-"""A prefill family at a nonzero context is block priced from the count it is asked for this many
-times on (`_new_part`; other families from their second): such a family holds one or a few
-prompts' chunks at one context (chunked prefill, a disaggregated decode pool's one-token prefills)
-and is rarely asked for more than a few counts, while a template and a first window (~5 ms for an
-MLA prefill family) cost about what pricing four or five counts alone does (~1.3 ms each). Token,
-sampling, decode and fresh-prompt families are asked for many counts: blocks from the second."""
 """Host time of vLLM's ngram proposer per request per step (an assumption: a numba n-gram match over
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
@@ -136,17 +117,11 @@ class StepPricer:
         self._key_parts: dict[AnyKey, tuple[list[Part], HostCost]] = {}
         """Parts and host cost of each key priced (for the breakdown; a group step's are its
         slowest rank's)."""
-        self._token_parts: dict[int, Part] = {}
-        """Token parts by count; negative counts key decode-only steps' parts (expert-parallel
-        models: their all-to-all runs in low-latency mode)."""
-        self._sampling_parts: dict[int, Part] = {}
-        self._prefill_parts: dict[tuple[int, int, int], Part] = {}
-        self._decode_parts: dict[tuple[int, int], Part] = {}
         self._host_costs: dict[tuple[int, int, bool, int, float], HostCost] = {}
         if prices is None:
             prices = PartPrices(scenario, cost, host.eager_launch_s, block_pricing=block_pricing)
-        self._prices = prices
-        self._nodes = prices.nodes
+        self.parts = PartBook(scenario, prices, decode_context_bucket_tokens)
+        """This run's parts and how each is priced."""
         # Only the expert all-to-all differs between decode-only steps and others (its mode).
         self._decode_modes = scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1
         self._mode = scenario.engine.effective_launch_mode()
@@ -162,22 +137,15 @@ class StepPricer:
         """Decode-only steps run in bulk, by batch size (`decode_run`, `count_run`)."""
         self.counts: Counter[AnyKey] = Counter()
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
-        self.worst_provenance = Provenance.MEASURED
-        self._blocks: dict[PartFamily, PartSource | None] | None = {} if prices.block_pricing else None
-        """This run's block-priced families: the family's block pricer (None where it has none);
-        absent while the family has been asked for too few counts (`_new_part`)."""
-        self._asks: dict[PartFamily, int] = {}
-        """Counts asked per family not yet block priced."""
-        self._tops = (scenario.engine.max_num_batched_tokens,
-                      min(scenario.engine.max_num_seqs or 0, scenario.engine.max_num_batched_tokens or 0))
-        self._context_top = (scenario.engine.max_model_len or 0) // decode_context_bucket_tokens + 1
-        """Mean-context buckets a decode family along the context prices (`_decode_part`)."""
         self._k = scenario.engine.num_speculative_tokens()
         """Draft tokens per decoding request (0: no speculative decoding, steps priced as before)."""
-        self._draft = self._nodes.draft
-        self._spec_parts: dict[tuple[PartFamily, int], Part] = {}
         config = scenario.engine.speculative_config
         self._ngram_s = NGRAM_LOOKUP_S_PER_REQUEST if config is not None and config.method == "ngram" else 0.0
+
+    @property
+    def worst_provenance(self) -> Provenance:
+        """The least trusted provenance of any kernel this run priced."""
+        return self.parts.worst_provenance
 
     def key(self, plan: StepPlan) -> StepKey:
         """With speculative decoding a decode is a verification of 1 + k tokens (k drafts); one whose
@@ -215,7 +183,7 @@ class StepPricer:
         `price_ahead=False` prices at most the first step's key: the run stops before the next
         step whose key is not priced yet, so that a caller running steps ahead of other replicas
         prices each key when its first step starts, as the step-by-step loop does (the first part
-        a run prices of each family is priced count by count; see `_new_part`).
+        a run prices of each family is priced count by count; see `PartBook`).
         """
         bucket = self._bucket
         x = np.arange(max_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
@@ -476,24 +444,24 @@ class StepPricer:
             num_seqs_sampling += samples
         if token_key is None:
             token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
-        part = self._token_parts.get(token_key) or self._token_part(token_key)
-        parts = [part]
+        book = self.parts
+        parts = [book.token(token_key)]
         if num_sampled:
-            parts.append(self._sampling_parts.get(num_sampled) or self._sampling_part(num_sampled))
+            parts.append(book.sampling(num_sampled))
         # Alike chunks (the key's chunks are sorted) are one attention launch over `count` prompts.
         i, n = 0, len(prefills)
         while i < n:
             j = i + 1
             while j < n and prefills[j] == prefills[i]:
                 j += 1
-            parts.append(self._prefill_part(prefills[i][0], prefills[i][1], j - i))
+            parts.append(book.prefill(prefills[i][0], prefills[i][1], j - i))
             i = j
         if num_decode and k:
-            parts.append(self._spec_part(("verify", mean, 1 + k), num_decode))
+            parts.append(book.spec(("verify", mean, 1 + k), num_decode))
         elif num_decode:
-            parts.append(self._decode_parts.get((num_decode, mean)) or self._decode_part(num_decode, mean))
-        if self._draft is not None:
-            parts += self._draft_parts(prefills, num_decode, mean, num_tokens, num_seqs_sampling)
+            parts.append(book.decode(num_decode, mean))
+        if book.has_drafter:
+            parts += book.draft(prefills, num_decode, mean, num_tokens, num_seqs_sampling)
         gpu = comm = gap = 0.0
         launches = 0
         for p in parts:
@@ -516,151 +484,6 @@ class StepPricer:
             if self._ngram_s:
                 host = self._host_costs[host_key] = replace(host, cpu_s=host.cpu_s + self._ngram_s * num_seqs_sampling)
         return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async), parts, host
-
-    # -- parts ---------------------------------------------------------------------------------
-    def _draft_parts(self, prefills: tuple[tuple[int, int, bool], ...], num_decode: int, mean: int,
-                     num_tokens: int, num_seqs_sampling: int) -> list[Part]:
-        """The drafter's kernels in a step (vLLM's EAGLE / MTP / draft-model proposers): a first pass
-        over every token the target computed (it fills the draft's KV cache; prompt chunks attend as
-        prefills, verifications with their k + 1 queries) that samples one draft token per request
-        that sampled, then k - 1 passes of one token per such request at the decodes' mean context."""
-        k, draft = self._k, self._draft
-        assert draft is not None
-        parts = [self._spec_part(("draft", "token"), num_tokens, draft.token)]
-        for chunk in sorted(set(prefills)):
-            new, context, count = chunk[0], chunk[1], prefills.count(chunk)
-
-            def prefill(n: int, c: int = context, m: int = count) -> NodeList:
-                assert draft is not None
-                return draft.prefill(n, c, m)
-            parts.append(self._spec_part(("draft", "prefill", context, count), new, prefill))
-        if num_decode:
-            parts.append(self._spec_part(("draft", "verify", mean, 1 + k), num_decode,
-                                         lambda n: draft.verify(n, mean, 1 + k)))
-        s = num_seqs_sampling
-        if s:
-            sampling = self._spec_part(("draft", "sampling"), s, draft.sampling)
-            parts.append(sampling)
-            if k > 1:
-                context = mean if num_decode else max(self._bucket, round(max(
-                    new + ctx for new, ctx, samples in prefills if samples) / self._bucket) * self._bucket)
-                token = self._spec_part(("draft", "pass_token"), s, draft.pass_token)
-                attention = self._spec_part(("draft", "decode", context), s, lambda n: draft.decode(n, context))
-                parts += [token, attention, sampling] * (k - 1)  # the same parts k - 1 times
-        return parts
-
-    def _spec_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList] | None = None) -> Part:
-        """A part of the speculative families (target verification, drafter), memoized per run."""
-        part = self._spec_parts.get((family, n))
-        if part is None:
-            if build is None:
-                nodes = self._nodes
-                mean, q = int(family[1]), int(family[2])  # type: ignore[call-overload]
-                build = lambda m: nodes.verify(m, mean, q)  # noqa: E731
-            part = self._spec_parts[(family, n)] = self._new_part(family, n, build)
-        return part
-
-    def _new_part(self, family: PartFamily, n: int, build: Callable[[int], NodeList]) -> Part:
-        """The part of count `n` of `family`, first asked for in this run: alone (its nodes built and
-        priced) for the family's first count (a prefill family at a nonzero context: its first
-        `BLOCK_FROM_ASK - 1`), by block pricing from then on (the two give the same bits when the
-        kernel model prices columns: `PartPrices.priced`). Families asked for a few times (a
-        prompt's chunks at one context, a decode pool's one-token prefills at a new context) never
-        pay for a template and a window of counts they do not use."""
-        kind, *rest = family[1:] if family[0] == "draft" else family
-        from_ask = BLOCK_FROM_ASK if kind == "prefill" and rest[0] != 0 else 2
-        top = (self._tops[0] if kind in ("token", "prefill") else self._tops[1]) or 0
-        return self._part_in_families([(family, n, top, from_ask)], n, build)
-
-    def _token_part(self, token_key: int) -> Part:
-        part = self._token_parts.get(token_key)
-        if part is None:
-            if token_key < 0:
-                part = self._new_part(_DECODE_ONLY_TOKEN, -token_key, self._nodes.decode_only_token)
-            else:
-                part = self._new_part(_TOKEN, token_key, self._nodes.token)
-            self._token_parts[token_key] = part
-        return part
-
-    def _sampling_part(self, num_sampled: int) -> Part:
-        part = self._sampling_parts.get(num_sampled)
-        if part is None:
-            part = self._sampling_parts[num_sampled] = self._new_part(_SAMPLING, num_sampled, self._nodes.sampling)
-        return part
-
-    def _prefill_part(self, new_tokens: int, context_tokens: int, count: int) -> Part:
-        """A prompt chunk's attention: one family per context indexed by the chunk's new tokens
-        (`("prefill", context, count)`), and, at a nonzero context, one per chunk size indexed by the
-        context in steps of `stride` tokens (`("prefill_at", new, count, stride)`: an offline run's
-        chunks take what the decodes leave of the token budget, so one chunk size recurs at many
-        contexts; TensorRT-LLM's contexts fall on 32-token KV blocks). `_part_in_families` picks."""
-        key = (new_tokens, context_tokens, count)
-        part = self._prefill_parts.get(key)
-        if part is None:
-            nodes = self._nodes
-            family = ("prefill", context_tokens, count)
-            build = lambda n: nodes.prefill(n, context_tokens, count)  # noqa: E731
-            if context_tokens == 0:
-                part = self._new_part(family, new_tokens, build)
-            else:
-                stride = _CONTEXT_STRIDE if context_tokens % _CONTEXT_STRIDE == 0 else 1
-                part = self._part_in_families(
-                    [(family, new_tokens, self._tops[0] or 0, BLOCK_FROM_ASK),
-                     (("prefill_at", new_tokens, count, stride), context_tokens // stride,
-                      (self._sc.engine.max_model_len or 0) // stride, BLOCK_FROM_ASK)],
-                    new_tokens, build)
-            self._prefill_parts[key] = part
-        return part
-
-    def _decode_part(self, num_decode: int, mean_context_tokens: int) -> Part:
-        """The decode attention part, block priced along whichever of its two axes the run moves on
-        (`_part_in_families`): one family per mean-context bucket indexed by the batch size
-        (`("decode", mean)`), or one per batch size indexed by the bucket (`("decode_at", batch,
-        bucket_tokens)`). A Poisson run's batch moves while its mean context holds; a closed loop or
-        an offline run keeps its batch while the mean context sweeps its range."""
-        key = (num_decode, mean_context_tokens)
-        part = self._decode_parts.get(key)
-        if part is None:
-            mean = mean_context_tokens
-            nodes = self._nodes
-            axes: list[_Axis] = [(("decode", mean), num_decode, self._tops[1] or 0, 2)]
-            if mean % self._bucket == 0:
-                axes.append((("decode_at", num_decode, self._bucket), mean // self._bucket, self._context_top, 2))
-            part = self._decode_parts[key] = self._part_in_families(
-                axes, num_decode, lambda n: nodes.decode(n, mean))
-        return part
-
-    def _part_in_families(self, axes: Sequence[_Axis], n: int, build: Callable[[int], NodeList]) -> Part:
-        """A part that one or two families hold (`axes`: (family, its count for this part, the family's
-        top, the ask from which it is block priced), the first the family the part is priced alone
-        in at count `n`): priced by the first family that has a block pricer, else an ask is counted
-        in each family in turn until one is asked often enough to get a block pricer; else alone. Block
-        and alone prices are the same bits (`PartPrices.priced`), so the family a part is priced in never
-        changes it; a family whose fields are no polynomial of its count (a sliding window along
-        the context) gets no template and leaves its parts to the other."""
-        part = None
-        blocks = self._blocks
-        if blocks is not None:
-            for family, count, _, _ in axes:
-                pricer = blocks.get(family)
-                part = pricer.part(count) if pricer is not None else None
-                if part is not None:
-                    break
-            else:
-                for family, count, top, from_ask in axes:
-                    if family in blocks:
-                        continue  # priced by it already, or it has no block pricer
-                    asks = self._asks[family] = self._asks.get(family, 0) + 1
-                    if asks >= from_ask:
-                        pricer = blocks[family] = self._prices.block_pricer(family, top)
-                        part = pricer.part(count) if pricer is not None else None
-                        if part is not None:
-                            break
-        if part is None:
-            part = self._prices.alone_part(axes[0][0], n, build)
-        if part.worst_provenance > self.worst_provenance:
-            self.worst_provenance = part.worst_provenance
-        return part
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""

@@ -17,7 +17,7 @@ Each part family is indexed by one count, which is what block pricing (`sim.engi
 needs: the token part by the token count, the sampling part by the sampled count, a prefill part
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
 mean context) or, equally, by its mean-context bucket (for one decode count: the pricer takes the
-axis a run moves on, `StepPricer._decode_part`). A family is named by a `PartFamily` key: ("token",),
+axis a run moves on, `PartBook.decode`). A family is named by a `PartFamily` key: ("token",),
 ("token", "decode_only") (a decode-only step of an expert-parallel model: its all-to-all runs in
 low-latency mode), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
 ("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),

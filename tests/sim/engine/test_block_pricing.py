@@ -13,8 +13,9 @@ from conftest import REPO
 
 from sim.api import load_host_params, load_scenario, scenario_efficiency, step_graph
 from sim.engine.block_pricing import BuiltNodes, PolynomialNodes, _Pending
+from sim.engine.part_book import BLOCK_FROM_ASK
 from sim.engine.part_prices import PartPrices
-from sim.engine.pricer import BLOCK_FROM_ASK, StepKey, StepPricer
+from sim.engine.pricer import StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.moe import as_decode_only
@@ -70,9 +71,9 @@ def test_block_priced_steps_equal_count_by_count_prices_llama70b_h100(tier: str)
     block, _ = _pricers(sc)
     for t in range(100, 100 + 2 * BLOCK_FROM_ASK):
         block.step_s((((t, 0, True),), t - 97, 64))
-    assert block._blocks is not None
-    assert set(block._blocks) == {("token",), ("sampling",), ("prefill", 0, 1), ("decode", 64)}
-    assert all(p._template is not None for p in block._blocks.values())
+    assert block.parts.block_pricers is not None
+    assert set(block.parts.block_pricers) == {("token",), ("sampling",), ("prefill", 0, 1), ("decode", 64)}
+    assert all(p._template is not None for p in block.parts.block_pricers.values())
 
 
 @pytest.mark.parametrize("overrides", [
@@ -99,13 +100,13 @@ def test_moe_token_part_is_block_priced_with_the_moe_rows_rebuilt_per_count() ->
     block, _ = _pricers(sc)
     for t in range(100, 100 + 2 * BLOCK_FROM_ASK):
         block.step_s((((t, 0, True),), t - 90, 64))
-    assert block._blocks is not None
-    template = block._blocks[("token",)]._template
+    assert block.parts.block_pricers is not None
+    template = block.parts.block_pricers[("token",)]._template
     # The routed load (expected active experts) is no polynomial of the count: the fused MoE row is
     # rebuilt per count and priced only at the counts asked for; the other rows by window.
     assert isinstance(template, PolynomialNodes) and template.rebuilt and template.deferred
     assert {template.nodes[template.row_of.index(r)][0] for r in template.deferred} == {KernelKind.MOE}
-    assert block._blocks[("sampling",)]._template is not None
+    assert block.parts.block_pricers[("sampling",)]._template is not None
 
 
 def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynomial() -> None:
@@ -115,13 +116,13 @@ def test_sliding_window_prefill_is_built_per_count_and_full_attention_is_polynom
     block, _ = _pricers(sc)
     for t in range(100, 100 + BLOCK_FROM_ASK):
         block.step_s((((t, 0, True),), 0, 0))
-    assert block._blocks is not None
-    assert isinstance(block._blocks[("prefill", 0, 1)]._template, BuiltNodes)
+    assert block.parts.block_pricers is not None
+    assert isinstance(block.parts.block_pricers[("prefill", 0, 1)]._template, BuiltNodes)
     llama, _ = _pricers(load_scenario(LLAMA70))
     for t in range(100, 100 + BLOCK_FROM_ASK):
         llama.step_s((((t, 300, False), (7, 0, True)), 0, 0))
-    assert llama._blocks is not None
-    assert isinstance(llama._blocks[("prefill", 300, 1)]._template, PolynomialNodes)
+    assert llama.parts.block_pricers is not None
+    assert isinstance(llama.parts.block_pricers[("prefill", 300, 1)]._template, PolynomialNodes)
 
 
 def test_gated_deltanet_families_are_polynomials_of_the_count() -> None:
@@ -133,14 +134,14 @@ def test_gated_deltanet_families_are_polynomials_of_the_count() -> None:
     block, _ = _pricers(sc)
     for t in range(100, 100 + BLOCK_FROM_ASK):
         block.step_s((((t, 300, False), (7, 0, True)), t - 90, 1024))
-    assert block._blocks is not None
+    assert block.parts.block_pricers is not None
     for family in (("prefill", 300, 1), ("decode", 1024)):
-        assert isinstance(block._blocks[family]._template, PolynomialNodes), family
+        assert isinstance(block.parts.block_pricers[family]._template, PolynomialNodes), family
 
 
 def test_polynomial_check_rejects_a_second_piece_anywhere() -> None:
     sc = load_scenario(LLAMA70)
-    base = _pricers(sc)[0]._nodes.token
+    base = _pricers(sc)[0].parts.prices.nodes.token
     top = 8192
     for breakpoint in (4, 6, 50, 700, 3000, 5000, 8000, top):
         def build(n: int, b: int = breakpoint) -> Any:
@@ -171,7 +172,7 @@ def test_models_without_columns_price_count_by_count() -> None:
     _, scalar = _pricers(sc)
     key: StepKey = (((300, 0, True),), 5, 128)
     assert pricer.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL)
-    assert pricer._blocks is None
+    assert not pricer.parts.prices_in_blocks
 
 
 @pytest.mark.parametrize("tier", ["auto", "cross-generation"])
@@ -219,7 +220,7 @@ def test_moe_and_mla_parts_by_block_equal_count_by_count(path: str, overrides: d
     sc = load_scenario(path, {**overrides, "perf.tier": "auto"})
     block, scalar = _pricers(sc)
     assert block._cost.prices_columns()
-    nodes = block._prices.nodes
+    nodes = block.parts.prices.nodes
     top = sc.engine.max_num_batched_tokens or 8192
     families = [(("token",), nodes.token, range(1, top + 1, 37)),
                 (("token", "decode_only"), nodes.decode_only_token, range(1, 600, 7)),
@@ -227,12 +228,12 @@ def test_moe_and_mla_parts_by_block_equal_count_by_count(path: str, overrides: d
                 (("prefill", 300, 1), lambda n: nodes.prefill(n, 300, 1), range(1, 2000, 41))]
     table_rows = 0
     for family, build, counts in families:
-        pricer = block._prices.block_pricer(family, top)
+        pricer = block.parts.prices.block_pricer(family, top)
         assert pricer is not None
         for n in counts:
             by_block = pricer.part(n)
             assert by_block is not None, (family, n)
-            alone = scalar._prices.alone_part(family, n, build)
+            alone = scalar.parts.prices.alone_part(family, n, build)
             assert by_block.labels == alone.labels
             assert by_block.worst_provenance == alone.worst_provenance
             for (kind, _), b, a in zip(by_block.labels, list(by_block.seconds), alone.seconds, strict=True):
@@ -275,7 +276,7 @@ def test_table_efficiency_from_columns_equals_the_per_kernel_path() -> None:
 
 def test_a_rebuild_that_departs_from_the_real_nodes_is_refused() -> None:
     sc = load_scenario(MIXTRAL)
-    nodes = _pricers(sc)[0]._prices.nodes
+    nodes = _pricers(sc)[0].parts.prices.nodes
     top = 8192
     assert PolynomialNodes.of(nodes.token, top) is None  # the MoE row alone is no polynomial
     good = {KernelKind.MOE: nodes._moe_at}
@@ -297,7 +298,7 @@ def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int
     if moe_tp is not None:
         overrides["engine.moe_tensor_parallel_size"] = moe_tp
     sc = load_scenario(LLAMA70, overrides)
-    nodes = _pricers(sc)[0]._prices.nodes
+    nodes = _pricers(sc)[0].parts.prices.nodes
     top = 8192
     rebuild = {KernelKind.MOE: nodes._moe_at}
     assert PolynomialNodes.of(nodes.token, top, rebuild) is None  # in t alone: no form
@@ -317,8 +318,8 @@ def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int
     block, _ = _pricers(sc)
     for t in (*range(100, 100 + BLOCK_FROM_ASK), 5000):
         block.step_s((((t, 0, True),), 0, 0))
-    assert block._blocks is not None
-    assert isinstance(block._blocks[("token",)]._template, PolynomialNodes)
+    assert block.parts.block_pricers is not None
+    assert isinstance(block.parts.block_pricers[("token",)]._template, PolynomialNodes)
     _compare(sc, vectorised=True)
 
 
@@ -326,7 +327,7 @@ def test_one_column_sums_equal_a_windows_sums_bitwise() -> None:
     """A count completed alone (`BlockPricer._one`, Python floats) sums its nodes exactly as a window's
     columns are summed (`_sums`, numpy): same operations, same order."""
     sc = load_scenario(MIXTRAL)
-    prices = _pricers(sc)[0]._prices
+    prices = _pricers(sc)[0].parts.prices
     pricer = prices.nodes.block_pricer(("token",), prices.cost, 5e-6, 8192)
     assert pricer.has_template() and pricer._template is not None
     rows = pricer._template.num_rows
@@ -401,7 +402,7 @@ def test_decode_parts_are_block_priced_along_the_axis_the_run_moves_on(model: st
     for key in sweep + held:
         assert block.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL, abs=0.0), key
         assert block.step_s(key) == shuffled.step_s(key), key
-    blocks = block._blocks
+    blocks = block.parts.block_pricers
     assert blocks is not None
     along_context = [f for f, pricer in blocks.items() if f[0] == "decode_at" and pricer is not None
                      and pricer.part(1) is not None]
@@ -428,8 +429,8 @@ def test_prompt_chunks_of_one_size_at_many_contexts_are_block_priced_along_the_c
     for key in keys:
         assert block.step_s(key) == pytest.approx(scalar.step_s(key), rel=REL, abs=0.0), key
         assert block.step_s(key) == shuffled.step_s(key), key
-    assert block._blocks is not None
-    along_context = {f for f, pricer in block._blocks.items() if f[0] == "prefill_at" and pricer is not None}
+    assert block.parts.block_pricers is not None
+    along_context = {f for f, pricer in block.parts.block_pricers.items() if f[0] == "prefill_at" and pricer is not None}
     assert along_context == {("prefill_at", 2016, 1, 32), ("prefill_at", 4064, 1, 32), ("prefill_at", 1000, 1, 1)}
 
 
@@ -451,9 +452,9 @@ def test_a_family_asked_for_a_few_counts_gets_no_block_pricer() -> None:
     block, _ = _pricers(sc)
     for t in range(1, BLOCK_FROM_ASK):
         block.step_s((((t, 777, False),), 0, 0))
-    assert block._blocks is not None and ("prefill", 777, 1) not in block._blocks
+    assert block.parts.block_pricers is not None and ("prefill", 777, 1) not in block.parts.block_pricers
     block.step_s((((BLOCK_FROM_ASK, 777, False),), 0, 0))
-    assert ("prefill", 777, 1) in block._blocks
+    assert ("prefill", 777, 1) in block.parts.block_pricers
 
 
 def test_deferred_moe_rows_are_priced_alone_then_by_chunk() -> None:
