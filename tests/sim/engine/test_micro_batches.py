@@ -18,6 +18,7 @@ from sim.engine.simulation import SimLimits
 from sim.perf.step import StepCostModel
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
+from sim.serving.scheduler import StepPlan
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.scenario import Scenario, scenario_from_dict
 
@@ -142,13 +143,7 @@ def test_micro_batches_raise_throughput_and_finish_every_request_under_kv_pressu
 def test_a_chunk_gets_what_one_micro_batch_leaves_beside_its_decodes(bulk: bool) -> None:
     """Two micro-batches of 512 tokens with 20 running decodes (10 each): a long prompt's chunk is
     at most 512 - 10 tokens, though the step's budget has room for more."""
-    kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
-    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=2 * 512, enable_chunked_prefill=True,
-                            long_prefill_token_threshold=0, bulk_decodes=bulk, micro_batches=2)
-    _decoding(sched, 20)
-    sched.add(RequestState(request_id=99, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
-    plan = sched.schedule()
-    assert plan is not None
+    plan = _long_prompt_beside_20_decodes(bulk_decodes=bulk)
     assert [c.num_new_tokens for c in plan.chunks if c.request.request_id == 99] == [502]
     assert plan.num_bulk_decodes + sum(1 for c in plan.chunks if c.request.request_id != 99) == 20
 
@@ -200,16 +195,24 @@ def _decoding(sched: VllmV1Scheduler, n: int) -> None:
         sched.finish_step(plan)
 
 
-def test_prefill_only_steps_give_a_chunk_a_whole_micro_batch() -> None:
-    """SGLang's prefill priority: a prefill-only plan holds no decodes, so a chunk gets one micro-batch's
-    whole budget."""
+def _long_prompt_beside_20_decodes(**policy: bool) -> StepPlan:
+    """The first plan of two 512-token micro-batches once 20 requests decode and a 3,000-token
+    prompt waits."""
     kv = KVCacheManager(num_blocks=2000, block_size=16, enable_prefix_caching=False)
     sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=2 * 512, enable_chunked_prefill=True,
-                            long_prefill_token_threshold=0, prefill_priority=True, micro_batches=2)
+                            long_prefill_token_threshold=0, micro_batches=2, **policy)
     _decoding(sched, 20)
     sched.add(RequestState(request_id=99, prompt_tokens=3000, output_tokens=10, arrival_s=0.0, keys=()))
     plan = sched.schedule()
-    assert plan is not None and plan.num_bulk_decodes == 0
+    assert plan is not None
+    return plan
+
+
+def test_prefill_only_steps_give_a_chunk_a_whole_micro_batch() -> None:
+    """SGLang's prefill priority: a prefill-only plan holds no decodes, so a chunk gets one micro-batch's
+    whole budget."""
+    plan = _long_prompt_beside_20_decodes(prefill_priority=True)
+    assert plan.num_bulk_decodes == 0
     assert [c.num_new_tokens for c in plan.chunks] == [512]
 
 
