@@ -12,7 +12,7 @@ from typing import Final
 GPU_COLORS: Final[Mapping[str, str]] = {
     # Hopper GPUs are blues, Ampere oranges and olive, Blackwell datacenter greens,
     # Ada and workstation parts reds, pinks and purple, Intel brown.
-    "h100_sxm": "#1f77b4", "h100_pcie": "#6baed6", "h200_sxm": "#17becf",
+    "h100_sxm": "#1f77b4", "h100_pcie": "#6baed6", "h200_sxm": "#17becf", "gh200": "#08306b",
     "a100_sxm": "#ff7f0e", "a100_pcie": "#fdae6b", "a30": "#bcbd22",
     "b200_sxm": "#2ca02c", "b300_sxm": "#98df8a", "gb200": "#005a32", "gb300": "#41ab5d",
     "l4": "#d62728", "l40s": "#ff9896", "rtx_4090": "#e377c2", "rtx_pro_6000_server": "#9467bd",

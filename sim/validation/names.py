@@ -13,12 +13,13 @@ GPU_NAMES: Final[dict[str, str]] = {
     "gb200": "gb200", "gb300": "gb300", "a100_sxm": "a100_sxm", "l40s": "l40s",
     # TensorRT-LLM performance-overview labels
     "H100_SXM_80GB": "h100_sxm", "H200_SXM_141GB": "h200_sxm", "A100_SXM4_80GB": "a100_sxm",
-    "A100_PCIE_80GB": "a100_pcie", "L40S": "l40s", "B200_180GB": "b200_sxm", "GB200_192GB": "gb200",
+    "A100_PCIE_80GB": "a100_pcie", "L40S": "l40s", "GH200_480GB": "gh200", "B200_180GB": "b200_sxm",
+    "GB200_192GB": "gb200",
     "RTX_PRO_6000_Blackwell_Server": "rtx_pro_6000_server",
     # LLMServingSim hardware names
     "RTX4090": "rtx_4090", "RTXPRO6000": "rtx_pro_6000_server",
 }
-"""Source GPU label -> catalog hardware name (`kernelsight list hardware`). GH200 has no spec."""
+"""Source GPU label -> catalog hardware name (`kernelsight list hardware`)."""
 
 MODEL_NAMES: Final[dict[str, str]] = {
     # aiconfigurator model_path (checkpoint) -> catalog architecture

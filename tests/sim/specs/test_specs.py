@@ -30,7 +30,7 @@ def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
         assert hw.intra_node_link.bandwidth_bytes_per_s == float(row["intra_node_bw_bytes_per_s"])
         assert hw.num_sms > 0 and hw.l2_cache_bytes > 0 and hw.source
     assert "rtx_4090" in list_hardware()
-    assert len(list_hardware()) == 15
+    assert len(list_hardware()) == 16
 
 
 def test_shipped_models_load_by_hf_id_and_alias() -> None:

@@ -284,3 +284,22 @@ def test_inferencex_disaggregated_row_takes_its_db_dump_twins_pool_columns(tmp_p
     assert any("from x_cfg590" in n for n in twin.notes)
     alone = by_id["aiconfigurator:2026_03_25_y"]
     assert alone.skipped and alone.skip_reason is not None and "not pinned down" in alone.skip_reason
+
+
+def test_gh200_throughput_rows_run_on_the_gh200_spec(tmp_path: Path) -> None:
+    """TensorRT-LLM's GH200 480GB rows map to the catalog's `gh200` (96 GB HBM3 at 4 TB/s, one
+    superchip per node): simulable, dev for Llama-3.1-8B and evaluation for Llama-3.1-70B."""
+    path = tmp_path / "t.csv"
+    head = ("engine,doc_version,model,model_hf,gpu,gpu_label,precision,num_gpus,tp,pp,isl,osl,num_requests,"
+            "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
+    path.write_text(head + "".join(
+        f"TensorRT-LLM,0.17,{model},,GH200_480GB,GH200 480GB,FP8,1,1,1,1000,1000,3000.0,{tps},m,b,r,c,p\n"
+        for model, tps in (("LLaMA v3.1 8B", 16482.77), ("LLaMA v3.1 70B", 1746.12))))
+    small, large = read_trtllm_throughput(path, PROFILES, SpecCache())
+    for row in (small, large):
+        assert not row.skipped and row.hardware == "gh200" and row.sections is not None
+        assert row.sections["hardware"]["name"] == "gh200"
+    assert (small.suite, large.suite) == ("dev", "eval")
+    hw = scenario_from_dict(small.sections, source="t.csv").hardware
+    assert hw.hbm_capacity_bytes == 96 * 2**30 and hw.hbm_bandwidth_bytes_per_s == 4.0e12
+    assert hw.num_gpus_per_node == 1 and hw.sm_version == 90
