@@ -4,12 +4,16 @@ Supported: dense GQA/MHA decoders (Llama, Mistral, Qwen2/3), per-layer sliding w
 (`layer_types`, Mistral `sliding_window`, Qwen `use_sliding_window`), MoE decoders (Mixtral,
 Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading dense layers),
 multi-head latent attention (DeepSeek-V3/R1, Kimi-K2/K2.5; `MLASpec`) with DeepSeek sparse attention
-(GLM-5; `DSASpec`); hybrid models whose `layer_types` mix Gated DeltaNet linear attention with
-gated full attention (Qwen3.5-MoE, Qwen3-Next; `LinearAttentionSpec`). Features the kernel graph
-cannot represent (other linear-attention variants, vision towers of configs without a
-`text_config`) raise `ConfigError` naming the config key; nothing is silently approximated. A
-multimodal config with a `text_config` (Kimi-K2.5, Qwen3.5) is read as its language model: the
-vision tower (Kimi-K2.5's MoonViT, ~0.4B parameters) is neither computed nor counted.
+(GLM-5; `DSASpec`); Llama 4 (Scout, Maverick: top-1 experts plus a shared expert, MoE layers
+interleaved with dense ones of `intermediate_size_mlp`, chunked local attention on the RoPE layers
+priced as a sliding window of `attention_chunk_size`, an upper bound past the first chunk); hybrid
+models whose `layer_types` mix Gated DeltaNet linear attention with gated full attention
+(Qwen3.5-MoE, Qwen3-Next; `LinearAttentionSpec`). Features the kernel graph cannot represent
+(other linear-attention variants, vision towers of configs without a `text_config`) raise
+`ConfigError` naming the config key; nothing is silently approximated (Llama 4's chunked attention
+is the one stated approximation above). A multimodal config with a `text_config` (Kimi-K2.5,
+Qwen3.5, Llama 4) is read as its language model: the vision tower (Kimi-K2.5's MoonViT, ~0.4B
+parameters) is neither computed nor counted.
 
 The multi-token-prediction layers (`num_nextn_predict_layers`) are counted by `mtp_params` but not
 by `num_params`: vLLM's DeepSeek-V2/V3 loader skips them for the main model ("skip spec decode
@@ -355,7 +359,7 @@ class ModelSpec:
 _SUPPORTED_MODEL_TYPES: Final = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss",
     "minimax_m2", "deepseek", "deepseek_v3", "kimi_k2", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text",
-    "qwen3_5_moe",
+    "qwen3_5_moe", "llama4_text",
 )
 _GATED_DELTANET_TYPES: Final = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
 _DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32": DType.FLOAT32}
@@ -425,9 +429,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         num_attention_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        # Qwen3.5-MoE has no dense MLP layer and so no `intermediate_size`; the field is then unused.
-        intermediate_size=reader.integer("intermediate_size", default=reader.get("moe_intermediate_size")
-                                         if model_type in _GATED_DELTANET_TYPES else None),
+        intermediate_size=_dense_mlp_width(reader, model_type),
         vocab_size=reader.integer("vocab_size"),
         max_position_embeddings=reader.integer("max_position_embeddings"),
         tie_word_embeddings=reader.boolean("tie_word_embeddings", default=False),
@@ -448,6 +450,16 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         shared_expert_gate=model_type in ("qwen2_moe", *_GATED_DELTANET_TYPES) and bool(
             reader.get("shared_expert_intermediate_size")),
     )
+
+
+def _dense_mlp_width(reader: _ConfigReader, model_type: str) -> int:
+    """Width of the dense MLP layers. Llama 4 keeps `intermediate_size` for its experts and gives
+    the dense layers `intermediate_size_mlp`; Qwen3.5-MoE has no dense MLP layer and so no
+    `intermediate_size` (the field is then unused)."""
+    if model_type == "llama4_text":
+        return reader.integer("intermediate_size_mlp")
+    return reader.integer("intermediate_size", default=reader.get("moe_intermediate_size")
+                          if model_type in _GATED_DELTANET_TYPES else None)
 
 
 def _linear_attention(reader: _ConfigReader, model_type: str,
@@ -537,6 +549,13 @@ def _compressed_tensors(reader: _ConfigReader, qc: Mapping[str, Any]) -> tuple[W
 
 
 def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> tuple[int, ...]:
+    if model_type == "llama4_text":
+        # Chunked local attention, priced as a sliding window of the chunk size: the same up to
+        # one chunk of context; past it a token attends its own chunk ((position mod chunk) + 1
+        # tokens, half a chunk on average) where a window attends a whole chunk, so attention of
+        # those layers beyond the first chunk is priced up to 2x high (docs/scenario.md, Models).
+        chunk = reader.integer("attention_chunk_size", default=0)
+        return tuple(chunk if local else 0 for local in _llama4_chunked_layers(reader, num_layers))
     window = reader.get("sliding_window")
     layer_types = reader.get("layer_types")
     if layer_types is not None:
@@ -573,7 +592,7 @@ def _moe(reader: _ConfigReader, model_type: str, num_layers: int) -> MoESpec | N
     if not num_experts:
         return None
     top_k = reader.integer("num_experts_per_tok")
-    if model_type in ("mixtral", "gpt_oss", "minimax_m2"):
+    if model_type in ("mixtral", "gpt_oss", "minimax_m2", "llama4_text"):
         expert_width = reader.integer("intermediate_size")
     else:
         expert_width = reader.integer("moe_intermediate_size")
@@ -584,7 +603,11 @@ def _moe(reader: _ConfigReader, model_type: str, num_layers: int) -> MoESpec | N
         shared = reader.integer("shared_expert_intermediate_size")
     elif reader.get("shared_intermediate_size"):
         shared = reader.integer("shared_intermediate_size")
+    elif model_type == "llama4_text":
+        shared = expert_width  # every Llama 4 MoE layer adds one always-on expert of the routed width
     dense_layers: set[int] = set()
+    if model_type == "llama4_text":
+        dense_layers |= set(range(num_layers)) - set(_llama4_moe_layers(reader, num_layers))
     first_dense = reader.get("first_k_dense_replace")
     if first_dense:
         dense_layers |= set(range(reader.integer("first_k_dense_replace")))
@@ -607,6 +630,36 @@ def _moe(reader: _ConfigReader, model_type: str, num_layers: int) -> MoESpec | N
         shared_expert_intermediate_size=shared,
         expert_bias=model_type == "gpt_oss",
     )
+
+
+def _llama4_moe_layers(reader: _ConfigReader, num_layers: int) -> tuple[int, ...]:
+    """Llama 4's MoE layers: `moe_layers` when the config lists them, else every
+    `interleave_moe_layer_step`-th layer counting from step - 1 (Scout: all 48; Maverick: the odd
+    ones), as Hugging Face's `Llama4TextConfig` derives them."""
+    listed = reader.get("moe_layers")
+    if listed is not None:
+        if not isinstance(listed, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in listed):
+            reader.fail("moe_layers", listed, f"must be a list of layer indices in 0..{num_layers - 1}")
+        return tuple(sorted(set(listed)))
+    step = reader.integer("interleave_moe_layer_step", default=1)
+    if step < 1:
+        reader.fail("interleave_moe_layer_step", step, "must be >= 1")
+    return tuple(range(step - 1, num_layers, step))
+
+
+def _llama4_chunked_layers(reader: _ConfigReader, num_layers: int) -> tuple[bool, ...]:
+    """Which Llama 4 layers attend within `attention_chunk_size`-token chunks: the RoPE layers
+    (`no_rope_layers` entry 1); the NoPE layers (entry 0, every `no_rope_layer_interval`-th layer
+    when the list is empty) attend the whole context."""
+    listed = reader.get("no_rope_layers") or []
+    if listed:
+        if not isinstance(listed, list) or len(listed) != num_layers or not all(v in (0, 1) for v in listed):
+            reader.fail("no_rope_layers", listed, f"must list 0 or 1 for each of num_hidden_layers={num_layers}")
+        return tuple(bool(v) for v in listed)
+    interval = reader.integer("no_rope_layer_interval", default=4)
+    if interval < 1:
+        reader.fail("no_rope_layer_interval", interval, "must be >= 1")
+    return tuple((i + 1) % interval != 0 for i in range(num_layers))
 
 
 class _ConfigReader:

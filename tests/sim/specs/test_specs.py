@@ -36,7 +36,7 @@ def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
 def test_shipped_models_load_by_hf_id_and_alias() -> None:
     assert load_model("meta-llama/Llama-3.1-70B").num_layers == 80
     assert load_model("meta-llama/Meta-Llama-3.1-70B").hidden_size == 8192
-    assert len(list_models()) == 19
+    assert len(list_models()) == 22
 
 
 def test_qwen35_hybrid_loads_with_its_published_sizes_and_layer_pattern() -> None:
@@ -115,6 +115,44 @@ def test_moe_configs_parse() -> None:
     assert set(oss.layer_window_tokens) == {0, 128}
     qwen = load_model("Qwen/Qwen3-30B-A3B")
     assert qwen.qk_norm and qwen.num_active_params() == pytest.approx(3.3e9, rel=0.05)
+
+
+@pytest.mark.parametrize(("model", "total", "moe_layers"), [
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 107.8e9, tuple(range(48))),
+    ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 400.7e9, tuple(range(1, 48, 2))),
+])
+def test_llama4_language_models_match_their_published_sizes(model: str, total: float,
+                                                            moe_layers: tuple[int, ...]) -> None:
+    """Meta publishes 17B active of 109B (Scout, vision tower included) and of 400B (Maverick): one
+    routed expert of 8,192 plus one shared expert of 8,192 per MoE layer, the other layers a dense
+    MLP of `intermediate_size_mlp` (16,384), and chunked attention on three layers of four."""
+    spec = load_model(model)
+    assert spec.moe is not None and spec.moe.num_experts_per_token == 1
+    assert spec.moe.moe_layer_indices == moe_layers
+    assert spec.moe.expert_intermediate_size == spec.moe.shared_expert_intermediate_size == 8192
+    assert spec.intermediate_size == 16384
+    assert spec.num_params() == pytest.approx(total, rel=0.002)
+    assert spec.num_active_params() == pytest.approx(17.2e9, rel=0.01)
+    assert spec.layer_window_tokens == tuple(0 if (i + 1) % 4 == 0 else 8192 for i in range(48))
+    assert load_model("nvidia/Llama-4-Maverick-17B-128E-Instruct-FP8").weight_quantization == "fp8"
+
+
+def test_llama4_layer_lists_are_derived_without_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without `moe_layers` / `no_rope_layers` the layers follow Hugging Face's Llama4TextConfig:
+    MoE every `interleave_moe_layer_step`-th layer from step - 1, NoPE (full attention) every
+    `no_rope_layer_interval`-th; a malformed list names its key."""
+    text = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 128,
+            "vocab_size": 100, "max_position_embeddings": 4096, "num_local_experts": 4, "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 3, "no_rope_layer_interval": 2, "attention_chunk_size": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": text}))
+    spec = load_model(str(path))
+    assert spec.moe is not None and spec.moe.moe_layer_indices == (2, 5)
+    assert spec.layer_window_tokens == (256, 0, 256, 0, 256, 0)
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": {**text, "no_rope_layers": [1, 0]}}))
+    with pytest.raises(ConfigError, match=r"text_config\.no_rope_layers"):
+        load_model(str(path))
 
 
 def test_any_config_json_path_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -303,3 +303,20 @@ def test_gh200_throughput_rows_run_on_the_gh200_spec(tmp_path: Path) -> None:
     hw = scenario_from_dict(small.sections, source="t.csv").hardware
     assert hw.hbm_capacity_bytes == 96 * 2**30 and hw.hbm_bandwidth_bytes_per_s == 4.0e12
     assert hw.num_gpus_per_node == 1 and hw.sm_version == 90
+
+
+def test_llama4_throughput_rows_are_simulated(tmp_path: Path) -> None:
+    """TensorRT-LLM's Llama 4 rows load the shipped Scout / Maverick configs (no longer skipped as
+    'no model config'); B200 rows stay evaluation only."""
+    path = tmp_path / "t.csv"
+    head = ("engine,doc_version,model,model_hf,gpu,gpu_label,precision,num_gpus,tp,pp,isl,osl,num_requests,"
+            "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
+    path.write_text(head
+                    + "TensorRT-LLM,1.0,Llama 4 Scout,,H200_SXM_141GB,H200,FP8,4,4,1,1000,1000,3000.0,9000.0,m,b,r,c,p\n"
+                    + "TensorRT-LLM,1.0,Llama 4 Maverick,,B200_180GB,B200,FP4,8,8,1,1000,1000,3000.0,9000.0,m,b,r,c,p\n")
+    scout, maverick = read_trtllm_throughput(path, PROFILES, SpecCache())
+    for row in (scout, maverick):
+        assert not row.skipped and row.sections is not None and row.family == "moe"
+    assert scout.sections is not None and scout.sections["model"]["name"] == "meta-llama/Llama-4-Scout-17B-16E"
+    assert (scout.suite, maverick.suite) == ("dev", "eval")
+    assert scenario_from_dict(scout.sections, source="t.csv").model.moe is not None
