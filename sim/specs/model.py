@@ -553,7 +553,7 @@ def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> t
         # Chunked local attention, priced as a sliding window of the chunk size: the same up to
         # one chunk of context; past it a token attends its own chunk ((position mod chunk) + 1
         # tokens, half a chunk on average) where a window attends a whole chunk, so attention of
-        # those layers beyond the first chunk is priced up to 2x high (docs/scenario.md, Models).
+        # those layers beyond the first chunk is priced up to 2x high (docs/scenario.md, [model]).
         chunk = reader.integer("attention_chunk_size", default=0)
         return tuple(chunk if local else 0 for local in _llama4_chunked_layers(reader, num_layers))
     window = reader.get("sliding_window")
