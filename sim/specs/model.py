@@ -6,12 +6,13 @@ Qwen2/3-MoE, gpt-oss, MiniMax-M2, DeepSeek-MoE-style shared experts and leading 
 multi-head latent attention (DeepSeek-V3/R1, Kimi-K2/K2.5; `MLASpec`) with DeepSeek sparse attention
 (GLM-5; `DSASpec`); Llama 4 (Scout, Maverick: top-1 experts plus a shared expert, MoE layers
 interleaved with dense ones of `intermediate_size_mlp`, chunked local attention on the RoPE layers
-priced as a sliding window of `attention_chunk_size`, an upper bound past the first chunk); hybrid
+priced as full attention, exact up to `attention_chunk_size` tokens of context and dearer past it); hybrid
 models whose `layer_types` mix Gated DeltaNet linear attention with gated full attention
 (Qwen3.5-MoE, Qwen3-Next; `LinearAttentionSpec`). Features the kernel graph cannot represent
 (other linear-attention variants, vision towers of configs without a `text_config`) raise
 `ConfigError` naming the config key; nothing is silently approximated (Llama 4's chunked attention
-is the one stated approximation above). A multimodal config with a `text_config` (Kimi-K2.5,
+is the one stated approximation above; its qk norm, which Hugging Face applies on the RoPE layers
+only, is priced on every layer). A multimodal config with a `text_config` (Kimi-K2.5,
 Qwen3.5, Llama 4) is read as its language model: the vision tower (Kimi-K2.5's MoonViT, ~0.4B
 parameters) is neither computed nor counted.
 
@@ -435,7 +436,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         tie_word_embeddings=reader.boolean("tie_word_embeddings", default=False),
         attention_bias=reader.boolean("attention_bias", default=model_type == "qwen2"),
         qk_norm=model_type in ("qwen3", "qwen3_moe", *_GATED_DELTANET_TYPES)
-        or reader.boolean("use_qk_norm", default=False),
+        or reader.boolean("use_qk_norm", default=model_type == "llama4_text"),  # Llama4TextConfig's default
         layer_window_tokens=_layer_windows(reader, model_type, num_layers),
         moe=_moe(reader, model_type, num_layers),
         torch_dtype=_DTYPES[dtype_name],
@@ -550,12 +551,14 @@ def _compressed_tensors(reader: _ConfigReader, qc: Mapping[str, Any]) -> tuple[W
 
 def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> tuple[int, ...]:
     if model_type == "llama4_text":
-        # Chunked local attention, priced as a sliding window of the chunk size: the same up to
-        # one chunk of context; past it a token attends its own chunk ((position mod chunk) + 1
-        # tokens, half a chunk on average) where a window attends a whole chunk, so attention of
-        # those layers beyond the first chunk is priced up to 2x high (docs/scenario.md, [model]).
-        chunk = reader.integer("attention_chunk_size", default=0)
-        return tuple(chunk if local else 0 for local in _llama4_chunked_layers(reader, num_layers))
+        # Chunked local attention (`attention_chunk_size`, on the RoPE layers) is priced as full
+        # attention: exact while the context fits in the first chunk (8,192 tokens), dearer past it,
+        # where a token attends only its own chunk's (position mod chunk) + 1 tokens. A sliding
+        # window of the chunk size would bound the work, but the fitted attention families price
+        # windowed kernels as their own (slower) series even where the window covers the whole
+        # context (docs/scenario.md, [model]).
+        _llama4_chunked_layers(reader, num_layers)  # validates no_rope_layers / no_rope_layer_interval
+        return (0,) * num_layers
     window = reader.get("sliding_window")
     layer_types = reader.get("layer_types")
     if layer_types is not None:

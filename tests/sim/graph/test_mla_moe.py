@@ -15,6 +15,7 @@ from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.memory import kv_bytes_per_token, memory_breakdown, weight_bytes_per_gpu
 from sim.graph.moe import rank0_load
+from sim.graph.transformer import build_step_graph
 from sim.perf.roofline import roofline
 from sim.perf.table_kernels import work_columns
 from sim.serde import FieldError
@@ -384,3 +385,23 @@ def test_take_surplus_runs_the_collectors_loop_where_the_takes_interact() -> Non
         order = np.argsort(-counts, kind="stable")
         _take_surplus(counts, order, surplus, len(values))
         assert counts.tolist() == _collectors_loop(values, order.tolist(), surplus) == expected
+
+
+def test_llama4_maverick_interleaves_dense_and_moe_layers_with_a_shared_expert() -> None:
+    """Maverick at TP8: 24 dense layers of width 16,384 / 8, 24 MoE layers with one routed expert and
+    one shared expert of 8,192 / 8; every layer attends the whole context (chunked attention priced
+    as full attention)."""
+    sc = scenario_from_dict(scenario_dict(
+        hardware={"name": "h200_sxm"}, model={"name": "meta-llama/Llama-4-Maverick-17B-128E-Instruct"},
+        engine={"tensor_parallel_size": 8, "quantization": "fp8", "max_model_len": 8192, "backend": "trtllm"}),
+        source="t")
+    graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware,
+                             BatchShape(decode_context_tokens=(1024,) * 16))
+    nodes = {n.work.name: n for n in graph.nodes}
+    assert nodes["mlp_gate_up_proj"].repeat == nodes["mlp_down_proj"].repeat == 24
+    assert nodes["moe_experts"].repeat == nodes["moe_router"].repeat == 24
+    assert nodes["shared_expert_gate_up_proj"].repeat == nodes["shared_expert_down_proj"].repeat == 24
+    m = 16  # decode tokens
+    assert nodes["mlp_gate_up_proj"].work.flops == 2 * m * 5120 * 2 * 16384 // 8
+    assert nodes["shared_expert_gate_up_proj"].work.flops == 2 * m * 5120 * 2 * 8192 // 8
+    assert nodes["attn_decode"].repeat == 48 and "attn_decode_swa" not in nodes

@@ -125,7 +125,7 @@ def test_llama4_language_models_match_their_published_sizes(model: str, total: f
                                                             moe_layers: tuple[int, ...]) -> None:
     """Meta publishes 17B active of 109B (Scout, vision tower included) and of 400B (Maverick): one
     routed expert of 8,192 plus one shared expert of 8,192 per MoE layer, the other layers a dense
-    MLP of `intermediate_size_mlp` (16,384), and chunked attention on three layers of four."""
+    MLP of `intermediate_size_mlp` (16,384); chunked attention is priced as full attention."""
     spec = load_model(model)
     assert spec.moe is not None and spec.moe.num_experts_per_token == 1
     assert spec.moe.moe_layer_indices == moe_layers
@@ -133,14 +133,15 @@ def test_llama4_language_models_match_their_published_sizes(model: str, total: f
     assert spec.intermediate_size == 16384
     assert spec.num_params() == pytest.approx(total, rel=0.002)
     assert spec.num_active_params() == pytest.approx(17.2e9, rel=0.01)
-    assert spec.layer_window_tokens == tuple(0 if (i + 1) % 4 == 0 else 8192 for i in range(48))
+    assert set(spec.layer_window_tokens) == {0}
+    assert spec.qk_norm == (spec.moe.num_experts == 16)  # Scout normalises q and k, Maverick does not
     assert load_model("nvidia/Llama-4-Maverick-17B-128E-Instruct-FP8").weight_quantization == "fp8"
 
 
 def test_llama4_layer_lists_are_derived_without_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Without `moe_layers` / `no_rope_layers` the layers follow Hugging Face's Llama4TextConfig:
-    MoE every `interleave_moe_layer_step`-th layer from step - 1, NoPE (full attention) every
-    `no_rope_layer_interval`-th; a malformed list names its key."""
+    """Without `moe_layers` the MoE layers follow Hugging Face's Llama4TextConfig (every
+    `interleave_moe_layer_step`-th layer from step - 1); `use_qk_norm` defaults to true as there; a
+    malformed `no_rope_layers` names its key."""
     text = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 128,
             "vocab_size": 100, "max_position_embeddings": 4096, "num_local_experts": 4, "num_experts_per_tok": 1,
@@ -149,7 +150,8 @@ def test_llama4_layer_lists_are_derived_without_them(tmp_path) -> None:  # type:
     path.write_text(json.dumps({"model_type": "llama4", "text_config": text}))
     spec = load_model(str(path))
     assert spec.moe is not None and spec.moe.moe_layer_indices == (2, 5)
-    assert spec.layer_window_tokens == (256, 0, 256, 0, 256, 0)
+    assert spec.layer_window_tokens == (0,) * 6 and spec.qk_norm
+    assert spec.intermediate_size == 128 and spec.moe.expert_intermediate_size == 32
     path.write_text(json.dumps({"model_type": "llama4", "text_config": {**text, "no_rope_layers": [1, 0]}}))
     with pytest.raises(ConfigError, match=r"text_config\.no_rope_layers"):
         load_model(str(path))
