@@ -220,7 +220,7 @@ def _plots(rows: list[ValidationRow], results: list[RowResult], tiers: list[Tier
 
 
 def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str, EngineProfile], sha: str) -> int:
-    from sim.validation.fit import fit_host, profile_toml
+    from sim.validation.fit import fit_api_latency, fit_host, profile_toml, served_rows
     from sim.validation.rows import require_dev
 
     # --suite all fits on its dev rows; --suite eval asks for evaluation rows and is refused.
@@ -243,12 +243,21 @@ def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str
 
         sys.stderr.write(f"{backend}: fitting on {len(chosen)} dev rows\n")
         fitted = fit_host(profiles[backend], chosen, evaluate, data_sha256=sha)
+        profile = fitted.profile
+        served = served_rows(chosen)
+        if served:  # then the API-server latency, on the fitted host numbers (one more pass)
+            host = profile.host
+            latency, how = fit_api_latency(served, evaluate(profile, served),
+                                           simulated_with_s=host.api_server_latency_s)
+            profile = dataclasses.replace(profile, host=dataclasses.replace(
+                host, api_server_latency_s=latency, api_server_latency_fit=how))
+            sys.stderr.write(f"{backend}: API-server latency {latency * 1e3:.0f} ms\n")
         path = Path(__file__).resolve().parent.parent / "sim" / "data" / "host" / f"{backend}.toml"
         header = (f"Engine profile `{backend}` (sim/perf/profile.py). Host overheads fitted by\n"
                   "`kernelsight validate --fit-profiles` on dev rows only; [policy] and [defaults] are the engine's\n"
                   "documented behaviour and defaults (docs/validation.md), not fitted; [kernel_sources] was chosen on\n"
                   "dev rows (docs/validation.md, Kernel sources).")
-        path.write_text(profile_toml(fitted.profile, header=header))
+        path.write_text(profile_toml(profile, header=header))
         sys.stderr.write(f"{backend}: loss {fitted.loss_before:.3f} -> {fitted.loss_after:.3f} "
                          f"with {fitted.params} ({fitted.num_evaluations} evaluations); wrote {path}\n")
     return 0

@@ -52,13 +52,14 @@ from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.catalog import read_toml
+from sim.specs.engine import EngineParams
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Pool, Scenario, load_scenario_file, ranks_in_lockstep
 from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _GIB = float(1 << 30)
 
@@ -213,6 +214,13 @@ def load_host_params(backend: str) -> HostOverheadParams:
     return load_engine_profile(backend).host
 
 
+def client_latency_s(engine: EngineParams, host: HostOverheadParams) -> float:
+    """Seconds a request spends outside the engine as its client sees it: the scenario's
+    `[engine] api_server_latency_s`, else the engine profile's fitted value (a disaggregated
+    deployment's requests enter through the prefill pool's server)."""
+    return host.api_server_latency_s if engine.api_server_latency_s is None else engine.api_server_latency_s
+
+
 def load_engine_profile(backend: str, path: str | Path | None = None) -> EngineProfile:
     """An engine profile: `path`, else the shipped `sim/data/host/<backend>.toml` (vllm.toml if none ships)."""
     if path is None:
@@ -310,16 +318,17 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     pricer = _pool_pricer(scenario, profile, efficiency, host, prices, wrapper, models, limits)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim: Simulation
+    latency = client_latency_s(engine, host or profile.host)
     if scenario.autoscaling is None:
         sim = Simulation(replicas=replicas, pricer=pricer, router=engine.router,
                          max_concurrency=scenario.workload.max_concurrency, limits=limits,
-                         progress=progress, step_log=step_log)
+                         progress=progress, step_log=step_log, client_latency_s=latency)
     else:
         assert not lockstep  # rejected on load (sim.specs.scenario._resolve_autoscaling)
         sim = AutoscaledSimulation(replicas=ranks, pricer=pricer, router=engine.router,
                                    max_concurrency=scenario.workload.max_concurrency, limits=limits,
                                    spec=scenario.autoscaling, max_num_seqs=ranks[0].max_num_seqs,
-                                   progress=progress, step_log=step_log)
+                                   progress=progress, step_log=step_log, client_latency_s=latency)
     records = sim.run(states)
     by_kind, by_name, host_s, floor_s = pricer.breakdown()
     price = scenario_price_per_gpu_hour_usd(scenario)
@@ -498,7 +507,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         prefill=_pool_replicas(p_sc, prefill, disagg.prefill.num_workers),
         decode=_pool_replicas(d_sc, decode, disagg.decode.num_workers), prefill_pricer=p_pricer, decode_pricer=d_pricer,
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
-        max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log)
+        max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log,
+        client_latency_s=client_latency_s(p_sc.engine, host or p_profile.host))
     records = sim.run(first)
     gpu_prices = [scenario_price_per_gpu_hour_usd(pool.scenario) for pool in disagg.pools()]
     num_gpus = disagg.num_gpus()

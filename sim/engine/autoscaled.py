@@ -44,9 +44,10 @@ _TICK: Final = -1
 class AutoscaledSimulation(Simulation):
     def __init__(self, *, replicas: Sequence[VllmV1Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits, spec: AutoscalingSpec, max_num_seqs: int,
-                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
+                 client_latency_s: float = 0.0) -> None:
         super().__init__(replicas=replicas, pricer=pricer, router=router, max_concurrency=max_concurrency,
-                         limits=limits, progress=progress, step_log=step_log)
+                         limits=limits, progress=progress, step_log=step_log, client_latency_s=client_latency_s)
         assert spec.max_replicas is not None and spec.initial_replicas is not None
         assert spec.max_replicas <= len(replicas)
         self._spec = spec
@@ -76,7 +77,8 @@ class AutoscaledSimulation(Simulation):
     def _run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         self._push(self._spec.interval_s, _TICK)
         records = super()._run(requests)
-        self.end_s = max((r.finish_s for r in records), default=0.0)
+        # The engine's last finish: the records' times add the client's latency outside the engine.
+        self.end_s = max((r.finish_s for r in records), default=self._client_latency_s) - self._client_latency_s
         for r, status in enumerate(self._status):
             if status != "off":
                 paid_s = max(self.end_s - self._since_s[r], 0.0)

@@ -49,10 +49,12 @@ class DisaggregatedSimulation(Simulation):
                  prefill_pricer: StepPricer, decode_pricer: StepPricer, prefill_router: RouterName,
                  decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
                  max_concurrency: int | None, limits: SimLimits,
-                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
+                 client_latency_s: float = 0.0) -> None:
         super().__init__(replicas=[*prefill, *decode], pricer=prefill_pricer, router=prefill_router,
                          max_concurrency=max_concurrency, limits=limits, progress=progress, step_log=step_log,
-                         pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode))
+                         pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode),
+                         client_latency_s=client_latency_s)
         self._num_prefill = len(prefill)
         self._num_ranks = len(prefill) + len(decode)
         for replica in self._replicas[:self._num_prefill]:

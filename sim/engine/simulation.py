@@ -157,8 +157,10 @@ class Simulation:
     def __init__(self, *, replicas: Sequence[Scheduler], pricer: StepPricer, router: RouterName,
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
-                 pricers: Sequence[StepPricer] | None = None) -> None:
-        """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`."""
+                 pricers: Sequence[StepPricer] | None = None, client_latency_s: float = 0.0) -> None:
+        """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`.
+        `client_latency_s`: time outside the engine (the API server's request and response paths)
+        added to each record's first-token and finish times; the engine's own events do not see it."""
         pricers = pricers or [pricer] * len(replicas)
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""
@@ -180,6 +182,7 @@ class Simulation:
             for p in self._pricers:
                 p.first_s = {}
         self._progress = progress
+        self._client_latency_s = client_latency_s
         self.step_log = step_log
         """Steps run, when given (for a Chrome trace); None keeps the loop free of logging."""
         self._heap: list[tuple[float, int, int]] = []
@@ -640,9 +643,11 @@ class Simulation:
 
     def _record(self, req: RequestState) -> None:
         assert req.first_token_s is not None and req.first_scheduled_s is not None
+        latency = self._client_latency_s
         self.records.append(RequestRecord(
             request_id=req.request_id, replica=req.replica, arrival_s=req.sent_s,
-            first_scheduled_s=req.first_scheduled_s, first_token_s=req.first_token_s, finish_s=self.now_s,
+            first_scheduled_s=req.first_scheduled_s, first_token_s=req.first_token_s + latency,
+            finish_s=self.now_s + latency,
             prompt_tokens=req.prompt_tokens, output_tokens=req.num_output,
             prefix_hit_tokens=req.prefix_hit_tokens, num_preemptions=req.num_preemptions,
             recomputed_tokens=req.recomputed_tokens,

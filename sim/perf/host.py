@@ -50,11 +50,24 @@ class HostOverheadParams:
     """CPU cost of one eager kernel launch."""
     source: str
     """Data and method the numbers come from."""
+    api_server_latency_s: float = 0.0
+    """Time a request spends outside the engine as a client of the engine's OpenAI-compatible server
+    sees it (HTTP, chat template and tokenization before the engine queues it; detokenization and
+    streaming of the first and the last token back): added to each request's first-token and finish
+    times, so to TTFT and E2E, not to TPOT or ITL. Fitted on dev rows measured through the server
+    (`api_server_latency_fit`); a scenario overrides it with `[engine] api_server_latency_s`."""
+    api_server_latency_fit: str = ""
+    """What `api_server_latency_s` was fitted on, and how."""
     uncaptured_launch: UncapturedLaunch = "piecewise_graph"
     """How a `cuda_graph` engine launches a step its full graphs do not capture (one with a prompt
     chunk, or more decodes than the largest capture): `piecewise_graph` (vLLM V1: captured pieces
     between eager attention calls) or `eager` (SGLang, TensorRT-LLM's PyTorch flow: CUDA graphs for
     decode batches only; each kernel costs `eager_launch_s`)."""
+
+    def __post_init__(self) -> None:
+        for key in ("graph_launch_s", "eager_launch_s", "api_server_latency_s"):
+            value = getattr(self, key)
+            require(value >= 0, key, value, "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

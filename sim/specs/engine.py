@@ -127,6 +127,11 @@ class EngineParams:
     """SGLang's `--mamba-full-memory-ratio` (its default 0.9), hybrid linear-attention models only: the
     cache memory splits ratio : 1 between the requests' linear-attention states and the KV cache of
     the full-attention layers (`sim.graph.memory`)."""
+    api_server_latency_s: float | None = None
+    """kernelsight: time a request spends outside the engine, as a client of the engine's
+    OpenAI-compatible server sees it (request path before the engine queues it plus the response path
+    of the first and last tokens), added to TTFT and E2E; None = the engine profile's fitted value
+    (docs/serving.md, Metrics), 0 = latencies as the engine measures them (offline benchmarks)."""
     max_attention_window: int | None = None
     """TensorRT-LLM's `max_attention_window` (KvCacheConfig): every softmax-attention layer attends
     over at most this many tokens, whatever the model config's sliding windows say; 0 = the whole
@@ -153,6 +158,8 @@ class EngineParams:
                 self.batch_wait_max_tokens_ratio, "must be in [0, 1]")
         require(self.mamba_full_memory_ratio > 0.0, "mamba_full_memory_ratio", self.mamba_full_memory_ratio,
                 "must be > 0")
+        require(self.api_server_latency_s is None or self.api_server_latency_s >= 0, "api_server_latency_s",
+                self.api_server_latency_s, "must be >= 0 (seconds)")
         require(self.max_attention_window is None or self.max_attention_window >= 0, "max_attention_window",
                 self.max_attention_window, "must be >= 0 (0: the whole context)")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",

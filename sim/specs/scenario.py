@@ -181,7 +181,8 @@ class Disaggregation:
 LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "engine": ("enable_eplb", "num_redundant_experts", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio",
                "speculative_config", "attention_dp_enable_balance", "attention_dp_timeout_iters",
-               "attention_dp_batching_wait_iters", "mamba_full_memory_ratio", "max_attention_window"),
+               "attention_dp_batching_wait_iters", "mamba_full_memory_ratio", "max_attention_window",
+               "api_server_latency_s"),
     "hardware": ("nvlink_domain_size", "nvlink"),
     "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),

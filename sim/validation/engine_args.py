@@ -18,6 +18,11 @@ from sim.validation.specs_cache import SpecCache
 
 _QUANTIZED = ("fp8", "fp8_block", "nvfp4", "mxfp4")
 
+OFFLINE: Mapping[str, Any] = {"api_server_latency_s": 0.0}
+"""Engine keys of rows measured without an API server in the path (trtllm-bench, gptSessionBenchmark,
+engine-side trace timestamps): their latencies have no request or response path outside the engine.
+Rows measured by a benchmark client against the OpenAI-compatible server keep the profile's value."""
+
 
 def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int,
                    version: str = "", weight_format: str | None = None) -> dict[str, Any]:

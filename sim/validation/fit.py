@@ -44,7 +44,8 @@ def host_params(base_s: float, per_seq_s: float, graph_launch_s: float, *, like:
     return HostOverheadParams(schedule=LinearCost(base_s=base_s, per_item_s=per_seq_s), prepare_inputs=zero,
                               sampler=zero, process_outputs=zero, graph_launch_s=graph_launch_s,
                               eager_launch_s=like.eager_launch_s, uncaptured_launch=like.uncaptured_launch,
-                              source=source)
+                              api_server_latency_s=like.api_server_latency_s,
+                              api_server_latency_fit=like.api_server_latency_fit, source=source)
 
 
 def row_loss(row: ValidationRow, result: RowResult) -> float:
@@ -128,6 +129,46 @@ def fit_host(profile: EngineProfile, rows: Sequence[ValidationRow], evaluate: Ev
                      num_evaluations=len(cache) + 1)
 
 
+API_LATENCY_GRID: tuple[float, ...] = tuple(i * 5e-3 for i in range(31))
+"""Candidate API-server latencies, 0 to 150 ms in 5 ms steps."""
+
+
+def served_rows(rows: Sequence[ValidationRow]) -> list[ValidationRow]:
+    """Aggregated dev rows measured by a benchmark client through the engine's API server (the
+    offline sources set `api_server_latency_s = 0`; disaggregated rows pass a separate frontend)."""
+    return [r for r in rows if r.sections is not None and not r.disaggregated
+            and r.sections.get("engine", {}).get("api_server_latency_s") is None]
+
+
+def fit_api_latency(rows: Sequence[ValidationRow], results: Sequence[RowResult], *,
+                    simulated_with_s: float) -> tuple[float, str]:
+    """The profile's `api_server_latency_s`: the grid value minimising the mean clipped |log error| of
+    mean TTFT over `served_rows(rows)` (dev only). The latency adds to every request's first-token
+    time and nothing else, so a row's mean TTFT at latency L is its simulated mean TTFT less the
+    latency it was simulated with (`simulated_with_s`) plus L: one simulation per row suffices."""
+    rows = require_dev(served_rows(rows), purpose="fitting the API-server latency")
+    by_id = {r.row_id: r for r in results if r.status == "scored"}
+    pairs = []
+    for row in rows:
+        result = by_id.get(row.row_id)
+        measured = row.measured.get("ttft_mean_s")
+        if result is None or measured is None or measured <= 0:
+            continue
+        predicted = result.predicted.get("ttft_mean_s")
+        if predicted is not None and math.isfinite(predicted):
+            pairs.append((predicted - simulated_with_s, measured))
+    if not pairs:
+        raise ValueError("no scored dev rows with a measured TTFT through an API server")
+
+    def score(latency_s: float) -> float:
+        return sum(min(abs(math.log(max(p + latency_s, 1e-9) / m)), CLIP) for p, m in pairs) / len(pairs)
+
+    best = min(API_LATENCY_GRID, key=lambda lat: (score(lat), lat))
+    return best, (f"grid 0-150 ms in 5 ms steps minimising the mean over {len(pairs)} dev rows measured through "
+                  f"the API server of min(|log(pred/measured)|, {CLIP}) of mean TTFT: {score(0.0):.3f} at 0 ms, "
+                  f"{score(best):.3f} at {best * 1e3:.0f} ms ({describe_rows(rows)})")
+
+
 def describe_rows(rows: Sequence[ValidationRow]) -> str:
     counts: dict[str, int] = {}
     for r in rows:
@@ -151,7 +192,9 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
 
     lines = [*(f"# {ln}" for ln in header.splitlines()), f"source = {lit(h.source)}",
              f"graph_launch_s = {lit(h.graph_launch_s)}", f"eager_launch_s = {lit(h.eager_launch_s)}",
-             f"uncaptured_launch = {lit(h.uncaptured_launch)}"]
+             f"uncaptured_launch = {lit(h.uncaptured_launch)}",
+             f"api_server_latency_s = {lit(h.api_server_latency_s)}",
+             f"api_server_latency_fit = {lit(h.api_server_latency_fit)}"]
     for phase in ("schedule", "prepare_inputs", "sampler", "process_outputs"):
         c: LinearCost = getattr(h, phase)
         lines += ["", f"[{phase}]", f"base_s = {lit(c.base_s)}", f"per_item_s = {lit(c.per_item_s)}"]

@@ -21,6 +21,7 @@ import numpy as np
 
 from sim.measured import open_text
 from sim.perf.profile import EngineProfile
+from sim.validation.engine_args import OFFLINE
 from sim.validation.finalize import TRACE_PLACEHOLDER
 from sim.validation.names import GPU_NAMES, MODEL_NAMES
 from sim.validation.rows import Replay, TraceRequest, ValidationRow, suite_of
@@ -83,6 +84,7 @@ def _row(run: dict[str, str], reqs: list[dict[str, str]], profile: EngineProfile
         "gpu_memory_utilization": _opt(run["gpu_memory_utilization"]) or 0.9,
         "enable_prefix_caching": run["enable_prefix_caching"] != "False",
         "async_scheduling": profile.defaults.async_for(run["engine_version"]),
+        **OFFLINE,  # engine timestamps (queued -> first token): no API server in the measured latencies
     }
     max_len = _opt(run["max_model_len"])
     if max_len:

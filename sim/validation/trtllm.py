@@ -25,7 +25,7 @@ from sim.graph.memory import MemoryBreakdown
 from sim.measured import open_text
 from sim.perf.profile import EngineProfile, release_tuple
 from sim.specs.model import ModelSpec
-from sim.validation.engine_args import profile_engine, trtllm_bench_settings
+from sim.validation.engine_args import OFFLINE, profile_engine, trtllm_bench_settings
 from sim.validation.names import GPU_NAMES, MODEL_NAMES, QUANTIZATION
 from sim.validation.rows import Replay, ValidationRow, suite_of
 from sim.validation.specs_cache import SpecCache
@@ -89,7 +89,7 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     quantization = QUANTIZATION.get(r["precision"])
     engine: dict[str, Any] = {**profile_engine(profile, quantization=quantization, max_num_seqs=1),
                               "tensor_parallel_size": tp, "pipeline_parallel_size": pp,
-                              "max_model_len": isl + osl}
+                              "max_model_len": isl + osl, **OFFLINE}
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
     base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["doc_version"])
@@ -159,7 +159,7 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
     engine: dict[str, Any] = {**profile_engine(profile, quantization=quantization, max_num_seqs=batch),
                               "tensor_parallel_size": tp, "enable_chunked_prefill": False,
                               "max_num_batched_tokens": max(batch * isl, isl + osl, batch),
-                              "max_model_len": isl + osl}
+                              "max_model_len": isl + osl, **OFFLINE}
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
     base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["engine_version"])

@@ -102,6 +102,7 @@ def test_nvidia_collection_row_uses_fixed_lengths(tmp_path: Path) -> None:
     assert row.sections is not None
     assert row.sections["workload"]["dataset_name"] == "fixed"
     assert (row.sections["workload"]["random_input_len"], row.sections["workload"]["random_output_len"]) == (1024, 128)
+    assert "api_server_latency_s" not in row.sections["engine"]  # a client measured it through the server
 
 
 def test_disaggregated_row_becomes_a_prefill_and_a_decode_pool(tmp_path: Path) -> None:
@@ -202,6 +203,7 @@ def test_llmservingsim_run_is_replayed_from_queue_times(tmp_path: Path) -> None:
     assert row.measured["output_throughput_tokens_per_s"] == pytest.approx(9 / 2.3)
     assert row.sections["engine"]["max_num_batched_tokens"] == 2048
     assert row.sections["engine"]["enable_prefix_caching"] is True
+    assert row.sections["engine"]["api_server_latency_s"] == 0.0  # engine timestamps: no API server
     assert row.sections["hardware"]["name"] == "rtx_pro_6000_server"
 
 
@@ -299,6 +301,7 @@ def test_gh200_throughput_rows_run_on_the_gh200_spec(tmp_path: Path) -> None:
     for row in (small, large):
         assert not row.skipped and row.hardware == "gh200" and row.sections is not None
         assert row.sections["hardware"]["name"] == "gh200"
+        assert row.sections["engine"]["api_server_latency_s"] == 0.0  # trtllm-bench: no API server
     assert (small.suite, large.suite) == ("dev", "eval")
     hw = scenario_from_dict(small.sections, source="t.csv").hardware
     assert hw.hbm_capacity_bytes == 96 * 2**30 and hw.hbm_bandwidth_bytes_per_s == 4.0e12
