@@ -101,8 +101,7 @@ class AutoscaledSimulation(Simulation):
                 self._release_if_empty(idx)
 
     def _on_tick(self) -> None:
-        if (math.isinf(self._next_arrival_s) and not self._held and not self._client_sends
-                and not any(r.busy for r in self._replicas)):
+        if math.isinf(self._next_arrival_s) and not self._held and not any(r.busy for r in self._replicas):
             return  # nothing will happen any more: no further ticks
         self._tick += 1
         self._push((self._tick + 1) * self._spec.interval_s, _TICK)

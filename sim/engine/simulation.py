@@ -42,9 +42,6 @@ from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.engine import RouterName
 from sim.workload.requests import RequestSpec
 
-_CLIENT_SEND = -(1 << 62)
-"""Heap index of a held request's send (`Simulation._send_held`); replicas are >= 0, subclasses'
-own events other negative numbers or indices past the replicas."""
 _MAX_RUN_STEPS = 256
 """Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
 _SHORT_RUN_STEPS = 24
@@ -163,8 +160,7 @@ class Simulation:
                  pricers: Sequence[StepPricer] | None = None, client_latency_s: float = 0.0) -> None:
         """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`.
         `client_latency_s`: time outside the engine (the API server's request and response paths)
-        added to each record's first-token and finish times; a held request (`max_concurrency`) goes
-        out that long after the engine finished the request whose slot it takes."""
+        added to each record's first-token and finish times; the engine's own events do not see it."""
         pricers = pricers or [pricer] * len(replicas)
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""
@@ -196,9 +192,6 @@ class Simulation:
         """Round-robin counters per routed pool (one for aggregated runs; prefill, decode)."""
         self._in_flight = 0
         self._held: deque[RequestState] = deque()
-        self._client_sends: dict[int, RequestState] = {}
-        """Held requests whose client is still receiving the response that freed their slot, by the
-        seq of their send event (`_CLIENT_SEND` entries of the heap)."""
         self.now_s = 0.0
         self.num_steps = 0
         self.records: list[RequestRecord] = []
@@ -235,15 +228,11 @@ class Simulation:
         i, n = 0, len(arrivals)
         while i < n or heap:
             self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
-            held_send = False
             if heap and heap[0][0] <= self._next_arrival_s:
                 time_s, seq, idx = heapq.heappop(heap)
                 if 0 <= idx < len(self._replicas) and self._replicas[idx].event_seq != seq:
                     continue  # a run cut short since: its new end is queued
                 req = None
-                if idx == _CLIENT_SEND:
-                    req, held_send = self._client_sends.pop(seq), True
-                    self._in_flight -= 1  # the slot it kept; `_on_arrival` takes it again
             else:
                 time_s, req = self._next_arrival_s, arrivals[i]
                 i += 1
@@ -253,8 +242,7 @@ class Simulation:
                 break
             self.now_s = time_s
             if req is not None:
-                if not held_send:
-                    self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
+                self._next_arrival_s = arrivals[i].arrival_s if i < n else float("inf")
                 self._on_arrival(req)
             else:
                 self._on_step_done(idx)
@@ -269,19 +257,6 @@ class Simulation:
             self._held.append(req)
             return
         self._send(req)
-
-    def _send_held(self) -> None:
-        """A slot freed: the next held request goes out when the client has the response that freed
-        it, `client_latency_s` after the engine finished it (at once without a latency), as a
-        closed-loop benchmark client sends its next request; the slot stays taken until then."""
-        req = self._held.popleft()
-        if not self._client_latency_s:
-            self._send(req)
-            return
-        self._in_flight += 1
-        seq = next(self._seq)
-        self._client_sends[seq] = req
-        heapq.heappush(self._heap, (self.now_s + self._client_latency_s, seq, _CLIENT_SEND))
 
     def _send(self, req: RequestState) -> None:
         self._in_flight += 1
@@ -393,7 +368,7 @@ class Simulation:
             for _ in finished:
                 self._in_flight -= 1
                 if self._held:
-                    self._send_held()
+                    self._send(self._held.popleft())
             if end_s is None:
                 return
             if not self._can_finish_inline(end_s):

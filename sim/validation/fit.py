@@ -144,11 +144,8 @@ def fit_api_latency(rows: Sequence[ValidationRow], results: Sequence[RowResult],
                     simulated_with_s: float) -> tuple[float, str]:
     """The profile's `api_server_latency_s`: the grid value minimising the mean clipped |log error| of
     mean TTFT over `served_rows(rows)` (dev only). The latency adds to every request's first-token
-    time; in a closed loop it also spaces each client's requests by that much, which lowers the
-    engine's load a little (a latency of tens of ms against requests of seconds). To first order,
-    then, a row's mean TTFT at latency L is its simulated mean TTFT less the latency it was simulated
-    with (`simulated_with_s`) plus L, and one simulation per row gives the loss at every L; a run at
-    the fitted value checks it."""
+    time and nothing else, so a row's mean TTFT at latency L is its simulated mean TTFT less the
+    latency it was simulated with (`simulated_with_s`) plus L: one simulation per row suffices."""
     rows = require_dev(served_rows(rows), purpose="fitting the API-server latency")
     by_id = {r.row_id: r for r in results if r.status == "scored"}
     pairs = []

@@ -4,7 +4,6 @@ validation rows carry none; the fit recovers a synthetic engine's latency from o
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
@@ -38,25 +37,6 @@ def test_latency_moves_first_token_and_finish_and_nothing_in_the_engine() -> Non
     assert served.summary.ttft_mean_s == pytest.approx(engine_only.summary.ttft_mean_s + 0.05, abs=1e-12)
     assert served.summary.tpot_mean_s == pytest.approx(engine_only.summary.tpot_mean_s, rel=1e-12)
     assert served.summary.itl_mean_s == pytest.approx(engine_only.summary.itl_mean_s, rel=1e-12)
-
-
-def test_a_closed_loop_client_sends_its_next_request_when_the_response_reaches_it() -> None:
-    """max_concurrency = 1: each request goes out when the client has the previous one's last token,
-    one latency after the engine finished it, and the engine starts it no earlier."""
-    def run(latency: float) -> Any:
-        return simulate(scenario_from_dict(scenario_dict(
-            engine={"api_server_latency_s": latency},
-            workload={"num_prompts": 12, "max_concurrency": 1, "random_input_len": 256, "random_output_len": 16}),
-            source="t.toml"))
-
-    served, engine_only = run(0.05), run(0.0)
-    records = sorted(served.records, key=lambda r: r.arrival_s)
-    for prev, nxt in itertools.pairwise(records):
-        assert nxt.arrival_s == prev.finish_s
-        assert nxt.first_scheduled_s >= nxt.arrival_s
-    # Twelve requests, one at a time: the run is twelve latencies longer than the engine's alone.
-    assert served.summary.duration_s == pytest.approx(engine_only.summary.duration_s + 12 * 0.05, rel=1e-9)
-    assert served.summary.ttft_mean_s == pytest.approx(engine_only.summary.ttft_mean_s + 0.05, rel=1e-9)
 
 
 def test_the_profile_value_applies_unless_the_scenario_sets_one() -> None:
