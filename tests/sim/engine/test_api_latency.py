@@ -4,6 +4,7 @@ validation rows carry none; the fit recovers a synthetic engine's latency from o
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -37,6 +38,25 @@ def test_latency_moves_first_token_and_finish_and_nothing_in_the_engine() -> Non
     assert served.summary.ttft_mean_s == pytest.approx(engine_only.summary.ttft_mean_s + 0.05, abs=1e-12)
     assert served.summary.tpot_mean_s == pytest.approx(engine_only.summary.tpot_mean_s, rel=1e-12)
     assert served.summary.itl_mean_s == pytest.approx(engine_only.summary.itl_mean_s, rel=1e-12)
+
+
+def test_a_closed_loop_client_sends_as_the_engine_finishes() -> None:
+    """max_concurrency = 1: the engine's dynamics are those without a latency (the next request
+    reaches the engine as the previous one finishes there); the records' first-token and finish
+    times are the client's, one latency later."""
+    def run(latency: float) -> Any:
+        return simulate(scenario_from_dict(scenario_dict(
+            engine={"api_server_latency_s": latency},
+            workload={"num_prompts": 12, "max_concurrency": 1, "random_input_len": 256, "random_output_len": 16}),
+            source="t.toml"))
+
+    served, engine_only = run(0.05), run(0.0)
+    for a, b in zip(engine_only.records, served.records, strict=True):
+        assert b.arrival_s == a.arrival_s and b.first_scheduled_s == a.first_scheduled_s
+        assert b.finish_s == pytest.approx(a.finish_s + 0.05, abs=1e-12)
+    records = sorted(served.records, key=lambda r: r.arrival_s)
+    for prev, nxt in itertools.pairwise(records):
+        assert nxt.arrival_s == pytest.approx(prev.finish_s - 0.05, abs=1e-12)
 
 
 def test_the_profile_value_applies_unless_the_scenario_sets_one() -> None:

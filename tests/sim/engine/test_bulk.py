@@ -11,7 +11,7 @@ from conftest import scenario_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.api import SimResult, load_host_params, scenario_efficiency, simulate
+from sim.api import SimResult, client_latency_s, load_host_params, scenario_efficiency, simulate
 from sim.engine.pricer import StepKey, StepPricer
 from sim.engine.simulation import SimLimits, Simulation, request_states
 from sim.errors import ConfigError
@@ -475,7 +475,7 @@ def test_shared_prefix_keys_until_preemption_give_the_records_of_full_keys() -> 
               for s in generate(sc.workload, np.random.default_rng(seq))]
     pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
     sim = Simulation(replicas=[sched], pricer=pricer, router=engine.router, max_concurrency=None,
-                     limits=SimLimits())
+                     limits=SimLimits(), client_latency_s=client_latency_s(engine, load_host_params("vllm")))
     assert tuple(sim.run(states)) == lazy.records
 
 

@@ -100,7 +100,8 @@ def test_decode_pool_that_cannot_hold_one_request_is_infeasible() -> None:
 
 def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step() -> None:
     sc = _disagg(workload={"num_prompts": 1, "random_input_len": 1000, "random_output_len": 4,
-                           "dataset_name": "fixed"})
+                           "dataset_name": "fixed"},
+                 engine={"api_server_latency_s": 0.0})  # engine times, as the step log's
     result = simulate(sc, max_step_events=100)
     (rec,) = result.records
     steps = sorted(result.steps, key=lambda s: s.start_s)
@@ -173,7 +174,7 @@ def test_moe_decode_worker_with_attention_dp_steps_its_ranks_in_lockstep(tmp_pat
                      "64,8,0,-1,0\n64,4,0,-1,0\n")
     sc = _disagg({"num_workers": 2},
                  {"engine": {"data_parallel_size": 2, "enable_expert_parallel": True}},
-                 model={"name": "Qwen/Qwen3-30B-A3B"},
+                 model={"name": "Qwen/Qwen3-30B-A3B"}, engine={"api_server_latency_s": 0.0},
                  workload={"dataset_name": "trace", "dataset_path": str(trace), "num_prompts": 2})
     result = simulate(sc, max_step_events=100)
     a, b = sorted(result.records, key=lambda r: r.request_id)

@@ -48,7 +48,8 @@ def _pricer(sc: Scenario) -> StepPricer:
 
 def test_one_request_logs_its_prefill_then_one_decode_event_per_priced_context() -> None:
     sc = _scenario(workload={"dataset_name": "fixed", "num_prompts": 1, "random_input_len": 300,
-                             "random_output_len": 5})
+                             "random_output_len": 5},
+                   engine={"api_server_latency_s": 0.0})  # engine times: the record's finish ends the log
     result = simulate(sc, max_step_events=100)
     pricer = _pricer(sc)
     prefill_s = pricer.step_s((((300, 0, True),), 0, 0))
