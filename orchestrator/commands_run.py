@@ -38,6 +38,7 @@ def result_payload(result: SimResult) -> dict[str, Any]:
     return {
         "scenario_hash": result.scenario_hash,
         "sim_version": result.sim_version,
+        "api_server_latency_s": result.api_server_latency_s,
         "summary": to_jsonable(result.summary),
         **({"classes": to_jsonable(result.classes)} if result.classes else {}),
         "breakdown": {
@@ -147,6 +148,8 @@ def cmd_run(args: Namespace) -> int:
             raise file_error(exc, key="--out", writing=True) from None
     payload = result_payload(result)
     rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
+    # TTFT and E2E are the client's: this much of each is the API server's, outside the engine.
+    rows.append(("api_server_latency_s", _cell(result.api_server_latency_s)))
     for pool in result.pools:
         rows += [(f"{pool.pool}.{f.name}", _cell(getattr(pool, f.name))) for f in dataclasses.fields(pool)
                  if f.name != "pool"]

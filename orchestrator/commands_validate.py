@@ -247,11 +247,15 @@ def _fit_profiles(args: Namespace, rows: list[ValidationRow], profiles: dict[str
         served = served_rows(chosen)
         if served:  # then the API-server latency, on the fitted host numbers (one more pass)
             host = profile.host
-            latency, how = fit_api_latency(served, evaluate(profile, served),
-                                           simulated_with_s=host.api_server_latency_s)
-            profile = dataclasses.replace(profile, host=dataclasses.replace(
-                host, api_server_latency_s=latency, api_server_latency_fit=how))
-            sys.stderr.write(f"{backend}: API-server latency {latency * 1e3:.0f} ms\n")
+            try:
+                latency, how = fit_api_latency(served, evaluate(profile, served),
+                                               simulated_with_s=host.api_server_latency_s)
+            except ValueError as exc:  # no served row was scored: keep the profile's latency
+                sys.stderr.write(f"{backend}: API-server latency kept ({exc})\n")
+            else:
+                profile = dataclasses.replace(profile, host=dataclasses.replace(
+                    host, api_server_latency_s=latency, api_server_latency_fit=how))
+                sys.stderr.write(f"{backend}: API-server latency {latency * 1e3:.0f} ms\n")
         path = Path(__file__).resolve().parent.parent / "sim" / "data" / "host" / f"{backend}.toml"
         header = (f"Engine profile `{backend}` (sim/perf/profile.py). Host overheads fitted by\n"
                   "`kernelsight validate --fit-profiles` on dev rows only; [policy] and [defaults] are the engine's\n"

@@ -207,6 +207,9 @@ class SimResult:
     autoscaling: AutoscalingSummary | None = None
     """With `[autoscaling]`: replicas over time, peak, GPU-hours, SLO attainment (the summary's
     cost metrics are then the provisioned GPU-hours'); None for a fixed fleet."""
+    api_server_latency_s: float = 0.0
+    """The API server's latency outside the engine that every TTFT and E2E includes (the engine
+    profile's, or `[engine] api_server_latency_s`; docs/serving.md, Metrics)."""
 
 
 def load_host_params(backend: str) -> HostOverheadParams:
@@ -360,6 +363,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,
+        api_server_latency_s=latency,
     )
 
 
@@ -508,7 +512,7 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         decode=_pool_replicas(d_sc, decode, disagg.decode.num_workers), prefill_pricer=p_pricer, decode_pricer=d_pricer,
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
         max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log,
-        client_latency_s=client_latency_s(p_sc.engine, host or p_profile.host))
+        client_latency_s=(latency := client_latency_s(p_sc.engine, host or p_profile.host)))
     records = sim.run(first)
     gpu_prices = [scenario_price_per_gpu_hour_usd(pool.scenario) for pool in disagg.pools()]
     num_gpus = disagg.num_gpus()
@@ -527,10 +531,11 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
     )
     p_busy, d_busy = sim.pool_busy_s()
     p_pre, d_pre = sim.pool_preemptions()
+    engine_duration_s = max(summary.duration_s - latency, 0.0)  # the summary's ends at the client's last finish
     pools = tuple(
         pool_summary(pool=pool.name, hardware=pool.scenario.hardware.name, num_workers=pool.num_workers,
                      num_ranks=pool.num_ranks(), num_gpus=pool.num_gpus(), busy_s=busy,
-                     duration_s=summary.duration_s, queue_delay_s=queue, kv_usage=usage, num_preemptions=pre)
+                     duration_s=engine_duration_s, queue_delay_s=queue, kv_usage=usage, num_preemptions=pre)
         for pool, busy, queue, usage, pre in (
             (disagg.prefill, p_busy, sim.prefill_queue_s, sim.prefill_kv_trace, p_pre),
             (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_trace, d_pre)))
@@ -547,4 +552,5 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         transfer=transfer_summary(connector=disagg.connector, link=path.link_name, transfer_s=sim.transfer_s,
                                   transfer_bytes=sim.transfer_bytes),
         replica_pools=tuple(sim.replica_pools()),
+        api_server_latency_s=latency,
     )

@@ -47,7 +47,7 @@ SCHEDULING_ONLY_FIELDS = (
     "gpu_memory_utilization", "block_size", "max_model_len", "enforce_eager", "max_cudagraph_capture_size",
     "async_scheduling", "launch_mode", "scheduler", "router", "batch_wait_timeout_iters",
     "batch_wait_max_tokens_ratio", "attention_dp_enable_balance", "attention_dp_timeout_iters",
-    "attention_dp_batching_wait_iters",
+    "attention_dp_batching_wait_iters", "api_server_latency_s",
 )
 """Engine fields that never reach a step part's kernel nodes (they shape the schedule, the host
 overhead or the memory plan), so trials that differ only in them share priced parts. MoE expert

@@ -3,8 +3,8 @@ attainment it bought.
 
 GPU-hours are replica-seconds x GPUs per replica / 3600, each replica paid from its start (start-up
 included; t = 0 for the initial replicas) to its release or the run's end (the last request's
-finish). SLO attainment is the goodput share: completed requests meeting every `[slo]` target over
-completed requests.
+finish in the engine, without the API server's latency outside it). SLO attainment is the goodput
+share: completed requests meeting every `[slo]` target over completed requests.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class AutoscalingSummary:
     mean_replicas: float
     """Replica-seconds over the accounting window."""
     window_s: float
-    """The accounting window: t = 0 to the last request's finish."""
+    """The accounting window: t = 0 to the last request's finish in the engine."""
     replica_hours: float
     gpu_hours: float
     startup_gpu_hours: float

@@ -5,8 +5,9 @@ One process per replica (`pid` = replica). Thread 0 ("steps") holds one complete
 length in `args.num_steps` (decode phases; see `sim.engine.records.StepRecord`). Its name is the
 step kind (`prefill`, `decode`, `mixed`) and its args give the prefill chunks and tokens, decodes,
 priced mean decode context, preemptions and each step's duration. Thread `1 + request_id` holds
-one event per finished request, from its send to its last token. Times are microseconds from the
-run start, as the format requires. Never called from the simulation loop.
+one event per finished request, from its send to its last token as the client receives it (the
+API server's latency after the engine's last step). Times are microseconds from the run start, as
+the format requires. Never called from the simulation loop.
 """
 
 from __future__ import annotations

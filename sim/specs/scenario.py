@@ -365,6 +365,11 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
 
 
 def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source: str) -> Scenario:
+    if "api_server_latency_s" in pool.engine:
+        # The client talks to one frontend: its latency is the deployment's, not a pool's.
+        raise ConfigError(source=source, key=f"disaggregation.{name}.engine.api_server_latency_s",
+                          value=pool.engine["api_server_latency_s"],
+                          rule="set it in [engine]: one API server fronts both pools of a deployment")
     pool_data = {k: v for k, v in data.items() if k not in ("disaggregation", "autoscaling")}
     hardware = dict(pool_data.get("hardware", {}))
     if pool.hardware is not None:

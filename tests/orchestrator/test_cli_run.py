@@ -19,6 +19,7 @@ def test_run_each_shipped_scenario(scenario: str, capsys: pytest.CaptureFixture[
     assert out["summary"]["num_completed"] == 50
     assert out["summary"]["worst_provenance"]
     assert sum(out["breakdown"]["share_by_kind"].values()) == pytest.approx(1.0)
+    assert out["api_server_latency_s"] > 0  # every shipped scenario is served through an API server
 
 
 def test_run_out_writes_parquet(tmp_path: Path) -> None:

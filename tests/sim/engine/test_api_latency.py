@@ -79,6 +79,14 @@ def test_an_autoscaled_fleet_pays_for_the_engine_time_only() -> None:
     assert b.summary.ttft_mean_s == pytest.approx(a.summary.ttft_mean_s + 0.2, abs=1e-9)
 
 
+def test_a_pool_may_not_set_its_own_latency() -> None:
+    data = scenario_dict()
+    data["disaggregation"] = {"prefill": {"num_workers": 1},
+                              "decode": {"num_workers": 1, "engine": {"api_server_latency_s": 0.5}}}
+    with pytest.raises(ConfigError, match=r"disaggregation\.decode\.engine\.api_server_latency_s"):
+        scenario_from_dict(data, source="t.toml")
+
+
 def test_a_disaggregated_request_pays_the_latency_once() -> None:
     def run(latency: float) -> Any:
         data = scenario_dict(engine={"api_server_latency_s": latency},
@@ -90,6 +98,10 @@ def test_a_disaggregated_request_pays_the_latency_once() -> None:
     a, b = run(0.0), run(0.03)
     assert b.summary.ttft_mean_s == pytest.approx(a.summary.ttft_mean_s + 0.03, abs=1e-12)
     assert b.summary.e2el_mean_s == pytest.approx(a.summary.e2el_mean_s + 0.03, abs=1e-12)
+    assert (a.api_server_latency_s, b.api_server_latency_s) == (0.0, 0.03)
+    # Pool utilisation is busy engine time over the engine's span, whatever the client's latency.
+    for pa, pb in zip(a.pools, b.pools, strict=True):
+        assert pb.utilization_frac == pytest.approx(pa.utilization_frac, rel=1e-9)
 
 
 def _row(rid: str, ttft_s: float, *, suite: str = "dev", offline: bool = False) -> ValidationRow:

@@ -127,7 +127,7 @@ _OTHER_VALUES: dict[str, Any] = {
     "max_cudagraph_capture_size": 8, "async_scheduling": True, "launch_mode": "megakernel",
     "scheduler": "vllm_v1", "router": "least_outstanding", "batch_wait_timeout_iters": 20,
     "batch_wait_max_tokens_ratio": 0.9, "attention_dp_enable_balance": True, "attention_dp_timeout_iters": 60,
-    "attention_dp_batching_wait_iters": 0,
+    "attention_dp_batching_wait_iters": 0, "api_server_latency_s": 0.05,
 }
 
 
