@@ -12,6 +12,7 @@ import numpy as np
 
 from orchestrator.render import si, table
 from sim.api import (
+    client_latency_s,
     context_chunk_unit,
     load_engine_profile,
     load_scenario,
@@ -208,16 +209,25 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
                 pm = scenario_memory(pool.scenario)
                 pools.append(f"{pool.name} {pool.num_workers} x {pool.scenario.engine.num_gpus()} GPUs on "
                              f"{pool.scenario.hardware.name}, {pm.num_kv_blocks} KV blocks of {pm.block_size} per GPU")
-            return f"disaggregated scenario {scenario.model.name}: " + "; ".join(pools)
+            latency = _latency_note(scenario.disaggregation.prefill.scenario)
+            return f"disaggregated scenario {scenario.model.name}: " + "; ".join(pools) + latency
         states = ""
         if mem.max_state_requests is not None:
             states = (f", linear-attention states for {mem.max_state_requests} requests "
                       f"({mem.state_bytes_per_request / 2**20:.1f} MiB each)")
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
-                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU{states}")
+                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU{states}{_latency_note(scenario)}")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
                       rule="not a scenario ([hardware], [model]), sweep ([study]) "
                            "or hardware spec ([peak_flops_per_s])")
+
+
+def _latency_note(scenario: Scenario) -> str:
+    """The API-server latency that `run`'s TTFT and E2E will include, and where it comes from."""
+    engine = scenario.engine
+    latency = client_latency_s(engine, load_engine_profile(engine.backend).host)
+    where = "[engine]" if engine.api_server_latency_s is not None else f"{engine.backend} profile"
+    return f"; TTFT/E2E include {latency * 1e3:.0f} ms of API-server latency ({where})"
 
 
 def warn_missing_price(scenario: Scenario) -> None:

@@ -92,7 +92,10 @@ def test_check_set_applies_overrides_to_scenarios(tmp_path: Path, capsys: pytest
     assert main(["check", str(big)]) == 2
     capsys.readouterr()
     assert main(["check", "--set", "engine.tensor_parallel_size=4", str(big)]) == 0  # fits on four
-    assert "ok " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ok " in out and "TTFT/E2E include 20 ms of API-server latency (vllm profile)" in out
+    assert main(["check", "--set", "engine.api_server_latency_s=0.1", str(ok)]) == 0
+    assert "include 100 ms of API-server latency ([engine])" in capsys.readouterr().out
     assert main(["check", "--set", "engine.max_num_seq=3", str(ok)]) == 2
     assert "engine.max_num_seq" in capsys.readouterr().err
 
