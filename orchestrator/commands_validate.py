@@ -3,7 +3,9 @@
 Rows come from `e2e/` of the vendored measured data (sim/data/measured, a copy of
 shared/data/e2e) or of `--data DIR` (sim.validation); each selected row is simulated under each
 requested kernel-model tier in a pool of worker processes. `--fit-profiles` instead fits the
-host overheads of each engine profile on dev rows and rewrites `sim/data/host/<backend>.toml`.
+host overheads of each engine profile on dev rows and rewrites `sim/data/host/<backend>.toml`;
+`--fit-api-latency` fits each profile's API-server latency on the run's dev rows and rewrites those
+two keys of the same files.
 """
 
 from __future__ import annotations
@@ -94,7 +96,32 @@ def cmd_validate(args: Namespace) -> int:
     results += [RowResult(row_id=r.row_id, tier=t, status="skipped", reason=tier_skip_reason(r, t))
                 for r in rows if not r.skipped for t in tiers if tier_skip_reason(r, t) is not None]
     wall = time.perf_counter() - start
+    if args.fit_api_latency:
+        _fit_api_latencies(rows, results, profiles)
     return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
+
+
+def _fit_api_latencies(rows: list[ValidationRow], results: list[RowResult], profiles: dict[str, EngineProfile]
+                       ) -> None:
+    """Each backend's `api_server_latency_s` from this run's dev rows (each in the tier `--fit-profiles`
+    simulates it in), written into its shipped profile TOML."""
+    from sim.validation.fit import fit_api_latency, set_api_latency
+
+    by_key = {(r.row_id, r.tier): r for r in results}
+    for backend in BACKENDS:
+        mine = [r for r in rows if r.suite == "dev" and not r.skipped and r.backend == backend]
+        chosen = [res for r in mine
+                  if (res := by_key.get((r.row_id, _fit_tier(r))) or by_key.get((r.row_id, "cross-generation")))]
+        try:
+            latency, how = fit_api_latency(mine, chosen,
+                                           simulated_with_s=profiles[backend].host.api_server_latency_s)
+        except ValueError as exc:
+            sys.stderr.write(f"{backend}: API-server latency kept ({exc})\n")
+            continue
+        path = Path(__file__).resolve().parent.parent / "sim" / "data" / "host" / f"{backend}.toml"
+        how = "kernelsight validate --fit-api-latency, each dev row in the tier --fit-profiles uses; " + how
+        path.write_text(set_api_latency(path.read_text(), latency, how))
+        sys.stderr.write(f"{backend}: API-server latency {latency * 1e3:.0f} ms; wrote {path}\n")
 
 
 def _rows_from(path: Path, rows: list[ValidationRow], tiers_per_row: dict[str, int]
@@ -305,6 +332,9 @@ def register(sub: Any) -> None:
     v.add_argument("--no-doc", action="store_true", help="do not touch the document")
     v.add_argument("--fit-profiles", action="store_true",
                    help="fit each backend's host overheads on dev rows and rewrite sim/data/host/<backend>.toml")
+    v.add_argument("--fit-api-latency", action="store_true",
+                   help="fit each backend's API-server latency on this run's dev rows measured through the server "
+                        "and rewrite it in sim/data/host/<backend>.toml (docs/validation.md, Engine profiles)")
     v.add_argument("--backend", choices=BACKENDS, help="with --fit-profiles: only this backend")
     v.add_argument("--fit-budget-s", type=float, default=20.0,
                    help="with --fit-profiles: estimated seconds of rows per candidate evaluation")

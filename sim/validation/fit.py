@@ -169,6 +169,20 @@ def fit_api_latency(rows: Sequence[ValidationRow], results: Sequence[RowResult],
                   f"{score(best):.3f} at {best * 1e3:.0f} ms ({describe_rows(rows)})")
 
 
+def set_api_latency(toml_text: str, latency_s: float, how: str) -> str:
+    """An engine profile TOML's text with `api_server_latency_s` and `api_server_latency_fit` set,
+    every other line (comments included) as it was: in place of the old keys, else before the first
+    table."""
+    keys = ("api_server_latency_s =", "api_server_latency_fit =")
+    lines = toml_text.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith(keys)),
+              next((i for i, ln in enumerate(lines) if ln.startswith("[")), len(lines)))
+    escaped = how.replace("\\", "\\\\").replace('"', '\\"')
+    new = [f"api_server_latency_s = {latency_s:.6g}", f'api_server_latency_fit = "{escaped}"']
+    kept = [ln for ln in lines[at:] if not ln.startswith(keys)]
+    return "\n".join(lines[:at] + new + kept) + "\n"
+
+
 def describe_rows(rows: Sequence[ValidationRow]) -> str:
     counts: dict[str, int] = {}
     for r in rows:

@@ -14,7 +14,7 @@ from sim.api import load_engine_profile, load_scenario, simulate
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario, scenario_from_dict
 from sim.validation.engine_args import OFFLINE
-from sim.validation.fit import fit_api_latency, served_rows
+from sim.validation.fit import fit_api_latency, served_rows, set_api_latency
 from sim.validation.rows import EvalRowRefused, Replay, ValidationRow
 from sim.validation.runner import RowResult
 
@@ -129,3 +129,18 @@ def test_the_fit_recovers_a_synthetic_servers_latency_from_one_simulation() -> N
     assert "4 dev rows" in how and "at 35 ms" in how
     with pytest.raises(EvalRowRefused):
         fit_api_latency([*rows, _row("e", 0.1, suite="eval")], results, simulated_with_s=0.0)
+
+
+def test_a_refitted_latency_rewrites_only_its_two_keys_of_the_profile() -> None:
+    """`validate --fit-api-latency` keeps every other line of a shipped profile, comments included."""
+    import tomllib
+
+    text = (REPO / "sim" / "data" / "host" / "sglang.toml").read_text()
+    new = set_api_latency(text, 0.03, 'fitted "here" \\ on dev rows')
+    assert tomllib.loads(new)["api_server_latency_s"] == 0.03
+    assert tomllib.loads(new)["api_server_latency_fit"] == 'fitted "here" \\ on dev rows'
+    keys = ("api_server_latency_s =", "api_server_latency_fit =")
+    assert [ln for ln in new.splitlines() if not ln.startswith(keys)] == \
+        [ln for ln in text.splitlines() if not ln.startswith(keys)]
+    bare = "\n".join(ln for ln in text.splitlines() if not ln.startswith(keys)) + "\n"
+    assert tomllib.loads(set_api_latency(bare, 0.01, "x"))["api_server_latency_s"] == 0.01
