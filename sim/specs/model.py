@@ -557,7 +557,7 @@ def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> t
         # window of the chunk size would bound the work, but the fitted attention families price
         # windowed kernels as their own (slower) series even where the window covers the whole
         # context (docs/scenario.md, [model]).
-        _llama4_chunked_layers(reader, num_layers)  # validates no_rope_layers / no_rope_layer_interval
+        _check_no_rope_layers(reader, num_layers)
         return (0,) * num_layers
     window = reader.get("sliding_window")
     layer_types = reader.get("layer_types")
@@ -650,19 +650,15 @@ def _llama4_moe_layers(reader: _ConfigReader, num_layers: int) -> tuple[int, ...
     return tuple(range(step - 1, num_layers, step))
 
 
-def _llama4_chunked_layers(reader: _ConfigReader, num_layers: int) -> tuple[bool, ...]:
-    """Which Llama 4 layers attend within `attention_chunk_size`-token chunks: the RoPE layers
-    (`no_rope_layers` entry 1); the NoPE layers (entry 0, every `no_rope_layer_interval`-th layer
-    when the list is empty) attend the whole context."""
+def _check_no_rope_layers(reader: _ConfigReader, num_layers: int) -> None:
+    """Llama 4's RoPE / NoPE layer pattern (`no_rope_layers`: 1 = RoPE with chunked attention, 0 =
+    NoPE with global attention; empty = every `no_rope_layer_interval`-th layer NoPE). Every layer
+    is priced as full attention, so the pattern is only checked, to name a malformed key."""
     listed = reader.get("no_rope_layers") or []
-    if listed:
-        if not isinstance(listed, list) or len(listed) != num_layers or not all(v in (0, 1) for v in listed):
-            reader.fail("no_rope_layers", listed, f"must list 0 or 1 for each of num_hidden_layers={num_layers}")
-        return tuple(bool(v) for v in listed)
-    interval = reader.integer("no_rope_layer_interval", default=4)
-    if interval < 1:
-        reader.fail("no_rope_layer_interval", interval, "must be >= 1")
-    return tuple((i + 1) % interval != 0 for i in range(num_layers))
+    if listed and (not isinstance(listed, list) or len(listed) != num_layers or not all(v in (0, 1) for v in listed)):
+        reader.fail("no_rope_layers", listed, f"must list 0 or 1 for each of num_hidden_layers={num_layers}")
+    if not listed and reader.integer("no_rope_layer_interval", default=4) < 1:
+        reader.fail("no_rope_layer_interval", reader.get("no_rope_layer_interval"), "must be >= 1")
 
 
 class _ConfigReader:
