@@ -28,7 +28,7 @@ MODEL_NAMES: Final[dict[str, str]] = {
     "nvidia/Llama-3.1-8B-Instruct-FP8": "meta-llama/Llama-3.1-8B",
     "Qwen/Qwen3-32B": "Qwen/Qwen3-32B",
     "nvidia/Qwen3-32B-NVFP4": "Qwen/Qwen3-32B",
-    "Qwen/Qwen3-235B-A22B-FP8": "Qwen/Qwen3-235B-A22B",
+    "Qwen/Qwen3-235B-A22B-FP8": "Qwen/Qwen3-235B-A22B-FP8",
     "MiniMaxAI/MiniMax-M2.5": "MiniMaxAI/MiniMax-M2.5",
     "openai/gpt-oss-120b": "openai/gpt-oss-120b",
     "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-R1",

@@ -108,7 +108,8 @@ def test_moe_tp2_x_ep2_row_keeps_its_expert_split(tmp_path: Path) -> None:
     e = _engine(row)
     assert (e["tensor_parallel_size"], e["data_parallel_size"]) == (4, 1)
     assert (e["moe_tensor_parallel_size"], e["moe_expert_parallel_size"]) == (2, 2)
-    assert e["quantization"] == "fp8_block" and e["max_num_seqs"] == 16 and "router" not in e
+    assert "quantization" not in e and e["max_num_seqs"] == 16 and "router" not in e
+    assert row.sections is not None and row.sections["model"]["name"] == "Qwen/Qwen3-235B-A22B-FP8"  # block FP8
     assert row.family == "moe" and "moe2x2" in row.label
 
 
@@ -147,7 +148,7 @@ def test_rows_that_cannot_be_mapped_say_exactly_why(tmp_path: Path) -> None:
     assert rows["uneven"].skip_reason == ("experts split as moe_tp=4 x moe_ep=2 over tp=4 x dp=1 GPUs: the columns "
                                           "do not give one GPU count")
     assert rows["int4"].skip_reason == ("weight format int4_wo (W4A16) is modelled only for checkpoints that ship "
-                                        "it; Qwen/Qwen3-235B-A22B does not")
+                                        "it; Qwen/Qwen3-235B-A22B-FP8 does not")
     # The layout columns (8 x 8) disagree with the id (tp4_ep4): not guessed.
     assert rows[other_id["id"]].skip_reason == ("2026-04-06.csv layout columns (tp 1 x dp 64, moe 8 x 8) disagree "
                                                 "with the row id's tp4_ep4: the deployment is unknown")
