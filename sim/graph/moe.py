@@ -11,7 +11,9 @@ Its roofline work is that of the most loaded rank (rank 0, as the measured table
 
 - `balanced` and `power_law_<alpha>`: rank 0's routed (token, expert) pairs and touched local
   experts as AIConfigurator's collector routes them (`sim.graph.moe_routing`, shared with the fitted
-  MoE kernel family).
+  MoE kernel family), a power law as a router meets it (`served`): where a few tokens meet many
+  experts, the collector's draws with the experts shuffled over the ranks (its repair puts them all
+  on rank 0).
 
 FLOPs = 2 x 3 x pairs x hidden x inter / moe_tp (gate, up, down); bytes = touched local experts'
 weights + activations (the input per token, the dispatched rows, the gate-up output and activation,
@@ -30,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe_routing import moe_rank0_load, moe_rank0_loads
+from sim.graph.moe_routing import moe_rank0_load, moe_rank0_loads, served
 from sim.specs.engine import routing_alpha
 
 
@@ -57,14 +59,14 @@ def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing
     `moe` family reads the measured `_eplb` rows too (`sim.perf.table_kernels.moe_batch`)."""
     routing = _load_routing(routing)
     assert routing_alpha(routing) is not False, routing
-    pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, routing)
+    pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, served(routing))
     return RankLoad(routed_pairs=pairs, active_experts=active)
 
 
 def draw_rank0_loads(shapes: Sequence[tuple[int, ...]], routing: str) -> None:
     """Rank-0 loads of MOE kernels of these shapes (`moe_work`'s shape tuple) drawn at once, so that
     `rank0_load` of each finds its value kept (the same values as drawn one by one)."""
-    routing = _load_routing(routing)
+    routing = served(_load_routing(routing))
     moe_rank0_loads([(s[0], s[4], s[3], s[6], routing) for s in shapes])
 
 

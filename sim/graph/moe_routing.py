@@ -7,9 +7,16 @@ collector generates it (the measured `moe.csv.gz` rows are rank 0 of such a rout
   tokens x topk pairs, experts in contiguous groups per rank with the heaviest group moved to rank 0;
   the mean over `POWER_LAW_DRAWS` draws of a generator seeded by the shape (deterministic, no global
   state), as the collector averages its latency over that many routings.
+- `served:power_law_<alpha>` (`served`): the same routing as a serving engine's router meets it,
+  what the simulator's MoE nodes ask for. Where tokens x topk > experts it is the collector's load.
+  Where a few tokens meet many experts the collector's rounding gives most experts a share of zero
+  and its repair tops up the lowest-numbered experts, which all sit on rank 0 (4 tokens, top-10 of
+  512 experts over 8 ranks: all 40 pairs on rank 0), a placement no router has; there the collector's
+  draws are placed with the experts shuffled over the ranks, and the load is the busiest rank's
+  (`_served_load`).
 
 One function serves both the kernel graph (rank 0's roofline work, `sim.graph.moe`) and the fitted
-MoE family's features (`sim.perf.table_kernels`).
+MoE family's features (`sim.perf.table_kernels`); measured rows keep the collector's routing.
 """
 
 from __future__ import annotations
@@ -22,6 +29,18 @@ from typing import Final
 import numpy as np
 
 POWER_LAW_DRAWS: Final = 5
+SERVED: Final = "served:"
+"""Prefix of a routing as a serving engine's router meets it (`served`)."""
+SERVED_SHUFFLES: Final = 16
+"""Seeded placements of the experts over the ranks per collector draw (`_served_load`)."""
+
+
+def served(distribution: str) -> str:
+    """The distribution key of a simulated MoE layer under `distribution`: a power-law routing as a
+    router meets it (`served:power_law_<alpha>`), anything else (balanced, EPLB's even shares, the
+    uniform `power_law_0` the tables read as balanced) unchanged."""
+    skewed = distribution.startswith("power_law_") and not distribution.endswith("_eplb")
+    return SERVED + distribution if skewed and distribution != "power_law_0" else distribution
 
 
 def _balanced_counts(tokens: int, experts: int, topk: int) -> np.ndarray:
@@ -222,6 +241,7 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
     each; ~0.2 ms a key instead of ~0.5)."""
     found: dict[LoadKey, tuple[float, float, float]] = {}
     todo: dict[tuple[int, int, int, str], dict[int, list[LoadKey]]] = {}
+    aliases: dict[LoadKey, LoadKey] = {}
     for key in keys:
         load = _LOADS.get(key)
         if load is not None:
@@ -229,6 +249,18 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
             continue
         tokens, experts, topk, ep, distribution = key
         tokens_n, topk_n = max(int(tokens), 1), max(min(int(topk), experts), 1)
+        if distribution.startswith(SERVED):
+            base = distribution.removeprefix(SERVED)
+            if tokens_n * topk_n <= experts:
+                found[key] = _served_load(tokens_n, experts, topk_n, ep, base)
+                continue
+            # Enough tokens for the collector's draw to spread them: its load stands.
+            aliases[key] = key = (tokens, experts, topk, ep, base)
+            load = _LOADS.get(key)
+            if load is not None:
+                found[key] = load
+                continue
+            distribution = base
         if distribution.startswith("power_law_"):
             todo.setdefault((experts, topk_n, ep, distribution), {}).setdefault(tokens_n, []).append(key)
         else:
@@ -250,10 +282,30 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
             for t, load in zip(counts, loads, strict=True):
                 for key in by_tokens[t]:
                     found[key] = load
+    for served_key, base_key in aliases.items():
+        found[served_key] = found[base_key]
     if len(_LOADS) + len(found) > _LOADS_MAX:
         _LOADS.clear()  # a bound, not a policy: a sweep's shapes fit many times over
     _LOADS.update(found)
     return [found[key] for key in keys]
+
+
+def _served_load(tokens: int, experts: int, topk: int, ep: int, distribution: str) -> tuple[float, float, float]:
+    """(pairs, active experts, heaviest expert's tokens) of the busiest EP rank under the collector's
+    power-law draws with the experts' places shuffled. The collector's rounding repair tops up the
+    lowest-numbered experts, which all sit on rank 0; a router's popular experts sit anywhere. Each of
+    the collector's `POWER_LAW_DRAWS` draws (the same counts as `moe_rank0_load`'s) is placed by
+    `SERVED_SHUFFLES` seeded permutations of the experts over the ranks, and the load is the mean of
+    the busiest rank's. With one rank (EP 1) it is the collector's load."""
+    counts = _power_law_counts(tokens, experts, topk, ep, _alpha(distribution),
+                               _generator(tokens, experts, topk, ep, distribution), POWER_LAW_DRAWS)
+    rng = _generator(tokens, experts, topk, ep, SERVED + distribution)
+    places = np.argsort(rng.random((POWER_LAW_DRAWS, SERVED_SHUFFLES, experts)), axis=2)
+    placed = counts[np.arange(POWER_LAW_DRAWS)[:, None, None], places]
+    group = max(experts // max(ep, 1), 1)
+    grouped = placed[:, :, :group * (experts // group)].reshape(POWER_LAW_DRAWS * SERVED_SHUFFLES, -1, group)
+    busiest = grouped[np.arange(len(grouped)), grouped.sum(2).argmax(1)]
+    return (float(busiest.sum(1).mean()), float((busiest > 0).sum(1).mean()), float(busiest.max(1).mean()))
 
 
 def _alpha(distribution: str) -> float:

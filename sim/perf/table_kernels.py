@@ -16,7 +16,9 @@ per-expert counts drawn from a truncated power law (x_min 1, x_max 0.8 x tokens,
 tokens x topk <= experts), rescaled to tokens x topk, rounded, with the heaviest EP group swapped
 onto rank 0. It returns rank 0's routed token-expert pairs, its active experts and its heaviest
 expert's tokens, averaged over 5 seeded draws (the collector averages its latency over 5 routings).
-numpy only; pure (seeded generators per call).
+A simulated MoE node's row carries its routing as a router meets it (`moe_routing.served`): the
+collector's load wherever its draw spreads the tokens, its draws with the experts shuffled over the
+ranks where a few tokens meet many experts. numpy only; pure (seeded generators per call).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe_routing import moe_rank0_loads
+from sim.graph.moe_routing import moe_rank0_loads, served
 from sim.specs.hardware import HardwareSpec
 
 TABLE_FAMILY: Final[dict[str, str]] = {
@@ -365,7 +367,7 @@ def work_columns(works: list[KernelWork]) -> dict[str, np.ndarray]:
         if kind is KernelKind.MOE:
             row: dict[str, object] = dict(zip(("num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
                                                "moe_tp_size", "moe_ep_size"), s, strict=True))
-            row.update(distribution=w.variant or "balanced", moe_dtype=SIM_MOE_DTYPE.get(w.dtype, "bfloat16"))
+            row.update(distribution=served(w.variant or "balanced"), moe_dtype=SIM_MOE_DTYPE.get(w.dtype, "bfloat16"))
         elif kind is KernelKind.MLA_PREFILL:
             row = {"batch_size": s[0], "seq_len": s[1], "prefix_len": s[2], "num_heads": s[3]}
         elif kind is KernelKind.MLA_DECODE:
@@ -402,7 +404,8 @@ def kernel_columns(kind: KernelKind, dtype: DType, shape: Sequence[np.ndarray], 
     n = len(variants)
     cols: dict[str, np.ndarray] = {name: shape[i] for i, name in enumerate(_SHAPE_COLUMNS[kind]) if name}
     if kind is KernelKind.MOE:
-        cols["distribution"] = np.where(variants == "", "balanced", variants).astype(object)
+        names = {v: served(v or "balanced") for v in set(variants.tolist())}
+        cols["distribution"] = np.array([names[v] for v in variants.tolist()], dtype=object)
         cols["moe_dtype"] = np.full(n, SIM_MOE_DTYPE.get(dtype, "bfloat16"), dtype=object)
     elif kind is KernelKind.MLA_BMM:
         cols["op_name"] = np.where(variants == "", "mla_gen_pre", variants).astype(object)
