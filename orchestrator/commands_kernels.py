@@ -22,6 +22,7 @@ from sim.calibration.rows import (
     ZERO_ALLOWED,
     max_cell,
     row_to_work,
+    valid_distribution,
 )
 from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, load_for_tier, shipped_calibration
 from sim.errors import ConfigError, decode_error, file_error
@@ -148,6 +149,9 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
             v = cols.get(c)
             if v is None or not np.all((v[sel] >= 1) & (v[sel] == np.floor(v[sel]))):
                 return False
+    dist = cols.get("distribution")
+    if dist is not None and not all(valid_distribution(str(d)) for d in set(dist.tolist())):
+        return False  # the row-by-row reader names the cell
     for c in _NUMERIC:
         v = cols.get(c)
         if v is None:

@@ -193,9 +193,24 @@ _REFERENCE_HW: Final = "h100_sxm"
 catalog spec to read them (its roofline times are not used here)."""
 
 
+DISTRIBUTION_RULE: Final = "must be balanced, uniform or power_law_<alpha>"
+
+
+def valid_distribution(dist: str) -> bool:
+    """Whether a table row's `distribution` is one the collector writes (blank: balanced)."""
+    if dist.startswith("power_law_"):
+        try:
+            float(dist.removeprefix("power_law_").removesuffix("_eplb"))
+        except ValueError:
+            return False
+        return True
+    return dist in ("", "balanced", "uniform")
+
+
 def table_row_work(r: _Row, kernel: str) -> KernelWork:
-    """A table-keyed row (MoE, MLA, DeepEP) validated and as the `KernelWork` the graph emits for it
-    (shape conventions of `sim.graph.kernels`)."""
+    """A table-keyed row (MoE, MLA, DeepEP) validated and as a `KernelWork` of the graph's shape
+    conventions (`sim.graph.kernels`), its work that of the row's own routing (the collector's; a
+    simulated MoE layer asks for the served routing, `sim.graph.moe_routing.served`)."""
     import numpy as np
 
     for c in REQUIRED[kernel]:
@@ -211,14 +226,8 @@ def table_row_work(r: _Row, kernel: str) -> KernelWork:
             raise r.fail(c, f"must be one of {', '.join(levels)}")
     if r.text("kv_cache_dtype") not in ("", "bfloat16", "fp8"):
         raise r.fail("kv_cache_dtype", "must be bfloat16 or fp8")
-    dist = r.text("distribution")
-    if dist.startswith("power_law_"):
-        try:
-            float(dist.removeprefix("power_law_").removesuffix("_eplb"))
-        except ValueError:
-            raise r.fail("distribution", "must be balanced, uniform or power_law_<alpha>") from None
-    elif dist not in ("", "balanced", "uniform"):
-        raise r.fail("distribution", "must be balanced, uniform or power_law_<alpha>")
+    if not valid_distribution(r.text("distribution")):
+        raise r.fail("distribution", DISTRIBUTION_RULE)
     cols = {c: np.array([r.text(c)], dtype=object) for c in (*TABLE_COLUMNS[kernel], "kernel")}
     tb = table_batch(kernel, cols, np.arange(1), load_hardware(_REFERENCE_HW))
     kind = _KIND_OF_TABLE[kernel]

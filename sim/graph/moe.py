@@ -57,8 +57,7 @@ def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing
     (`<routing>_eplb`) the load is the balanced one over the physical expert slots: EPLB places and
     replicates experts by measured load so that ranks receive even shares, which is how the fitted
     `moe` family reads the measured `_eplb` rows too (`sim.perf.table_kernels.moe_batch`)."""
-    routing = _load_routing(routing)
-    assert routing_alpha(routing) is not False, routing
+    assert routing == "balanced" or routing_alpha(routing.removesuffix("_eplb")) is not False, routing
     pairs, active, _ = moe_rank0_load(num_tokens, num_experts, topk, ep, served(routing))
     return RankLoad(routed_pairs=pairs, active_experts=active)
 
@@ -66,13 +65,10 @@ def rank0_load(*, num_tokens: int, num_experts: int, topk: int, ep: int, routing
 def draw_rank0_loads(shapes: Sequence[tuple[int, ...]], routing: str) -> None:
     """Rank-0 loads of MOE kernels of these shapes (`moe_work`'s shape tuple) drawn at once, so that
     `rank0_load` of each finds its value kept (the same values as drawn one by one)."""
-    routing = served(_load_routing(routing))
+    routing = served(routing)
     moe_rank0_loads([(s[0], s[4], s[3], s[6], routing) for s in shapes])
 
 
-def _load_routing(routing: str) -> str:
-    """The distribution rank 0's load is drawn from: EPLB's variant is balanced (`rank0_load`)."""
-    return "balanced" if routing.endswith("_eplb") else routing
 
 
 def moe_work(*, num_tokens: int, hidden: int, inter_size: int, topk: int, num_experts: int, moe_tp: int,

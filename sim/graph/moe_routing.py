@@ -35,12 +35,26 @@ SERVED_SHUFFLES: Final = 16
 """Seeded placements of the experts over the ranks per collector draw (`_served_load`)."""
 
 
+def load_distribution(distribution: str) -> str:
+    """The distribution a rank's load is drawn from, as AIConfigurator reads its rows: EPLB's
+    `<routing>_eplb` (experts placed for even shares), `uniform` and a power law of exponent 0 are
+    the balanced round robin; anything else is itself."""
+    if distribution == "uniform" or distribution.endswith("_eplb"):
+        return "balanced"
+    if distribution.startswith("power_law_"):
+        try:
+            if float(distribution.removeprefix("power_law_")) == 0.0:
+                return "balanced"
+        except ValueError:
+            pass
+    return distribution
+
+
 def served(distribution: str) -> str:
-    """The distribution key of a simulated MoE layer under `distribution`: a power-law routing as a
-    router meets it (`served:power_law_<alpha>`), anything else (balanced, EPLB's even shares, the
-    uniform `power_law_0` the tables read as balanced) unchanged."""
-    skewed = distribution.startswith("power_law_") and not distribution.endswith("_eplb")
-    return SERVED + distribution if skewed and distribution != "power_law_0" else distribution
+    """The distribution key of a simulated MoE layer under `distribution`: its load distribution
+    (`load_distribution`), a power law as a router meets it (`served:power_law_<alpha>`)."""
+    drawn = load_distribution(distribution)
+    return SERVED + drawn if drawn.startswith("power_law_") else drawn
 
 
 def _balanced_counts(tokens: int, experts: int, topk: int) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe_routing import moe_rank0_loads, served
+from sim.graph.moe_routing import load_distribution, moe_rank0_loads, served
 from sim.specs.hardware import HardwareSpec
 
 TABLE_FAMILY: Final[dict[str, str]] = {
@@ -188,8 +188,7 @@ def moe_batch(cols: Mapping[str, np.ndarray], idx: np.ndarray, hw: HardwareSpec)
     ep = np.where(mlp, 1.0, np.maximum(num(cols, "moe_ep_size", idx, 1.0), 1.0))
     slots = np.where(wide, np.maximum(num(cols, "num_slots", idx, 0.0), e), e)
     dist = text(cols, "distribution", idx, "balanced")
-    dist = np.array(["balanced" if d in ("uniform", "power_law_0") or d.endswith("_eplb") else d
-                     for d in dist.tolist()], dtype=object)
+    dist = np.array([load_distribution(d) for d in dist.tolist()], dtype=object)
     dt = np.where(mlp, text(cols, "quant_type", idx, "bfloat16"), text(cols, "moe_dtype", idx, "bfloat16"))
     src = text(cols, "kernel_source", idx, "")
     routed, active, heavy = _moe_loads(t, slots, k, ep, dist)

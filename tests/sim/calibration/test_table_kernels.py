@@ -175,6 +175,20 @@ def test_predict_kernels_names_missing_table_column(tmp_path: Path, capsys: pyte
     assert "row 2" in err and column in err
 
 
+@pytest.mark.parametrize("value", ["served:power_law_1.01", "zipf", "power_law_x"])
+def test_predict_kernels_rejects_a_routing_the_tables_do_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   value: str) -> None:
+    """`served:` keys are the simulator's own (its MoE nodes' routing); a query row is a measured
+    row's key, so only the collector's distributions are accepted, on either reader."""
+    rows = [dict(r) for r in MIXED]
+    rows[1]["distribution"] = value
+    src = _csv(tmp_path / "rows.csv", rows)
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "cross-generation", "--in", str(src),
+                 "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "row 2" in err and "distribution" in err and value in err and "power_law_<alpha>" in err
+
+
 def test_row_to_work_follows_the_shape_contract() -> None:
     w = row_to_work(MIXED[1], number=1, source="x")
     assert (w.kind, w.shape, w.variant, w.dtype) == (KernelKind.MOE, (256, 7168, 2048, 8, 256, 1, 8),

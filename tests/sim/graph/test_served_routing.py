@@ -10,9 +10,11 @@ import pytest
 from conftest import scenario_dict
 
 from sim.api import predict_step
+from sim.dtypes import DType
 from sim.graph import moe_routing
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelKind
+from sim.graph.moe import moe_work
 from sim.graph.moe_routing import SERVED, moe_rank0_load, served
 from sim.perf.table_kernels import moe_batch, work_columns
 from sim.specs.catalog import load_hardware
@@ -21,7 +23,8 @@ from sim.specs.scenario import scenario_from_dict
 
 @pytest.mark.parametrize("distribution,expected", [
     ("power_law_1.01", "served:power_law_1.01"), ("power_law_1.2", "served:power_law_1.2"),
-    ("balanced", "balanced"), ("power_law_0", "power_law_0"), ("power_law_1.01_eplb", "power_law_1.01_eplb"),
+    ("balanced", "balanced"), ("power_law_0", "balanced"), ("power_law_0.0", "balanced"),
+    ("power_law_1.01_eplb", "balanced"), ("uniform", "balanced"),
 ])
 def test_only_skewed_routings_are_served(distribution: str, expected: str) -> None:
     assert served(distribution) == expected
@@ -105,3 +108,21 @@ def test_measured_rows_keep_the_collectors_routing() -> None:
     idx = np.arange(1)
     # A measured row's roofline is rank 0's work under the collector's draw: 40 pairs, not the served few.
     assert moe_batch(measured, idx, hw).roofline_s[0] > 2 * moe_batch(simulated, idx, hw).roofline_s[0]
+
+
+@pytest.mark.parametrize("routing", ["power_law_0", "power_law_0.0", "power_law_1.01", "power_law_1.2",
+                                     "power_law_1.01_eplb", "balanced"])
+def test_graph_and_table_row_price_the_same_load(routing: str) -> None:
+    """The graph's roofline work and its table row's (the fitted family's features) come from one load:
+    a power law of exponent 0 is the balanced round robin in both (the tables read it so)."""
+    hw = load_hardware("h200_sxm")
+    for tokens in (1, 4, 8, 64, 4096):
+        work = moe_work(num_tokens=tokens, hidden=4096, inter_size=1024, topk=10, num_experts=512, moe_tp=1,
+                        moe_ep=8, routing=routing, weight_dtype=DType.FP8_BLOCK, act=DType.BFLOAT16)
+        row = moe_batch(work_columns([work]), np.arange(1), hw)
+        assert row.flops[0] == pytest.approx(work.flops, rel=1e-12)
+        if routing in ("power_law_0", "power_law_0.0"):
+            balanced = moe_work(num_tokens=tokens, hidden=4096, inter_size=1024, topk=10, num_experts=512,
+                                moe_tp=1, moe_ep=8, routing="balanced", weight_dtype=DType.FP8_BLOCK,
+                                act=DType.BFLOAT16)
+            assert work.flops == balanced.flops
