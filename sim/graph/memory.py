@@ -137,7 +137,7 @@ def attention_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     q = model.num_attention_heads // tp * hd
     kv = max(1, model.num_kv_heads // tp) * hd
     gate = q if model.attn_output_gate else 0
-    attn = (h * (q + gate + 2 * kv) + q * h) * lin + 2 * h * act
+    attn = (h * (q + gate + 2 * kv) + q * h) * lin + model.layer_norms_per_layer * h * act
     if model.attention_bias:
         attn += (q + 2 * kv) * act
     if model.qk_norm:
@@ -171,7 +171,7 @@ def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: Prec
     lin = precision.linear_weight_dtype.bytes_per_element()
     h = model.hidden_size
     attn = token_mixer_weight_bytes(model, engine, precision)
-    dense = 3 * h * (model.intermediate_size // tp) * lin
+    dense = model.dense_mlp_matrices() * h * (model.intermediate_size // tp) * lin
     stage_layers = layers_per_stage(model, engine)
     # Stages take contiguous layer ranges; the fraction of MoE layers is assumed uniform.
     moe_frac = model.num_moe_layers() / model.num_layers
@@ -230,7 +230,7 @@ def activation_peak_bytes(model: ModelSpec, engine: EngineParams, precision: Pre
     qkv = _qkv_width(model, tp)
     attn_phase = qkv + _attention_out_width(model, tp)
     width = model.intermediate_size // tp
-    mlp_phase = 3 * width
+    mlp_phase = model.dense_mlp_matrices() * width
     if model.moe is not None:
         routed_width = model.moe.expert_intermediate_size // engine.moe_tp_size()
         mlp_phase = max(mlp_phase, 3 * routed_width * model.moe.num_experts_per_token)

@@ -276,17 +276,21 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
                            passes=3.0, flops_per_element=5.0), attn_layers)
         add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
                       compute_dtype=lin_c), attn_layers)
-    all_reduce("attn_all_reduce", num_layers)
-    add(pointwise_work(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
-                   flops_per_element=4.0), num_layers)
+    if not model.parallel_attention:
+        all_reduce("attn_all_reduce", num_layers)
+    if model.layer_norms_per_layer == 2:
+        # The MLP's norm: after attention, or beside the input norm of a parallel layer (Falcon).
+        add(pointwise_work(KernelKind.NORM, "post_attention_layernorm", t, h, act, passes=4.0,
+                       flops_per_element=4.0), num_layers)
 
     num_moe = model.num_moe_layers()
     num_dense = num_layers - num_moe
     if num_dense:
-        _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense)
+        _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense, gated=model.mlp_gated)
     if num_moe:
         _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=not batch.prefills)
-    all_reduce("mlp_all_reduce", num_layers)
+    # A parallel layer sums its attention and MLP partial outputs and reduces them once (vLLM's Falcon).
+    all_reduce("layer_all_reduce" if model.parallel_attention else "mlp_all_reduce", num_layers)
 
     if s.pp > 1:
         # vLLM sends hidden states and the residual to the next stage, over NVLink inside an NVLink
@@ -312,11 +316,18 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
 
 
 def _dense_mlp(add: object, prefix: str, t: int, h: int, width: int, w: DType, act: DType, c: DType,
-               repeat: int) -> None:
+               repeat: int, *, gated: bool = True) -> None:
+    """Gate-up, SiLU-and-multiply, down; or, ungated (GPT-J, Falcon), up, GELU, down."""
     assert callable(add)
-    add(gemm_work(f"{prefix}_gate_up_proj", t, 2 * width, h, weight_dtype=w, act_dtype=act, compute_dtype=c), repeat)
-    add(pointwise_work(KernelKind.ELEMENTWISE, f"{prefix}_silu_and_mul", t, width, act, passes=3.0,
-                   flops_per_element=5.0), repeat)
+    if gated:
+        add(gemm_work(f"{prefix}_gate_up_proj", t, 2 * width, h, weight_dtype=w, act_dtype=act, compute_dtype=c),
+            repeat)
+        add(pointwise_work(KernelKind.ELEMENTWISE, f"{prefix}_silu_and_mul", t, width, act, passes=3.0,
+                       flops_per_element=5.0), repeat)
+    else:
+        add(gemm_work(f"{prefix}_up_proj", t, width, h, weight_dtype=w, act_dtype=act, compute_dtype=c), repeat)
+        add(pointwise_work(KernelKind.ELEMENTWISE, f"{prefix}_gelu", t, width, act, passes=2.0,
+                       flops_per_element=8.0), repeat)
     add(gemm_work(f"{prefix}_down_proj", t, h, width, weight_dtype=w, act_dtype=act, compute_dtype=c), repeat)
 
 

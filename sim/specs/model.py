@@ -203,6 +203,16 @@ class ModelSpec:
     """The full-attention layers gate their output with sigmoid(q_proj's second half) (Qwen3-Next)."""
     shared_expert_gate: bool = False
     """The shared expert's output is scaled by sigmoid(hidden -> 1) (Qwen2-MoE, Qwen3-Next, Qwen3.5)."""
+    mlp_gated: bool = True
+    """The dense MLP is gate-up, SiLU-and-multiply, down (Llama); False: up, GELU, down (GPT-J, Falcon)."""
+    mlp_bias: bool = False
+    """Biases on the dense MLP's projections (GPT-J); priced as part of the GEMMs, counted in the parameters."""
+    parallel_attention: bool = False
+    """Attention and MLP read the same normed input and add to one residual (GPT-J, Falcon): under TP
+    their partial outputs are summed and reduced once per layer."""
+    layer_norms_per_layer: int = 2
+    """Norms per decoder layer: input and post-attention (Llama), one shared by both branches (GPT-J,
+    Falcon-7B) or one per branch (Falcon's new decoder architecture)."""
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
@@ -221,6 +231,10 @@ class ModelSpec:
                 "linear attention is modelled with GQA full-attention layers only")
         require(all(0 <= i < self.num_layers for i in self.linear_layers), "layer_types", self.linear_layers,
                 f"linear layer indices must be in 0..{self.num_layers - 1}")
+        require(self.layer_norms_per_layer in (1, 2), "layer_norms_per_layer", self.layer_norms_per_layer,
+                "must be 1 or 2")
+        require(self.parallel_attention or self.layer_norms_per_layer == 2, "parallel_attn", False,
+                "a sequential decoder layer has two norms")
 
     def with_attention_window(self, window_tokens: int) -> ModelSpec:
         """The model with every layer's attention window set to `window_tokens` (0: full attention),
@@ -309,8 +323,13 @@ class ModelSpec:
         per = layer + 2 * h + 2 * h * h + self.embedding_params() + h + self.vocab_size * h
         return self.num_nextn_predict_layers * per
 
+    def dense_mlp_matrices(self) -> int:
+        """Weight matrices of the dense MLP: gate, up, down (gated) or up, down."""
+        return 3 if self.mlp_gated else 2
+
     def dense_mlp_params(self) -> int:
-        return 3 * self.hidden_size * self.intermediate_size
+        params = self.dense_mlp_matrices() * self.hidden_size * self.intermediate_size
+        return params + (self.intermediate_size + self.hidden_size if self.mlp_bias else 0)
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
@@ -340,7 +359,7 @@ class ModelSpec:
         """All parameters, counted from shapes (norm weights included)."""
         total = self.embedding_params() + self.lm_head_params() + self.hidden_size
         for layer in range(self.num_layers):
-            total += self.token_mixer_params(layer) + 2 * self.hidden_size
+            total += self.token_mixer_params(layer) + self.layer_norms_per_layer * self.hidden_size
             if self.is_moe_layer(layer):
                 routed, other = self.moe_block_params()
                 total += routed + other
@@ -360,8 +379,18 @@ class ModelSpec:
 _SUPPORTED_MODEL_TYPES: Final = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gpt_oss",
     "minimax_m2", "deepseek", "deepseek_v3", "kimi_k2", "glm_moe_dsa", "qwen3_next", "qwen3_5_moe_text",
-    "qwen3_5_moe", "llama4_text",
+    "qwen3_5_moe", "llama4_text", "gptj", "falcon",
 )
+_PARALLEL_ATTENTION_TYPES: Final = ("gptj", "falcon")
+"""Architectures whose decoder layer runs attention and a GELU MLP side by side (`_parallel_layer`)."""
+_KEY_ALIASES: Final[dict[str, dict[str, str]]] = {
+    "gptj": {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+             "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
+             "hidden_act": "activation_function"},
+    "falcon": {"num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size",
+               "hidden_act": "activation"},
+}
+"""config.json keys of architectures that name the standard fields otherwise (errors name theirs)."""
 _GATED_DELTANET_TYPES: Final = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
 _DTYPES: Final = {"bfloat16": DType.BFLOAT16, "float16": DType.FLOAT16, "float32": DType.FLOAT32}
 
@@ -388,6 +417,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     if "text_config" in config:
         reader = _ConfigReader(reader.table("text_config"), source=source, prefix="text_config.")
     model_type = reader.string("model_type")
+    reader = reader.with_aliases(_KEY_ALIASES.get(model_type, {}))
     if reader.get("linear_num_value_heads") is not None and model_type not in _GATED_DELTANET_TYPES:
         reader.fail("linear_num_value_heads", reader.get("linear_num_value_heads"),
                     f"linear attention is modelled as Gated DeltaNet for {', '.join(_GATED_DELTANET_TYPES)} only")
@@ -401,7 +431,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     hidden = reader.integer("hidden_size")
     num_layers = reader.integer("num_hidden_layers")
     num_heads = reader.integer("num_attention_heads")
-    num_kv_heads = reader.integer("num_key_value_heads", default=num_heads)
+    num_kv_heads = reader.integer("num_key_value_heads", default=_default_kv_heads(reader, model_type, num_heads))
     if num_heads == 0:
         reader.fail("num_attention_heads", num_heads, "must be > 0")
     if num_kv_heads == 0:
@@ -410,12 +440,15 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         reader.fail("num_key_value_heads", num_kv_heads,
                     f"must divide num_attention_heads={num_heads} (each KV head serves a whole group)")
     head_dim = reader.integer("head_dim", default=hidden // num_heads)
+    parallel = _parallel_layer(reader, model_type)
     mlp_bias = reader.boolean("mlp_bias", default=False)
     if mlp_bias:
         reader.fail("mlp_bias", True, "biased dense MLPs are not modelled")
-    act = reader.get("hidden_act", "silu")
-    if act not in ("silu", "swiglu"):
+    act = reader.get("hidden_act", "gelu" if parallel is not None else "silu")
+    if parallel is None and act not in ("silu", "swiglu"):
         reader.fail("hidden_act", act, "only gated SiLU MLPs are modelled")
+    if parallel is not None and act not in _GELU:
+        reader.fail("hidden_act", act, f"must be one of {', '.join(_GELU)} for {model_type}")
     dtype_name = reader.get("torch_dtype", reader.get("dtype", "bfloat16"))
     if dtype_name not in _DTYPES:
         reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
@@ -433,8 +466,10 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         intermediate_size=_dense_mlp_width(reader, model_type),
         vocab_size=reader.integer("vocab_size"),
         max_position_embeddings=reader.integer("max_position_embeddings"),
-        tie_word_embeddings=reader.boolean("tie_word_embeddings", default=False),
-        attention_bias=reader.boolean("attention_bias", default=model_type == "qwen2"),
+        # PretrainedConfig ties by default; Falcon's configs rely on it (its lm_head is the embedding).
+        tie_word_embeddings=reader.boolean("tie_word_embeddings", default=model_type == "falcon"),
+        attention_bias=reader.boolean("bias" if model_type == "falcon" else "attention_bias",
+                                      default=model_type == "qwen2"),
         qk_norm=model_type in ("qwen3", "qwen3_moe", *_GATED_DELTANET_TYPES)
         or reader.boolean("use_qk_norm", default=model_type == "llama4_text"),  # Llama4TextConfig's default
         layer_window_tokens=_layer_windows(reader, model_type, num_layers),
@@ -450,15 +485,51 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         attn_output_gate=reader.boolean("attn_output_gate", default=model_type in _GATED_DELTANET_TYPES),
         shared_expert_gate=model_type in ("qwen2_moe", *_GATED_DELTANET_TYPES) and bool(
             reader.get("shared_expert_intermediate_size")),
+        **({} if parallel is None else parallel),
     )
+
+
+_GELU: Final = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")
+"""Activations of the ungated MLPs (the GELU variants differ in the formula, not in the cost)."""
+
+
+def _default_kv_heads(reader: _ConfigReader, model_type: str, num_heads: int) -> int:
+    """KV heads where the config does not give them: Falcon's old decoder layer with `multi_query`
+    has one (the new architecture names `num_kv_heads`), every other layer one per query head."""
+    if model_type == "falcon" and not reader.boolean("new_decoder_architecture", default=False):
+        return 1 if reader.boolean("multi_query", default=True) else num_heads
+    return num_heads
+
+
+def _parallel_layer(reader: _ConfigReader, model_type: str) -> dict[str, Any] | None:
+    """`ModelSpec` fields of a GPT-J / Falcon decoder layer (attention and an ungated GELU MLP side
+    by side), None for any other architecture."""
+    if model_type not in _PARALLEL_ATTENTION_TYPES:
+        return None
+    if model_type == "gptj":
+        # GPT-J's MLP projections carry biases; one LayerNorm feeds both branches.
+        return {"mlp_gated": False, "mlp_bias": True, "parallel_attention": True, "layer_norms_per_layer": 1}
+    if reader.boolean("alibi", default=False):
+        reader.fail("alibi", True, "ALiBi position biases are not modelled (rotary Falcon checkpoints are)")
+    new_arch = reader.boolean("new_decoder_architecture", default=False)
+    parallel = new_arch or reader.boolean("parallel_attn", default=True)
+    if not parallel:
+        reader.fail("parallel_attn", False, "sequential Falcon layers are not modelled")
+    bias = reader.boolean("bias", default=False)
+    norms = reader.integer("num_ln_in_parallel_attn", default=2 if new_arch else 1)
+    if norms not in (1, 2):
+        reader.fail("num_ln_in_parallel_attn", norms, "must be 1 or 2")
+    return {"mlp_gated": False, "mlp_bias": bias, "parallel_attention": True, "layer_norms_per_layer": norms}
 
 
 def _dense_mlp_width(reader: _ConfigReader, model_type: str) -> int:
     """Width of the dense MLP layers. Llama 4 keeps `intermediate_size` for its experts and gives
     the dense layers `intermediate_size_mlp`; Qwen3.5-MoE has no dense MLP layer and so no
-    `intermediate_size` (the field is then unused)."""
+    `intermediate_size` (the field is then unused); GPT-J and Falcon default to 4 x hidden."""
     if model_type == "llama4_text":
         return reader.integer("intermediate_size_mlp")
+    if model_type in _PARALLEL_ATTENTION_TYPES:  # GPT-J's `n_inner`, Falcon's `ffn_hidden_size`: 4 x hidden
+        return reader.integer("intermediate_size", default=4 * reader.integer("hidden_size"))
     return reader.integer("intermediate_size", default=reader.get("moe_intermediate_size")
                           if model_type in _GATED_DELTANET_TYPES else None)
 
@@ -664,14 +735,20 @@ def _check_no_rope_layers(reader: _ConfigReader, num_layers: int) -> None:
 class _ConfigReader:
     """Typed access to a config.json table, with errors that name the key."""
 
-    def __init__(self, data: Mapping[str, Any], *, source: str, prefix: str) -> None:
+    def __init__(self, data: Mapping[str, Any], *, source: str, prefix: str,
+                 aliases: Mapping[str, str] | None = None) -> None:
         self._data, self._source, self._prefix = data, source, prefix
+        self._aliases: Mapping[str, str] = aliases or {}
+
+    def with_aliases(self, aliases: Mapping[str, str]) -> _ConfigReader:
+        """The same table read with standard keys mapped to the architecture's own names."""
+        return _ConfigReader(self._data, source=self._source, prefix=self._prefix, aliases=aliases)
 
     def fail(self, key: str, value: object, rule: str) -> Any:
-        raise ConfigError(source=self._source, key=self._prefix + key, value=value, rule=rule)
+        raise ConfigError(source=self._source, key=self._prefix + self._aliases.get(key, key), value=value, rule=rule)
 
     def get(self, key: str, default: Any = None) -> Any:
-        value = self._data.get(key, default)
+        value = self._data.get(self._aliases.get(key, key), default)
         return default if value is None else value
 
     def table(self, key: str) -> Mapping[str, Any]:

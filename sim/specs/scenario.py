@@ -60,6 +60,13 @@ class ModelSection:
     name: str
     """Hugging Face id from `kernelsight list models`, a path to a `config.json`, or a checkpoint
     directory holding one."""
+    max_position_embeddings: int | None = None
+    """kernelsight: serve past the config's positions (vLLM's `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`; a
+    TensorRT-LLM engine built with a longer max sequence length); None = the config's."""
+
+    def __post_init__(self) -> None:
+        require(self.max_position_embeddings is None or self.max_position_embeddings > 0,
+                "max_position_embeddings", self.max_position_embeddings, "must be > 0")
 
 
 PerfTier = Literal["auto", "roofline", "cross-generation", "target-measured"]
@@ -184,7 +191,8 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
                "attention_dp_batching_wait_iters", "mamba_full_memory_ratio", "max_attention_window",
                "api_server_latency_s"),
     "hardware": ("nvlink_domain_size", "nvlink"),
-    "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate"),
+    "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate", "mlp_gated",
+              "mlp_bias", "parallel_attention", "layer_norms_per_layer"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):
@@ -255,6 +263,8 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
                               rule="file not found (a relative path is relative to the scenario file)")
     hardware = _resolve(load_hardware, sections.hardware.name, source, "hardware.name")
     model = _resolve(load_model, sections.model.name, source, "model.name")
+    if sections.model.max_position_embeddings is not None:
+        model = replace(model, max_position_embeddings=sections.model.max_position_embeddings)
     engine = sections.engine.resolve(
         hbm_capacity_bytes=hardware.hbm_capacity_bytes,
         hardware_name=hardware.name,

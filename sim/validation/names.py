@@ -57,12 +57,14 @@ MODEL_NAMES: Final[dict[str, str]] = {
     "Mistral 7B": "mistralai/Mistral-7B-v0.1",
     "LLaMA 7B": "meta-llama/Llama-2-7b-hf",
     "LLaMA 70B": "meta-llama/Llama-2-70b-hf",
+    "GPT-J 6B": "EleutherAI/gpt-j-6b",
+    "Falcon 180B": "tiiuae/falcon-180B",
     "Llama 4 Scout": "meta-llama/Llama-4-Scout-17B-16E",
     "Llama 4 Maverick": "meta-llama/Llama-4-Maverick-17B-128E",
 }
-"""Source model name -> catalog model id. Names missing here (GPT-J 6B, Falcon 180B) have no
-shipped config. "LLaMA 7B" / "LLaMA 70B" of the TensorRT-LLM 0.9 tables are Llama-2 (Llama-1 7B
-has the same layers; Llama-1 had no 70B); "LLaMA 70B" rows stay evaluation-only (rows.is_eval)."""
+"""Source model name -> catalog model id (a name missing here has no shipped config). "LLaMA 7B" /
+"LLaMA 70B" of the TensorRT-LLM 0.9 tables are Llama-2 (Llama-1 7B has the same layers; Llama-1 had
+no 70B); "LLaMA 70B" rows stay evaluation-only (rows.is_eval)."""
 
 QUANTIZATION: Final[dict[str, str | None]] = {
     "fp8": "fp8", "FP8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "fp4": "nvfp4", "FP4": "nvfp4",

@@ -163,7 +163,15 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
     base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["engine_version"])
-    sections = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
+    model: dict[str, Any] = {"name": arch}
+    positions = cache.model(arch).max_position_embeddings
+    if isl + osl > positions:
+        # gptSessionBenchmark built GPT-J's and Falcon's engines past their 2,048 positions (rotary
+        # position embeddings extrapolate); the scenario serves past them as that engine did.
+        model["max_position_embeddings"] = isl + osl
+        base["notes"] += (f"{isl} + {osl} tokens run past the config's max_position_embeddings={positions}, "
+                          "as the TensorRT-LLM engine was built",)
+    sections = {"seed": 0, "hardware": {"name": hw}, "model": model, "engine": engine,
                 "workload": {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl,
                              "num_prompts": batch, "request_rate": math.inf, "ignore_eos": True}}
     replay = Replay(kind="single_request" if bs1 else "static_batch", num_requests=batch, concurrency=batch)

@@ -36,7 +36,7 @@ def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
 def test_shipped_models_load_by_hf_id_and_alias() -> None:
     assert load_model("meta-llama/Llama-3.1-70B").num_layers == 80
     assert load_model("meta-llama/Meta-Llama-3.1-70B").hidden_size == 8192
-    assert len(list_models()) == 23
+    assert len(list_models()) == 25
     # Qwen's FP8 release is the same architecture with 128 x 128 block-scaled FP8 weights.
     fp8 = load_model("Qwen/Qwen3-235B-A22B-FP8")
     assert fp8.weight_quantization == "fp8_block" and load_model("Qwen/Qwen3-235B-A22B").weight_quantization is None

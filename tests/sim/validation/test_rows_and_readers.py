@@ -214,14 +214,21 @@ def test_static_batch_rows(tmp_path: Path) -> None:
         "first_token_latency_ms\n"
         "T,0.9.0,A100_SXM4_80GB,A100,FP16,Mixtral 8x7B,64,2,128,peak_throughput,2048,1000,\n"
         "T,0.9.0,A100_SXM4_80GB,A100,FP16,Mixtral 8x7B,1,2,2048,first_token_latency_bs1,,,160.9\n"
-        "T,0.9.0,H100_SXM_80GB,H100,FP8,GPT-J 6B,1,1,128,first_token_latency_bs1,,,5.5\n")
-    peak, bs1, gptj = read_trtllm_static(path, PROFILES, SpecCache())
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,GPT-J 6B,1,1,128,first_token_latency_bs1,,,5.5\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,GPT-J 6B,64,1,2048,peak_throughput,2048,3212,\n"
+        "T,0.9.0,H100_SXM_80GB,H100,FP8,Phi-2,1,1,128,first_token_latency_bs1,,,5.5\n")
+    peak, bs1, gptj, gptj_long, phi = read_trtllm_static(path, PROFILES, SpecCache())
     assert peak.measured == {"output_throughput_tokens_per_s": 2000.0}
     assert peak.sections is not None and peak.sections["engine"]["enable_chunked_prefill"] is False
     assert peak.sections["engine"]["max_num_batched_tokens"] == 64 * 128
     assert bs1.replay is not None and bs1.replay.kind == "single_request"
     assert bs1.measured == {"ttft_mean_s": pytest.approx(0.1609)}
-    assert gptj.skipped and "GPT-J" in (gptj.skip_reason or "")
+    assert not gptj.skipped and gptj.sections is not None
+    assert gptj.sections["model"] == {"name": "EleutherAI/gpt-j-6b"}
+    # 2,048 + 2,048 tokens: past GPT-J's 2,048 positions, as TensorRT-LLM built the engine.
+    assert gptj_long.sections is not None and gptj_long.sections["model"]["max_position_embeddings"] == 4096
+    assert any("max_position_embeddings=2048" in n for n in gptj_long.notes)
+    assert phi.skipped and phi.skip_reason == "no model config ships for Phi-2"
 
 
 def test_static_batch_older_dense_checkpoints_are_represented(tmp_path: Path) -> None:
