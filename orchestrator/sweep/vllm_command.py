@@ -61,6 +61,9 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
     redundant = asked.get("num_redundant_experts", 0)
     if redundant:
         args += ["--eplb-config", json.dumps({"num_redundant_experts": redundant})]
+    if scenario.sections()["model"].get("max_position_embeddings") is not None:
+        # `[model] max_position_embeddings`: vLLM serves past the config's positions only when told to.
+        return "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " + shlex.join(args)
     return shlex.join(args)
 
 

@@ -400,9 +400,13 @@ def model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) -
     try:
         return _model_from_hf_config(config, name=name, source=source)
     except FieldError as exc:
-        # The spec's own checks name its fields; the message names the config.json key.
+        # The spec's own checks name its fields; the message names the config.json key (the
+        # architecture's own name for it: GPT-J's `n_layer`).
+        table = config.get("text_config", config)
+        aliases = _KEY_ALIASES.get(str(table.get("model_type")) if isinstance(table, Mapping) else "", {})
+        key = _CONFIG_KEYS.get(exc.key, exc.key)
         prefix = "text_config." if "text_config" in config else ""
-        raise ConfigError(source=source, key=prefix + _CONFIG_KEYS.get(exc.key, exc.key), value=exc.value,
+        raise ConfigError(source=source, key=prefix + aliases.get(key, key), value=exc.value,
                           rule=exc.rule) from None
 
 
@@ -431,7 +435,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     hidden = reader.integer("hidden_size")
     num_layers = reader.integer("num_hidden_layers")
     num_heads = reader.integer("num_attention_heads")
-    num_kv_heads = reader.integer("num_key_value_heads", default=_default_kv_heads(reader, model_type, num_heads))
+    num_kv_heads = _kv_heads(reader, model_type, num_heads)
     if num_heads == 0:
         reader.fail("num_attention_heads", num_heads, "must be > 0")
     if num_kv_heads == 0:
@@ -465,7 +469,8 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         head_dim=head_dim,
         intermediate_size=_dense_mlp_width(reader, model_type),
         vocab_size=reader.integer("vocab_size"),
-        max_position_embeddings=reader.integer("max_position_embeddings"),
+        max_position_embeddings=reader.integer(  # GPTJConfig's and FalconConfig's default
+            "max_position_embeddings", default=2048 if model_type in _PARALLEL_ATTENTION_TYPES else None),
         # PretrainedConfig ties by default; Falcon's configs rely on it (its lm_head is the embedding).
         tie_word_embeddings=reader.boolean("tie_word_embeddings", default=model_type == "falcon"),
         attention_bias=reader.boolean("bias" if model_type == "falcon" else "attention_bias",
@@ -493,12 +498,14 @@ _GELU: Final = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")
 """Activations of the ungated MLPs (the GELU variants differ in the formula, not in the cost)."""
 
 
-def _default_kv_heads(reader: _ConfigReader, model_type: str, num_heads: int) -> int:
-    """KV heads where the config does not give them: Falcon's old decoder layer with `multi_query`
-    has one (the new architecture names `num_kv_heads`), every other layer one per query head."""
-    if model_type == "falcon" and not reader.boolean("new_decoder_architecture", default=False):
-        return 1 if reader.boolean("multi_query", default=True) else num_heads
-    return num_heads
+def _kv_heads(reader: _ConfigReader, model_type: str, num_heads: int) -> int:
+    """KV heads: the config's (default one per query head), except Falcon's old decoder layer with
+    `multi_query`, which has one whatever `num_kv_heads` says (transformers' and vLLM's Falcon; a
+    re-saved Falcon-7B config writes num_kv_heads = num_attention_heads)."""
+    if (model_type == "falcon" and not reader.boolean("new_decoder_architecture", default=False)
+            and reader.boolean("multi_query", default=True)):
+        return 1
+    return reader.integer("num_key_value_heads", default=num_heads)
 
 
 def _parallel_layer(reader: _ConfigReader, model_type: str) -> dict[str, Any] | None:

@@ -143,5 +143,5 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
     return dataclasses.replace(
         target, name=f"{target.name} ({config.method} head)", model_type="llama", vocab_size=vocab,
         moe=None, mla=None, dsa=None, qk_norm=False, attention_bias=False, num_layers=1, layer_window_tokens=(0,),
-        linear_attention=None, linear_layers=(), attn_output_gate=False,
-        num_nextn_predict_layers=0)
+        linear_attention=None, linear_layers=(), attn_output_gate=False, mlp_gated=True, mlp_bias=False,
+        parallel_attention=False, layer_norms_per_layer=2, num_nextn_predict_layers=0)

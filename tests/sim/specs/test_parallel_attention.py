@@ -40,6 +40,15 @@ def _falcon(**keys: Any) -> dict[str, Any]:
 def test_falcon_7b_layout_is_multi_query_with_one_norm() -> None:
     spec = model_from_hf_config(_falcon(parallel_attn=True, multi_query=True), name="f7", source="c.json")
     assert spec.num_kv_heads == 1 and spec.layer_norms_per_layer == 1 and spec.intermediate_size == 4 * 4544
+    # A re-saved config writes num_kv_heads = num_attention_heads; the old layer still has one KV head.
+    resaved = model_from_hf_config(_falcon(multi_query=True, num_kv_heads=71), name="f7", source="c.json")
+    assert resaved.num_kv_heads == 1
+    # FalconConfig's default context where the file leaves it out.
+    bare = {k: v for k, v in _falcon().items() if k != "max_position_embeddings"}
+    assert model_from_hf_config(bare, name="f7", source="c.json").max_position_embeddings == 2048
+    new = model_from_hf_config(_falcon(new_decoder_architecture=True, num_attention_heads=128, hidden_size=8192,
+                                       num_kv_heads=8), name="f40", source="c.json")
+    assert new.num_kv_heads == 8 and new.layer_norms_per_layer == 2  # Falcon-40B's layer
 
 
 @pytest.mark.parametrize(("config", "key", "words"), [
@@ -50,6 +59,9 @@ def test_falcon_7b_layout_is_multi_query_with_one_norm() -> None:
       "activation_function": "relu"}, "activation_function", "gelu"),
     ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_positions": 2048, "vocab_size": 50400}, "n_embd",
      "required"),
+    # The spec's own checks name the architecture's keys too.
+    ({"model_type": "gptj", "n_embd": 4096, "n_layer": 0, "n_head": 16, "vocab_size": 50400}, "n_layer", "> 0"),
+    (_falcon(ffn_hidden_size=0), "ffn_hidden_size", "> 0"),
 ])
 def test_config_errors_name_the_architectures_own_key(config: dict[str, Any], key: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -103,3 +115,24 @@ def test_a_scenario_serves_past_the_configs_positions_only_when_asked(tmp_path: 
         scenario_from_dict(scenario_dict(model={"name": "EleutherAI/gpt-j-6b", "max_position_embeddings": 0}),
                            source="s.toml")
     assert err.value.key == "model.max_position_embeddings"
+
+
+def test_an_eagle_head_of_a_parallel_model_is_a_llama_layer() -> None:
+    from sim.specs.speculative import SpeculativeConfig, draft_model_spec
+
+    head = draft_model_spec(load_model("EleutherAI/gpt-j-6b"), SpeculativeConfig(method="eagle",
+                            num_speculative_tokens=3), load_model)
+    assert head is not None and head.num_layers == 1
+    assert (head.mlp_gated, head.mlp_bias, head.parallel_attention, head.layer_norms_per_layer) == (
+        True, False, False, 2)
+
+
+def test_the_vllm_line_allows_the_longer_context(tmp_path: Path) -> None:
+    from orchestrator.sweep.vllm_command import vllm_serve_command
+
+    longer = scenario_from_dict(scenario_dict(model={"name": "EleutherAI/gpt-j-6b", "max_position_embeddings": 4096},
+                                              engine={"max_model_len": 4096}), source="s.toml")
+    assert vllm_serve_command(longer).startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve EleutherAI/gpt-j-6b")
+    plain = scenario_from_dict(scenario_dict(model={"name": "EleutherAI/gpt-j-6b"}, engine={"max_model_len": 2048}),
+                               source="s.toml")
+    assert vllm_serve_command(plain).startswith("vllm serve EleutherAI/gpt-j-6b")
