@@ -67,6 +67,13 @@ TABLE_KINDS: Final = frozenset({KernelKind.MOE, KernelKind.MLA_PREFILL, KernelKi
 """Kinds priced by the table-keyed families (`sim.perf.table_kernels`): the family predicts the
 latency of the measured table's row the kernel is; efficiency = the kernel's own roofline / that."""
 _PROXY_KINDS: Final = frozenset({KernelKind.MOE_GEMM, KernelKind.SAMPLING, KernelKind.SEND_RECV, KernelKind.NORM})
+CUSTOM_ALLREDUCE_VARIANT: Final[dict[str, str]] = {"sglang": "sglang_graph"}
+"""Engines whose TP all-reduce on NVLink runs their own kernel where it is faster than NCCL (SGLang's
+custom all-reduce, on unless `--disable-custom-all-reduce`): such an all-reduce on an NVLink group of
+a size the kernel serves is priced as the faster of the `nccl` family and the engine's
+`custom_allreduce` level."""
+CUSTOM_ALLREDUCE_GROUPS: Final = (2, 4, 8)
+"""Group sizes the measured custom all-reduce tables hold."""
 """Kinds priced by a related family's or operation's model: always reported as extrapolated."""
 KIND_OP: Final[dict[KernelKind, str]] = {
     KernelKind.ALL_REDUCE: "all_reduce", KernelKind.ALL_GATHER: "all_gather",
@@ -177,10 +184,29 @@ class FittedEfficiency:
             return Efficiency(1.0, Provenance.ROOFLINE)
         prims, cats = self._primitives(family, work, hw)
         y, outside, corrected = self._one(family, params, prims, cats, hw)
+        custom = self._custom_allreduce(work.kind, work.group_size, hw)
+        if custom is not None:
+            c_params, variant = custom
+            # The graph-launched kernel's physics baseline (`_primitives` prices it as not eager).
+            c_prims, _ = self._primitives("custom_allreduce", work, hw)
+            c_y, c_outside, c_corrected = self._one("custom_allreduce", c_params, c_prims,
+                                                    {"op": "all_reduce", "variant": variant}, hw)
+            if c_y < y:
+                y, outside, corrected = c_y, c_outside, c_corrected
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
             prov = Provenance.EXTRAPOLATED
         return Efficiency(math.exp(-y), prov)
+
+    def _custom_allreduce(self, kind: KernelKind, group: int, hw: HardwareSpec) -> tuple[FamilyParams, str] | None:
+        """(the custom_allreduce family, the engine's level) where an all-reduce may run the engine's
+        own kernel (`CUSTOM_ALLREDUCE_VARIANT`), else None."""
+        variant = CUSTOM_ALLREDUCE_VARIANT.get(self._backend or "")
+        params = self._families.get("custom_allreduce")
+        if (variant is None or params is None or kind is not KernelKind.ALL_REDUCE
+                or group not in CUSTOM_ALLREDUCE_GROUPS or hw.link_for_group(group).kind != "nvlink"):
+            return None
+        return params, variant
 
     def _one(self, family: str, params: FamilyParams, prims: dict[str, float], cats: dict[str, str | None],
              hw: HardwareSpec) -> tuple[float, bool, bool]:
@@ -290,6 +316,15 @@ class FittedEfficiency:
                 row_cats["dtype"] = f"{row_cats['dtype']}/{label}"
             sub = prims if len(idx) == n else {k: v[idx] for k, v in prims.items()}
             y[idx], outside[idx], corrected[idx] = self._rows(family, params, sub, row_cats, hw)
+        custom = self._custom_allreduce(cols.kind, cols.group_size, hw)
+        if custom is not None:
+            c_params, variant = custom
+            c_prims, _ = self._primitive_columns("custom_allreduce", cols, hw)
+            c_y, c_outside, c_corrected = self._rows("custom_allreduce", c_params, c_prims,
+                                                     {"op": "all_reduce", "variant": variant}, hw)
+            take = c_y < y
+            y, outside, corrected = (np.where(take, c_y, y), np.where(take, c_outside, outside),
+                                     np.where(take, c_corrected, corrected))
         prov = np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED))
         if cols.kind in _PROXY_KINDS:
             prov[:] = int(Provenance.EXTRAPOLATED)

@@ -161,3 +161,39 @@ def test_fitted_collectives_price_on_top_of_the_baseline() -> None:
     assert t_sim == pytest.approx(float(t_row[0]), rel=1e-6)
     base = float(nccl_time("all_reduce", 16 * MIB, 8, hw).time_s[0])
     assert 0.5 < t_sim / base < 2.0
+
+
+@pytest.mark.parametrize("msg_bytes", [64 * 1024, 1 * MIB, 64 * MIB])
+def test_sglang_all_reduce_on_nvlink_takes_the_faster_of_nccl_and_its_own_kernel(msg_bytes: int) -> None:
+    """SGLang runs its custom all-reduce on NVLink where it beats NCCL: the simulator prices the
+    all-reduce as the faster of the two measured families' predictions, in both pricing paths; other
+    engines and PCIe groups keep NCCL's."""
+    from sim.calibration.batch import predict_latency_s
+    from sim.calibration.select import efficiency_model_for
+    from sim.perf.efficiency import KernelColumns
+    from sim.perf.fitted import FittedEfficiency
+    from sim.perf.roofline import roofline
+
+    hw = load_hardware("h100_sxm")
+    sglang = efficiency_model_for(hw, tier="cross-generation", backend="sglang")
+    vllm = efficiency_model_for(hw, tier="cross-generation", backend="vllm")
+    assert isinstance(sglang, FittedEfficiency) and isinstance(vllm, FittedEfficiency)
+    work = KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=msg_bytes, group_size=8)
+    base = roofline(work, hw).time_s()
+    t_sglang = base / sglang.efficiency(work, hw).value
+    t_vllm = base / vllm.efficiency(work, hw).value
+    rows = {"kernel": np.array(["nccl_all_reduce", "custom_allreduce"], dtype=object),
+            "message_bytes": np.array([float(msg_bytes)] * 2), "num_gpus": np.array([8.0, 8.0]),
+            "variant": np.array(["", "sglang_graph"], dtype=object),
+            "backend": np.array(["", "sglang"], dtype=object)}
+    t_rows, _ = predict_latency_s(rows, hw, sglang)
+    assert t_sglang == pytest.approx(min(float(t_rows[0]), float(t_rows[1])), rel=1e-6)
+    assert t_vllm == pytest.approx(float(t_rows[0]), rel=1e-6)
+    assert t_sglang <= t_vllm * (1 + 1e-9)
+    values, _ = sglang.efficiency_columns(KernelColumns.of([work, work]), hw)
+    assert values.tolist() == [sglang.efficiency(work, hw).value] * 2
+    pcie = load_hardware("l40s")
+    on_pcie = KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=msg_bytes,
+                         group_size=4)
+    assert (efficiency_model_for(pcie, tier="cross-generation", backend="sglang").efficiency(on_pcie, pcie).value
+            == efficiency_model_for(pcie, tier="cross-generation", backend="vllm").efficiency(on_pcie, pcie).value)
