@@ -67,14 +67,16 @@ TABLE_KINDS: Final = frozenset({KernelKind.MOE, KernelKind.MLA_PREFILL, KernelKi
 """Kinds priced by the table-keyed families (`sim.perf.table_kernels`): the family predicts the
 latency of the measured table's row the kernel is; efficiency = the kernel's own roofline / that."""
 _PROXY_KINDS: Final = frozenset({KernelKind.MOE_GEMM, KernelKind.SAMPLING, KernelKind.SEND_RECV, KernelKind.NORM})
+"""Kinds priced by a related family's or operation's model: always reported as extrapolated."""
 CUSTOM_ALLREDUCE_VARIANT: Final[dict[str, str]] = {"sglang": "sglang_graph"}
-"""Engines whose TP all-reduce on NVLink runs their own kernel where it is faster than NCCL (SGLang's
-custom all-reduce, on unless `--disable-custom-all-reduce`): such an all-reduce on an NVLink group of
-a size the kernel serves is priced as the faster of the `nccl` family and the engine's
-`custom_allreduce` level."""
+"""Engines whose TP all-reduce runs their own kernel where it is faster than NCCL (SGLang's custom
+all-reduce, on unless `--disable-custom-all-reduce`): such an all-reduce that the kernel serves
+(`_custom_allreduce`) is priced as the faster of the `nccl` family and the engine's (graph-launched,
+not eager) `custom_allreduce` level."""
 CUSTOM_ALLREDUCE_GROUPS: Final = (2, 4, 8)
 """Group sizes the measured custom all-reduce tables hold."""
-"""Kinds priced by a related family's or operation's model: always reported as extrapolated."""
+CUSTOM_ALLREDUCE_MAX_BYTES: Final = 8 * 1024 * 1024
+"""SGLang's `_MAX_CAR_SIZE`: a larger buffer goes to NCCL."""
 KIND_OP: Final[dict[KernelKind, str]] = {
     KernelKind.ALL_REDUCE: "all_reduce", KernelKind.ALL_GATHER: "all_gather",
     KernelKind.REDUCE_SCATTER: "reduce_scatter", KernelKind.ALL_TO_ALL: "alltoall",
@@ -191,7 +193,7 @@ class FittedEfficiency:
             c_prims, _ = self._primitives("custom_allreduce", work, hw)
             c_y, c_outside, c_corrected = self._one("custom_allreduce", c_params, c_prims,
                                                     {"op": "all_reduce", "variant": variant}, hw)
-            if c_y < y:
+            if c_y < y and work.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES:
                 y, outside, corrected = c_y, c_outside, c_corrected
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
@@ -200,11 +202,14 @@ class FittedEfficiency:
 
     def _custom_allreduce(self, kind: KernelKind, group: int, hw: HardwareSpec) -> tuple[FamilyParams, str] | None:
         """(the custom_allreduce family, the engine's level) where an all-reduce may run the engine's
-        own kernel (`CUSTOM_ALLREDUCE_VARIANT`), else None."""
+        own kernel (`CUSTOM_ALLREDUCE_VARIANT`): a measured group size inside one node on NVLink
+        (SGLang turns it off for a group that spans nodes, an NVL72 rack's included); else None.
+        Buffers over `CUSTOM_ALLREDUCE_MAX_BYTES` take NCCL's price row by row."""
         variant = CUSTOM_ALLREDUCE_VARIANT.get(self._backend or "")
         params = self._families.get("custom_allreduce")
         if (variant is None or params is None or kind is not KernelKind.ALL_REDUCE
-                or group not in CUSTOM_ALLREDUCE_GROUPS or hw.link_for_group(group).kind != "nvlink"):
+                or group not in CUSTOM_ALLREDUCE_GROUPS or group > hw.num_gpus_per_node
+                or hw.link_for_group(group).kind != "nvlink"):
             return None
         return params, variant
 
@@ -322,7 +327,7 @@ class FittedEfficiency:
             c_prims, _ = self._primitive_columns("custom_allreduce", cols, hw)
             c_y, c_outside, c_corrected = self._rows("custom_allreduce", c_params, c_prims,
                                                      {"op": "all_reduce", "variant": variant}, hw)
-            take = c_y < y
+            take = (c_y < y) & (cols.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES)
             y, outside, corrected = (np.where(take, c_y, y), np.where(take, c_outside, outside),
                                      np.where(take, c_corrected, corrected))
         prov = np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED))
