@@ -187,13 +187,13 @@ class FittedEfficiency:
         prims, cats = self._primitives(family, work, hw)
         y, outside, corrected = self._one(family, params, prims, cats, hw)
         custom = self._custom_allreduce(work.kind, work.group_size, hw)
-        if custom is not None:
+        if custom is not None and work.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES:
             c_params, variant = custom
             # The graph-launched kernel's physics baseline (`_primitives` prices it as not eager).
             c_prims, _ = self._primitives("custom_allreduce", work, hw)
             c_y, c_outside, c_corrected = self._one("custom_allreduce", c_params, c_prims,
                                                     {"op": "all_reduce", "variant": variant}, hw)
-            if c_y < y and work.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES:
+            if c_y < y:
                 y, outside, corrected = c_y, c_outside, c_corrected
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
