@@ -32,6 +32,7 @@ from dataclasses import replace
 from sim.engine.block_pricing import BlockPricer, NodeList, Part, PartSource, summed_part
 from sim.engine.step_parts import PartFamily, PartNodes
 from sim.graph.kernels import KernelKind, KernelWork
+from sim.graph.shared_experts import depends_on_decode_only
 from sim.perf.efficiency import EfficiencyModel, KernelColumns
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -52,7 +53,9 @@ SCHEDULING_ONLY_FIELDS = (
 """Engine fields that never reach a step part's kernel nodes (they shape the schedule, the host
 overhead or the memory plan), so trials that differ only in them share priced parts. MoE expert
 layers read `data_parallel_size` (tokens of every attention-DP rank, experts split over TP x DP): it
-stays in the identity for MoE models (tests check every field listed here against the kernel graph)."""
+stays in the identity for MoE models, and the CUDA-graph fields for engines that run the shared expert
+beside the routed experts only in captured decode steps (tests check every field listed here against
+the kernel graph)."""
 
 
 def pricing_identity(scenario: Scenario, efficiency: EfficiencyModel, eager_launch_s: float,
@@ -61,6 +64,10 @@ def pricing_identity(scenario: Scenario, efficiency: EfficiencyModel, eager_laun
     kept = {f: getattr(EngineParams(), f) for f in SCHEDULING_ONLY_FIELDS}
     if scenario.model.moe is not None:
         del kept["data_parallel_size"]  # MoE layers see every DP rank's tokens; experts split over TP x DP
+    if depends_on_decode_only(scenario.model, engine, scenario.precision):
+        # Captured decode steps run the shared expert beside the routed ones (`sim.graph.shared_experts`).
+        for f in ("max_cudagraph_capture_size", "enforce_eager", "launch_mode"):
+            del kept[f]
     graph_engine = replace(engine, **kept)
     return (config_hash(scenario.model), config_hash(scenario.precision), config_hash(scenario.hardware),
             config_hash(graph_engine), eager_launch_s, id(efficiency), block_pricing)

@@ -29,6 +29,7 @@ from sim.engine.block_pricing import Part
 from sim.engine.micro_batches import split_step
 from sim.engine.part_book import PartBook
 from sim.engine.part_prices import PartPrices
+from sim.graph.shared_experts import depends_on_decode_only
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -122,8 +123,10 @@ class StepPricer:
             prices = PartPrices(scenario, cost, host.eager_launch_s, block_pricing=block_pricing)
         self.parts = PartBook(scenario, prices, decode_context_bucket_tokens)
         """This run's parts and how each is priced."""
-        # Only the expert all-to-all differs between decode-only steps and others (its mode).
-        self._decode_modes = scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1
+        # Decode-only steps differ from others in the expert all-to-all's mode and, for some
+        # engines, in where the shared expert runs (`sim.graph.shared_experts`).
+        self._decode_modes = (scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1) or \
+            depends_on_decode_only(scenario.model, scenario.engine, scenario.precision)
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size

@@ -18,8 +18,9 @@ needs: the token part by the token count, the sampling part by the sampled count
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
 mean context) or, equally, by its mean-context bucket (for one decode count: the pricer takes the
 axis a run moves on, `PartBook.decode`). A family is named by a `PartFamily` key: ("token",),
-("token", "decode_only") (a decode-only step of an expert-parallel model: its all-to-all runs in
-low-latency mode), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
+("token", "decode_only") (a decode-only step of an expert-parallel model, whose all-to-all runs in
+low-latency mode, or of an engine that runs the shared expert beside the routed ones only in
+captured decode steps), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
 ("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),
 ("prefill_at", new_tokens, count, stride) (a prompt chunk of one size indexed by its context in steps
 of `stride` tokens: the other axis of a prefill part at a nonzero context), ("verify",
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes, Rebuild
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork, gemm_work
-from sim.graph.moe import as_decode_only, draw_rank0_loads, moe_work
+from sim.graph.moe import draw_rank0_loads, moe_work
 from sim.graph.transformer import (
     build_step_graph,
     decode_attention_nodes,
@@ -82,14 +83,15 @@ class PartNodes:
             return nodes
         return [(dataclasses.replace(w, name=self._prefix + w.name), r) for w, r in nodes]
 
-    def non_attention(self, num_tokens: int, num_sampled: int) -> NodeList:
-        """Kernels other than attention of any batch with these token and sampled counts."""
+    def non_attention(self, num_tokens: int, num_sampled: int, decode_only: bool | None = None) -> NodeList:
+        """Kernels other than attention of any batch with these token and sampled counts;
+        `decode_only` as `build_step_graph` takes it (default: whether the batch is all decodes)."""
         prefills: tuple[PrefillChunk, ...] = ()
         if num_tokens > num_sampled:
             prefills = (PrefillChunk(new_tokens=num_tokens - num_sampled, samples=False),)
         batch = BatchShape(prefills=prefills, decode_context_tokens=(1,) * num_sampled)
         sc = self._sc
-        graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch)
+        graph = build_step_graph(sc.model, sc.engine, sc.precision, sc.hardware, batch, decode_only=decode_only)
         nodes = [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
         if self._fc:
             # EAGLE's fc (2h or, EAGLE-3, 3 fused target layers -> h) or DeepSeek MTP's eh_proj (2h -> h).
@@ -101,9 +103,9 @@ class PartNodes:
 
     def token(self, num_tokens: int, decode_only: bool = False) -> NodeList:
         """Kernels of any batch of `num_tokens` tokens; a decode-only step launches the expert
-        all-to-all in low-latency mode."""
-        nodes = self.non_attention(num_tokens, 0)
-        return [(as_decode_only(w), r) for w, r in nodes] if decode_only else nodes
+        all-to-all in low-latency mode and may run the shared expert beside the routed ones
+        (`sim.graph.shared_experts`)."""
+        return self.non_attention(num_tokens, 0, decode_only=decode_only)
 
     def decode_only_token(self, num_tokens: int) -> NodeList:
         return self.token(num_tokens, decode_only=True)

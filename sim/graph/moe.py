@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
@@ -110,10 +110,3 @@ def ep_all_to_all_work(*, tokens_per_rank: int, hidden: int, topk: int, num_expe
         shape=(tokens_per_rank, hidden, topk, num_experts, ep, node_num),
         variant="low_latency" if decode_only else "normal",
     )
-
-
-def as_decode_only(work: KernelWork) -> KernelWork:
-    """`work` as a decode-only step launches it (the expert all-to-all switches to low latency)."""
-    if work.kind is KernelKind.EP_ALL_TO_ALL and work.variant != "low_latency":
-        return replace(work, variant="low_latency")
-    return work

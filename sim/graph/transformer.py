@@ -33,6 +33,7 @@ from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork, gemm_work, pointwise_work
 from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
+from sim.graph.shared_experts import beside_variant, shared_expert_token_limit
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -215,8 +216,13 @@ def verify_attention_nodes(model: ModelSpec, engine: EngineParams, precision: Pr
 
 
 def build_step_graph(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
-                     hw: HardwareSpec, batch: BatchShape) -> KernelGraph:
-    """Kernels of one step for `batch`, on one GPU of each pipeline stage in turn."""
+                     hw: HardwareSpec, batch: BatchShape, *, decode_only: bool | None = None) -> KernelGraph:
+    """Kernels of one step for `batch`, on one GPU of each pipeline stage in turn. `decode_only`
+    (default: the batch has no prompt chunk) is whether the step launches as a decode-only step
+    does (the expert all-to-all in low-latency mode, CUDA-graph-only stream overlap); the pricer
+    builds a decode-only step's token kernels from a batch of that many prompt tokens."""
+    if decode_only is None:
+        decode_only = not batch.prefills
     s = ShardedShapes.of(model, engine)
     act = precision.activation_dtype
     lin_w = precision.linear_weight_dtype
@@ -288,7 +294,7 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     if num_dense:
         _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense, gated=model.mlp_gated)
     if num_moe:
-        _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=not batch.prefills)
+        _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=decode_only)
     # A parallel layer sums its attention and MLP partial outputs and reduces them once (vLLM's Falcon).
     all_reduce("layer_all_reduce" if model.parallel_attention else "mlp_all_reduce", num_layers)
 
@@ -361,10 +367,16 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         add(collective_work(KernelKind.REDUCE_SCATTER, "moe_dp_reduce_scatter", gathered * h * act_b, s.dp), repeat)
     if s.shared_width:
         lin_w = precision.linear_weight_dtype
-        _dense_mlp(add, "shared_expert", t, h, s.shared_width, lin_w, act,
+        limit = shared_expert_token_limit(model, engine, precision, decode_only=decode_only)
+        beside = "" if limit is None else beside_variant(limit)
+
+        def shared(work: KernelWork, times: int = 1) -> None:
+            add(dataclasses.replace(work, variant=beside) if beside else work, times)
+        _dense_mlp(shared, "shared_expert", t, h, s.shared_width, lin_w, act,
                    precision.gemm_compute_dtype(lin_w, hw), repeat)
         if model.shared_expert_gate:
             # sigmoid(hidden -> 1) scales the shared expert's output (replicated on every TP rank).
-            add(gemm_work("shared_expert_gate", t, 1, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
-            add(pointwise_work(KernelKind.ELEMENTWISE, "shared_expert_gate_mul", t, h, act, passes=3.0,
-                           flops_per_element=5.0), repeat)
+            shared(gemm_work("shared_expert_gate", t, 1, h, weight_dtype=act, act_dtype=act, compute_dtype=act),
+                   repeat)
+            shared(pointwise_work(KernelKind.ELEMENTWISE, "shared_expert_gate_mul", t, h, act, passes=3.0,
+                                  flops_per_element=5.0), repeat)

@@ -8,11 +8,12 @@ the same numbers as `estimate` row by row.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from sim.graph.kernels import KernelGraph, KernelKind, KernelWork
+from sim.graph.shared_experts import beside_token_limit
 from sim.perf.efficiency import ColumnEfficiencyModel, EfficiencyModel, KernelColumns
 from sim.perf.roofline import Roofline, roofline
 from sim.provenance import Provenance
@@ -81,6 +82,11 @@ class StepCostModel:
         cached = self._memo.get(work)
         if cached is not None:
             return cached
+        limit = beside_token_limit(work.variant)
+        if limit is not None:
+            est = self._beside(work, limit)
+            self._memo[work] = est
+            return est
         rf = roofline(work, self._hw)
         eff = self._efficiency.efficiency(work, self._hw)
         assert 0.0 < eff.value <= 1.0 + 1e-12, (work.name, eff.value)
@@ -88,6 +94,16 @@ class StepCostModel:
                              time_s=rf.time_s() / eff.value, provenance=eff.provenance)
         self._memo[work] = est
         return est
+
+    def _beside(self, work: KernelWork, limit: int) -> KernelEstimate:
+        """A shared-expert kernel beside the routed experts (`sim.graph.shared_experts`): in a step
+        of at most `limit` tokens it costs its roofline time, the DRAM / tensor-core share it takes
+        from the routed-expert kernel it hides under; in a larger step, what it costs on its own."""
+        if work.shape[0] > limit:
+            return replace(self.estimate(replace(work, variant="")), work=work)
+        rf = roofline(work, self._hw)
+        return KernelEstimate(work=work, roofline=rf, efficiency=1.0, time_s=rf.time_s(),
+                              provenance=Provenance.ROOFLINE)
 
     def prices_columns(self) -> bool:
         """Whether `estimate_columns` is vectorised (the efficiency model prices columns)."""
@@ -117,7 +133,15 @@ class StepCostModel:
         else:
             bound = np.maximum(np.maximum(cols.flops / hw.peak_flops_for(cols.dtype),
                                           cols.bytes_moved() / hw.hbm_bandwidth_bytes_per_s), 0.0)
-        eff, prov = columns.efficiency_columns(cols, hw)
+        beside = _beside_rows(cols)
+        if beside is None:
+            eff, prov = columns.efficiency_columns(cols, hw)
+        else:
+            # Shared-expert rows beside the routed experts cost their roofline time (`_beside`);
+            # the rest are priced as the same kernels without the variant.
+            eff, prov = columns.efficiency_columns(replace(cols, variants=()), hw)
+            eff = np.where(beside, 1.0, eff)
+            prov = np.where(beside, int(Provenance.ROOFLINE), prov)
         assert bool(((eff > 0.0) & (eff <= 1.0 + 1e-12)).all()), (cols.kind, eff)
         time_s: np.ndarray = bound / eff
         return time_s, prov
@@ -133,3 +157,15 @@ class StepCostModel:
                 gpu += t.total_s()
             worst = max(worst, t.estimate.provenance)
         return StepTiming(kernels=timings, gpu_s=gpu, comm_s=comm, worst_provenance=worst)
+
+
+def _beside_rows(cols: KernelColumns) -> np.ndarray | None:
+    """Per row, whether it is a shared-expert kernel beside the routed experts within its token
+    limit (`StepCostModel._beside`); None when no row carries the variant."""
+    if not len(cols.variants):
+        return None
+    limits = [beside_token_limit(str(v)) for v in cols.variants]
+    if all(limit is None for limit in limits):
+        return None
+    tokens = cols.shape[0]
+    return np.array([limit is not None and int(tokens[i]) <= limit for i, limit in enumerate(limits)], dtype=bool)

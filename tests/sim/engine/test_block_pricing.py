@@ -18,7 +18,6 @@ from sim.engine.part_prices import PartPrices
 from sim.engine.pricer import StepKey, StepPricer
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.graph.moe import as_decode_only
 from sim.perf.efficiency import KernelColumns
 from sim.perf.fitted import TABLE_KINDS, FittedEfficiency
 from sim.perf.step import StepCostModel
@@ -267,7 +266,8 @@ def test_table_efficiency_from_columns_equals_the_per_kernel_path() -> None:
         for (sid, *_), ws in works.items():
             if sid != id(sc):
                 continue
-            ws = ws + [as_decode_only(w) for w in ws]
+            # The expert all-to-all's decode-only (low-latency) mode too.
+            ws = ws + [dataclasses.replace(w, variant="low_latency") for w in ws if w.kind is KernelKind.EP_ALL_TO_ALL]
             values, codes = model._table_efficiency_columns(KernelColumns.of(ws), sc.hardware)
             old_values, old_codes = model._table_efficiency(ws, sc.hardware)
             assert values.tolist() == old_values.tolist() and codes.tolist() == old_codes.tolist()
