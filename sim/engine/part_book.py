@@ -95,14 +95,19 @@ class PartBook:
         return self._draft is not None
 
     def draft(self, prefills: tuple[tuple[int, int, bool], ...], num_decode: int, mean: int,
-              num_tokens: int, num_seqs_sampling: int) -> list[Part]:
+              num_tokens: int, num_seqs_sampling: int, decode_only: bool = False) -> list[Part]:
         """The drafter's kernels in a step (vLLM's EAGLE / MTP / draft-model proposers): a first pass
         over every token the target computed (it fills the draft's KV cache; prompt chunks attend as
         prefills, verifications with their k + 1 queries) that samples one draft token per request
-        that sampled, then k - 1 passes of one token per such request at the decodes' mean context."""
+        that sampled, then k - 1 passes of one token per such request at the decodes' mean context.
+        `decode_only`: the step's token kernels launch as a decode-only step's (the target's token
+        part is keyed so: expert all-to-all mode, shared expert beside the routed experts)."""
         k, draft = self._k, self._draft
         assert draft is not None
-        parts = [self.spec(("draft", "token"), num_tokens, draft.token)]
+        if decode_only:
+            parts = [self.spec(("draft", "token", "decode_only"), num_tokens, draft.decode_only_token)]
+        else:
+            parts = [self.spec(("draft", "token"), num_tokens, draft.token)]
         for chunk in sorted(set(prefills)):
             new, context, count = chunk[0], chunk[1], prefills.count(chunk)
 
@@ -120,7 +125,8 @@ class PartBook:
             if k > 1:
                 context = mean if num_decode else max(self._bucket, round(max(
                     new + ctx for new, ctx, samples in prefills if samples) / self._bucket) * self._bucket)
-                token = self.spec(("draft", "pass_token"), s, draft.pass_token)
+                token = (self.spec(("draft", "pass_token", "decode_only"), s, draft.decode_only_pass_token)
+                         if decode_only else self.spec(("draft", "pass_token"), s, draft.pass_token))
                 attention = self.spec(("draft", "decode", context), s, lambda n: draft.decode(n, context))
                 parts += [token, attention, sampling] * (k - 1)  # the same parts k - 1 times
         return parts

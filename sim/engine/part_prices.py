@@ -64,7 +64,7 @@ def pricing_identity(scenario: Scenario, efficiency: EfficiencyModel, eager_laun
     kept = {f: getattr(EngineParams(), f) for f in SCHEDULING_ONLY_FIELDS}
     if scenario.model.moe is not None:
         del kept["data_parallel_size"]  # MoE layers see every DP rank's tokens; experts split over TP x DP
-    if depends_on_decode_only(scenario.model, engine, scenario.precision):
+    if depends_on_decode_only(scenario.model, engine, scenario.precision, scenario.hardware):
         # Captured decode steps run the shared expert beside the routed ones (`sim.graph.shared_experts`).
         for f in ("max_cudagraph_capture_size", "enforce_eager", "launch_mode"):
             del kept[f]

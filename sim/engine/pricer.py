@@ -126,7 +126,7 @@ class StepPricer:
         # Decode-only steps differ from others in the expert all-to-all's mode and, for some
         # engines, in where the shared expert runs (`sim.graph.shared_experts`).
         self._decode_modes = (scenario.model.moe is not None and scenario.engine.expert_parallel_size() > 1) or \
-            depends_on_decode_only(scenario.model, scenario.engine, scenario.precision)
+            depends_on_decode_only(scenario.model, scenario.engine, scenario.precision, scenario.hardware)
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
@@ -464,7 +464,8 @@ class StepPricer:
         elif num_decode:
             parts.append(book.decode(num_decode, mean))
         if book.has_drafter:
-            parts += book.draft(prefills, num_decode, mean, num_tokens, num_seqs_sampling)
+            parts += book.draft(prefills, num_decode, mean, num_tokens, num_seqs_sampling,
+                                decode_only=token_key < 0)
         gpu = comm = gap = 0.0
         launches = 0
         for p in parts:

@@ -24,7 +24,8 @@ captured decode steps), ("sampling",), ("prefill", context_tokens, count), ("dec
 ("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),
 ("prefill_at", new_tokens, count, stride) (a prompt chunk of one size indexed by its context in steps
 of `stride` tokens: the other axis of a prefill part at a nonzero context), ("verify",
-mean_context_tokens, query_tokens), and ("draft", <one of these>) for the drafter's.
+mean_context_tokens, query_tokens), and ("draft", <one of these>) for the drafter's (its token
+families, "token" and "pass_token", with "decode_only" in decode-only steps as the target's).
 """
 
 from __future__ import annotations
@@ -110,12 +111,15 @@ class PartNodes:
     def decode_only_token(self, num_tokens: int) -> NodeList:
         return self.token(num_tokens, decode_only=True)
 
-    def pass_token(self, num_tokens: int) -> NodeList:
+    def pass_token(self, num_tokens: int, decode_only: bool = False) -> NodeList:
         """The drafter's token kernels in draft passes after the first (no `fc` for EAGLE-3)."""
-        nodes = self.token(num_tokens)
+        nodes = self.token(num_tokens, decode_only)
         if self._fc_every_pass:
             return nodes
         return [(w, r) for w, r in nodes if w.name != self._prefix + "fc"]
+
+    def decode_only_pass_token(self, num_tokens: int) -> NodeList:
+        return self.pass_token(num_tokens, decode_only=True)
 
     def sampling(self, num_sampled: int) -> NodeList:
         """The kernels a batch gains when `num_sampled` of its tokens are sampled."""
@@ -178,7 +182,8 @@ class PartNodes:
         if kind == "token":
             return BlockPricer(polynomial(self.decode_only_token if len(family) > 1 else self.token), cost, eager, top)
         if kind == "pass_token":
-            return BlockPricer(polynomial(self.pass_token), cost, eager, top)
+            return BlockPricer(polynomial(self.decode_only_pass_token if len(family) > 1 else self.pass_token),
+                               cost, eager, top)
         if kind == "sampling":
             return BlockPricer(polynomial(self.sampling), cost, eager, top)
         if kind == "decode":

@@ -9,13 +9,17 @@ read from the engine's source):
   a 257th expert of the fused MoE kernel that every token takes (top-k + 1), in every step.
   Otherwise, without expert parallelism, `DeepseekV2MoE.forward_normal_dual_stream` runs the shared
   expert on a second CUDA stream beside the router and routed experts in captured decode batches of
-  at most 1,024 tokens (`DUAL_STREAM_TOKEN_THRESHOLD`). Its other MoE models run them one after
-  the other here (not read).
+  at most 1,024 tokens (`DUAL_STREAM_TOKEN_THRESHOLD`). Its other MoE models (Qwen3.5, Qwen3-MoE,
+  MiniMax) run them one after the other here: their SGLang code was not checked for a second
+  stream, so the price stays the conservative one.
 - **TensorRT-LLM** (`Deepseekv3MoE`, DeepSeek-V3 / R1, Kimi-K2, GLM-5): `maybe_execute_in_parallel`
   runs the shared expert on the aux stream, multi-stream only inside CUDA graphs, i.e. in captured
   generation-only steps.
 - **vLLM** (`SharedFusedMoE`, every model with shared experts): the shared expert runs on its own
-  stream when the step has at most `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens.
+  stream when the step has at most `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens, but
+  not with the expert-parallel load balancer over an all-to-all backend (EPLB with EP > 1).
+
+Streams are CUDA's: on other vendors' GPUs every engine runs the shared expert in line.
 
 A kernel beside the routed experts costs the step what it takes from them, not its own latency:
 its roofline time (its bytes at the DRAM bandwidth, or its FLOPs at the peak), because its launch,
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import Final
 
 from sim.specs.engine import EngineParams
+from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec
 
@@ -65,19 +70,24 @@ def _capture_limit(engine: EngineParams) -> int | None:
     mode = engine.effective_launch_mode()
     if mode == "eager":
         return None
+    if mode == "megakernel":
+        return _UNLIMITED
     capture = engine.max_cudagraph_capture_size
-    return _UNLIMITED if mode == "megakernel" or capture is None else capture
+    assert capture is not None, "an engine resolved against its hardware sets the capture size"
+    return capture
 
 
-def shared_expert_token_limit(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec, *,
-                              decode_only: bool) -> int | None:
+def shared_expert_token_limit(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
+                              hw: HardwareSpec, *, decode_only: bool) -> int | None:
     """Most tokens of a step (decode-only or not) whose shared-expert kernels run beside its routed
     experts (module docstring); None when no step's do."""
     moe = model.moe
-    if moe is None or not moe.shared_expert_intermediate_size:
+    if moe is None or not moe.shared_expert_intermediate_size or hw.vendor != "nvidia":
         return None
     backend = engine.backend
     if backend == "vllm":
+        if engine.enable_eplb and engine.expert_parallel_size() > 1:
+            return None
         return VLLM_SHARED_STREAM_MAX_TOKENS
     if model.mla is None:
         return None
@@ -104,8 +114,9 @@ def beside_token_limit(variant: str) -> int | None:
     return _UNLIMITED if not rest else int(rest[2:])
 
 
-def depends_on_decode_only(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> bool:
+def depends_on_decode_only(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
+                           hw: HardwareSpec) -> bool:
     """Whether a decode-only step can place the shared expert differently from a step with a prompt
     chunk of the same token count (the pricer then keeps their token parts apart)."""
-    return (shared_expert_token_limit(model, engine, precision, decode_only=True)
-            != shared_expert_token_limit(model, engine, precision, decode_only=False))
+    return (shared_expert_token_limit(model, engine, precision, hw, decode_only=True)
+            != shared_expert_token_limit(model, engine, precision, hw, decode_only=False))

@@ -367,7 +367,7 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         add(collective_work(KernelKind.REDUCE_SCATTER, "moe_dp_reduce_scatter", gathered * h * act_b, s.dp), repeat)
     if s.shared_width:
         lin_w = precision.linear_weight_dtype
-        limit = shared_expert_token_limit(model, engine, precision, decode_only=decode_only)
+        limit = shared_expert_token_limit(model, engine, precision, hw, decode_only=decode_only)
         beside = "" if limit is None else beside_variant(limit)
 
         def shared(work: KernelWork, times: int = 1) -> None:

@@ -98,12 +98,14 @@ class StepCostModel:
     def _beside(self, work: KernelWork, limit: int) -> KernelEstimate:
         """A shared-expert kernel beside the routed experts (`sim.graph.shared_experts`): in a step
         of at most `limit` tokens it costs its roofline time, the DRAM / tensor-core share it takes
-        from the routed-expert kernel it hides under; in a larger step, what it costs on its own."""
+        from the routed-expert kernel it hides under; in a larger step, what it costs on its own.
+        Its provenance is the kernel model's for the same kernel: the roofline here is how much of
+        a priced kernel stays exposed, not a fallback for a kernel the model cannot price."""
+        alone = self.estimate(replace(work, variant=""))
         if work.shape[0] > limit:
-            return replace(self.estimate(replace(work, variant="")), work=work)
-        rf = roofline(work, self._hw)
-        return KernelEstimate(work=work, roofline=rf, efficiency=1.0, time_s=rf.time_s(),
-                              provenance=Provenance.ROOFLINE)
+            return replace(alone, work=work)
+        return KernelEstimate(work=work, roofline=alone.roofline, efficiency=1.0,
+                              time_s=alone.roofline.time_s(), provenance=alone.provenance)
 
     def prices_columns(self) -> bool:
         """Whether `estimate_columns` is vectorised (the efficiency model prices columns)."""
@@ -137,11 +139,10 @@ class StepCostModel:
         if beside is None:
             eff, prov = columns.efficiency_columns(cols, hw)
         else:
-            # Shared-expert rows beside the routed experts cost their roofline time (`_beside`);
-            # the rest are priced as the same kernels without the variant.
+            # Shared-expert rows beside the routed experts cost their roofline time (`_beside`),
+            # with the provenance of the same kernels without the variant, which price the rest.
             eff, prov = columns.efficiency_columns(replace(cols, variants=()), hw)
             eff = np.where(beside, 1.0, eff)
-            prov = np.where(beside, int(Provenance.ROOFLINE), prov)
         assert bool(((eff > 0.0) & (eff <= 1.0 + 1e-12)).all()), (cols.kind, eff)
         time_s: np.ndarray = bound / eff
         return time_s, prov
@@ -167,5 +168,7 @@ def _beside_rows(cols: KernelColumns) -> np.ndarray | None:
     limits = [beside_token_limit(str(v)) for v in cols.variants]
     if all(limit is None for limit in limits):
         return None
+    # The column prices the other rows without their variants: only blank ones may share it.
+    assert all(limit is not None or not v for limit, v in zip(limits, cols.variants, strict=True)), cols.kind
     tokens = cols.shape[0]
     return np.array([limit is not None and int(tokens[i]) <= limit for i, limit in enumerate(limits)], dtype=bool)

@@ -11,6 +11,7 @@ from conftest import scenario_dict
 from sim.api import load_host_params, scenario_efficiency, simulate, step_graph
 from sim.calibration.select import EfficiencyModels
 from sim.engine.part_prices import PartPrices, pricing_identity
+from sim.engine.pricer import StepPricer
 from sim.engine.simulation import SimLimits
 from sim.engine.step_parts import PartNodes
 from sim.graph.batch import BatchShape, PrefillChunk
@@ -42,7 +43,7 @@ def scenario(backend: str, model: str = R1, **engine: Any) -> Scenario:
 
 
 def limit(sc: Scenario, decode_only: bool) -> int | None:
-    return shared_expert_token_limit(sc.model, sc.engine, sc.precision, decode_only=decode_only)
+    return shared_expert_token_limit(sc.model, sc.engine, sc.precision, sc.hardware, decode_only=decode_only)
 
 
 def shared_variants(sc: Scenario, batch: BatchShape) -> set[str]:
@@ -59,7 +60,7 @@ def test_sglang_fuses_deepseeks_shared_expert_without_expert_parallelism() -> No
     assert beside_token_limit(beside_variant(limit(sc, False) or 0)) == limit(sc, False) == limit(sc, True)
     # One more expert of the fused kernel in every step, prompt chunks included.
     assert shared_variants(sc, MIXED) == shared_variants(sc, DECODE) == {BESIDE_ROUTED_EXPERTS}
-    assert not depends_on_decode_only(sc.model, sc.engine, sc.precision)
+    assert not depends_on_decode_only(sc.model, sc.engine, sc.precision, sc.hardware)
     ep = scenario("sglang", moe_tensor_parallel_size=1, moe_expert_parallel_size=8)
     assert not sglang_fuses_shared_expert(ep.model, ep.engine, ep.precision)
     assert limit(ep, True) is None and limit(ep, False) is None  # DeepEP: the shared expert runs in line
@@ -79,11 +80,11 @@ def test_sglang_runs_kimis_shared_expert_on_a_second_stream_in_captured_decode_s
 def test_trtllm_overlaps_only_inside_cuda_graphs_and_vllm_up_to_256_tokens() -> None:
     trt = scenario("trtllm", max_cudagraph_capture_size=128)
     assert limit(trt, True) == 128 and limit(trt, False) is None
-    assert depends_on_decode_only(trt.model, trt.engine, trt.precision)
+    assert depends_on_decode_only(trt.model, trt.engine, trt.precision, trt.hardware)
     assert limit(scenario("trtllm", launch_mode="megakernel"), True) is not None
     vllm = scenario("vllm")
     assert limit(vllm, True) == limit(vllm, False) == 256
-    assert not depends_on_decode_only(vllm.model, vllm.engine, vllm.precision)
+    assert not depends_on_decode_only(vllm.model, vllm.engine, vllm.precision, vllm.hardware)
     # vLLM's SharedFusedMoE is every model's; SGLang's and TensorRT-LLM's rules are their DeepSeek code's.
     assert limit(scenario("vllm", QWEN35), False) == 256
     assert limit(scenario("sglang", QWEN35), True) is None
@@ -97,8 +98,10 @@ def test_a_kernel_beside_the_routed_experts_costs_its_roofline_time_within_its_l
     up = nodes["shared_expert_gate_up_proj"]
     assert up.variant == f"{BESIDE_ROUTED_EXPERTS}<=256"
     est = cost.estimate(up)
-    assert est.time_s == roofline(up, sc.hardware).time_s() and est.provenance is Provenance.ROOFLINE
     plain = cost.estimate(replace(up, variant=""))
+    # The roofline is how much of a priced kernel stays exposed: the kernel model's provenance stays.
+    assert est.time_s == roofline(up, sc.hardware).time_s() and est.provenance == plain.provenance
+    assert est.provenance is not Provenance.ROOFLINE
     assert plain.time_s > 5 * est.time_s  # a 16-token GEMM alone is latency-bound
     # Past the limit the kernel runs in line: priced as the same kernel without the variant.
     big = replace(up, variant=f"{BESIDE_ROUTED_EXPERTS}<=8")
@@ -119,11 +122,12 @@ def test_column_prices_of_beside_kernels_follow_their_limit_row_by_row() -> None
     for i, m in enumerate(sizes):
         plain, limited, unlimited = (3 * i + j for j in range(3))
         bound = roofline(works[unlimited], sc.hardware).time_s()
-        assert times[unlimited] == bound and provs[unlimited] == Provenance.ROOFLINE
+        assert times[unlimited] == bound and provs[unlimited] == provs[plain]
         if m <= 512:
-            assert times[limited] == bound and provs[limited] == Provenance.ROOFLINE
+            assert times[limited] == bound
         else:  # in line: the plain kernel's column price, bit for bit
-            assert times[limited] == times[plain] and provs[limited] == provs[plain]
+            assert times[limited] == times[plain]
+        assert provs[limited] == provs[plain]
         assert cost.estimate(works[limited]).time_s == pytest.approx(float(times[limited]), rel=1e-12)
 
 
@@ -179,3 +183,43 @@ def test_models_without_shared_experts_have_no_kernel_beside_the_routed_experts(
     sc = scenario("sglang", "Qwen/Qwen3-235B-A22B")
     assert limit(sc, True) is None
     assert all(not n.work.variant.startswith(BESIDE_ROUTED_EXPERTS) for n in step_graph(sc, DECODE).nodes)
+
+
+def test_no_stream_overlap_off_nvidia_or_under_vllms_expert_parallel_load_balancer() -> None:
+    intel = scenario_from_dict(scenario_dict(
+        hardware={"name": "b60"}, model={"name": "Qwen/Qwen3-30B-A3B"}, engine={"max_model_len": 4096}),
+        source="t.toml")
+    assert intel.hardware.vendor != "nvidia"
+    assert shared_expert_token_limit(intel.model, intel.engine, intel.precision, intel.hardware,
+                                     decode_only=True) is None
+    eplb = scenario("vllm", enable_expert_parallel=True, enable_eplb=True)
+    assert limit(eplb, True) is None and limit(eplb, False) is None
+    assert limit(scenario("vllm", enable_expert_parallel=True), True) == 256
+
+
+def test_the_mtp_drafter_in_a_decode_step_runs_its_shared_expert_as_the_target_does() -> None:
+    sc = scenario_from_dict(scenario_dict(
+        hardware={"name": "h200_sxm"}, model={"name": R1},
+        engine={"max_model_len": 4096, "tensor_parallel_size": 8, "backend": "trtllm", "max_num_seqs": 16,
+                "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}},
+        workload={"num_prompts": 24, "random_input_len": 300, "random_output_len": 30, "request_rate": 20.0}),
+        source="t.toml")
+    nodes = PartNodes(sc)
+    assert nodes.draft is not None
+    for part in (nodes.draft.decode_only_token(12), nodes.draft.decode_only_pass_token(4)):
+        assert {w.variant for w, _ in part if w.name.endswith(_SHARED)} == {beside_variant(32)}
+    assert {w.variant for w, _ in nodes.draft.token(12) if w.name.endswith(_SHARED)} == {""}
+    eff = scenario_efficiency(sc, models=_MODELS)
+    # A decode-only step prices the drafter's token kernels as a decode-only step's.
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, eff), load_host_params("trtllm"))
+    _, parts, _ = pricer._rank_step(((), 4, 512), None)
+    drafted = [sec for part in parts for label, sec in zip(part.labels, part.seconds, strict=True)
+               if label[1] == "draft:shared_expert_gate_up_proj"]
+    cost = StepCostModel(sc.hardware, eff)
+    # The first pass over the 4 x 3 verified tokens, then one pass of 4 tokens (k = 2).
+    beside = [next(w for w, _ in nodes.draft.decode_only_pass_token(n) if w.name.endswith("shared_expert_gate_up_proj"))
+              for n in (12, 4)]
+    assert drafted == [cost.estimate(w).time_s for w in beside]
+    assert all(cost.estimate(w).time_s < cost.estimate(replace(w, variant="")).time_s / 5 for w in beside)
+    bulk = simulate(sc, efficiency=eff)
+    assert bulk.summary == simulate(sc, efficiency=eff, limits=SimLimits(bulk_decode=False)).summary
