@@ -241,19 +241,26 @@ def test_duplicate_configurations_are_answered_from_the_cache(ray_address: str, 
 
 
 def test_killed_actors_are_replaced_and_their_trials_run_again(ray_address: str, tmp_path: Path) -> None:
-    """Trials of ~1 s: when the first result is in, the other queued trials are mid-run; kill every actor."""
+    """Kill every actor as soon as the pool hands back its first result: each actor holds up to two
+    trials, so the one that finished still has its second in flight (killing from the progress
+    callback instead raced the recorder: under load every trial could finish before the first one
+    was recorded, leaving nothing to resubmit)."""
     killed: list[str] = []
-
-    def kill_on_first(result: TrialResult, done: int, total: int) -> None:
-        if not killed:
-            for name in pool.current_actor_names():
-                ray.kill(ray.get_actor(name), no_restart=True)
-                killed.append(name)
-
     space = '"engine.max_num_seqs" = { type = "int", low = 32, high = 256 }\n'
     path = sweep_file(tmp_path, name="kill", sampler="random", n_trials=6, space=space,
                       base_set='"workload.num_prompts" = 300, "workload.request_rate" = 30.0')
-    driver, pool = _driver(tmp_path, path, actors=2, progress=kill_on_first)
+    driver, pool = _driver(tmp_path, path, actors=2)
+    wait = pool.wait
+
+    def wait_then_kill(timeout_s: float | None) -> list[TrialResult]:
+        results = wait(timeout_s)
+        if results and not killed:
+            for name in pool.current_actor_names():
+                ray.kill(ray.get_actor(name), no_restart=True)
+                killed.append(name)
+        return results
+
+    pool.wait = wait_then_kill  # type: ignore[method-assign]
     try:
         report = driver.run()
     finally:
