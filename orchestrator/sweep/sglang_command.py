@@ -3,9 +3,11 @@
 SGLang counts GPUs differently from vLLM: `--tp-size` is every GPU of the engine, and attention
 data parallelism (`--enable-dp-attention` with `--dp-size D`) splits those GPUs into D attention
 groups of tp/D GPUs each, while the MoE layers still span all of them. Expert parallelism is
-`--ep-size`; with it above 1 the experts exchange tokens through DeepEP (`--moe-a2a-backend deepep`,
-whose auto mode runs the normal kernels for prefill and the low-latency ones for decode, as the
-simulator prices them). For a dense model, data parallelism is plain replication (`--dp-size`
+`--ep-size`; with it above 1 under attention DP the experts exchange tokens through DeepEP
+(`--moe-a2a-backend deepep`, whose auto mode runs the normal kernels for prefill and the low-latency
+ones for decode, as the simulator prices them); without attention DP every rank holds the whole batch
+and the line keeps SGLang's default (no all-to-all), as the simulator prices it
+(`sim.graph.moe.uses_expert_all_to_all`). For a dense model, data parallelism is plain replication (`--dp-size`
 without attention DP). Settings without an SGLang flag (prefix caching on, the routing skew,
 kernelsight's own keys) are left out; a hybrid linear-attention model's line carries
 `--mamba-full-memory-ratio`. Under DP attention SGLang divides `--max-running-requests` and
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import shlex
 
+from sim.graph.moe import uses_expert_all_to_all
 from sim.specs.catalog import serve_model_id
 from sim.specs.scenario import Scenario
 
@@ -43,7 +46,9 @@ def sglang_launch_command(scenario: Scenario) -> str:
         args += ["--pp-size", str(engine.pipeline_parallel_size)]
     ep = engine.expert_parallel_size() if moe else 1
     if ep > 1:
-        args += ["--ep-size", str(ep), "--moe-a2a-backend", "deepep"]
+        args += ["--ep-size", str(ep)]
+        if uses_expert_all_to_all(engine):
+            args += ["--moe-a2a-backend", "deepep"]
     if engine.max_model_len is not None:
         args += ["--context-length", str(engine.max_model_len)]
     if engine.max_num_seqs is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.moe_routing import moe_rank0_load, moe_rank0_loads, served
-from sim.specs.engine import routing_alpha
+from sim.specs.engine import EngineParams, routing_alpha
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +95,19 @@ def deepep_bytes_per_selection(hidden: int, *, fp8_dispatch: bool) -> float:
     """Dispatch plus combine bytes of one (token, expert) selection in DeepEP."""
     dispatch = hidden + hidden / 128 * 4 + 16 if fp8_dispatch else 2.0 * hidden
     return dispatch + 2.0 * hidden
+
+
+def uses_expert_all_to_all(engine: EngineParams) -> bool:
+    """Whether the MoE layers move tokens between ranks: expert parallelism over attention-DP ranks.
+
+    With attention data parallelism each rank holds only its own batch, so tokens travel to the
+    ranks of their experts and back (DeepEP dispatch + combine). Without it every rank of the
+    expert-parallel group holds the whole batch (attention's output is all-reduced over TP), so the
+    engines run each rank's local experts on all tokens and sum the partial outputs in the layer's
+    tensor-parallel all-reduce: vLLM (`use_all2all_kernels = dp_size > 1 and use_ep`), TensorRT-LLM
+    (`CutlassFusedMoE` gathers only `if self.use_dp and self.parallel_size > 1`) and SGLang with its
+    default `moe_a2a_backend = none`."""
+    return engine.expert_parallel_size() > 1 and engine.data_parallel_size > 1
 
 
 def ep_all_to_all_work(*, tokens_per_rank: int, hidden: int, topk: int, num_experts: int, ep: int,

@@ -7,7 +7,8 @@ read from the engine's source):
   expert and 256 routed experts (DeepSeek-V3 / R1, GLM-5), no expert parallelism and the shared and
   routed experts in one weight format, `determine_num_fused_shared_experts` makes the shared expert
   a 257th expert of the fused MoE kernel that every token takes (top-k + 1), in every step.
-  Otherwise, without expert parallelism, `DeepseekV2MoE.forward_normal_dual_stream` runs the shared
+  Otherwise, unless the experts' tokens travel by DeepEP (`sim.graph.moe.uses_expert_all_to_all`),
+  `DeepseekV2MoE.forward_normal_dual_stream` runs the shared
   expert on a second CUDA stream beside the router and routed experts in captured decode batches of
   at most 1,024 tokens (`DUAL_STREAM_TOKEN_THRESHOLD`). Its other MoE models (Qwen3.5, Qwen3-MoE,
   MiniMax) run them one after the other here: their SGLang code was not checked for a second
@@ -17,7 +18,8 @@ read from the engine's source):
   generation-only steps.
 - **vLLM** (`SharedFusedMoE`, every model with shared experts): the shared expert runs on its own
   stream when the step has at most `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens, but
-  not with the expert-parallel load balancer over an all-to-all backend (EPLB with EP > 1).
+  not with the expert-parallel load balancer over an all-to-all backend (EPLB with expert
+  parallelism over attention-DP ranks).
 
 Streams are CUDA's: on other vendors' GPUs every engine runs the shared expert in line.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from sim.graph.moe import uses_expert_all_to_all
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -86,14 +89,14 @@ def shared_expert_token_limit(model: ModelSpec, engine: EngineParams, precision:
         return None
     backend = engine.backend
     if backend == "vllm":
-        if engine.enable_eplb and engine.expert_parallel_size() > 1:
+        if engine.enable_eplb and uses_expert_all_to_all(engine):
             return None
         return VLLM_SHARED_STREAM_MAX_TOKENS
     if model.mla is None:
         return None
     if backend == "sglang" and sglang_fuses_shared_expert(model, engine, precision):
         return _UNLIMITED
-    if not decode_only or (backend == "sglang" and engine.expert_parallel_size() > 1):
+    if not decode_only or (backend == "sglang" and uses_expert_all_to_all(engine)):
         return None
     limit = _capture_limit(engine)
     if limit is not None and backend == "sglang":

@@ -16,9 +16,11 @@ output multiplied by sigmoid of q_proj's second half) in the others.
 MoE layouts (vLLM): the MoE layers run over the TP x DP GPUs of a replica as moe_tp x moe_ep
 (`EngineParams.moe_tp_size`, `expert_parallel_size`); attention runs per data-parallel rank with
 attention TP = `tensor_parallel_size`. Each DP rank's batch is assumed alike, so an MoE layer sees
-num_tokens = step tokens x DP. With expert parallelism the tokens travel by DeepEP all-to-all
-(each attention-TP rank dispatches its 1/TP slice); without it and DP > 1 they are all-gathered
-over the DP group before the experts and reduce-scattered after (vLLM's naive DP dispatch).
+num_tokens = step tokens x DP. With expert parallelism over DP > 1 the tokens travel by DeepEP
+all-to-all (each attention-TP rank dispatches its 1/TP slice); with it and DP = 1 every rank holds
+the whole batch and the layer's TP all-reduce sums the experts' partial outputs
+(`sim.graph.moe.uses_expert_all_to_all`); without it and DP > 1 they are all-gathered over the DP
+group before the experts and reduce-scattered after (vLLM's naive DP dispatch).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from sim.dtypes import DType
 from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork, gemm_work, pointwise_work
-from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work
+from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work, uses_expert_all_to_all
 from sim.graph.shared_experts import beside_variant, shared_expert_token_limit
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
@@ -347,7 +349,8 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
     h = s.hidden
     gathered = t * s.dp
     add(gemm_work("moe_router", t, moe.num_experts, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
-    if s.ep > 1:
+    all_to_all = uses_expert_all_to_all(engine)
+    if all_to_all:
         a2a = ep_all_to_all_work(tokens_per_rank=-(-t // s.tp), hidden=h, topk=moe.num_experts_per_token,
                                  num_experts=moe.num_experts, ep=s.ep, nvlink_domain=hw.nvlink_domain(),
                                  fp8_dispatch=hw.supports(DType.FP8), decode_only=decode_only)
@@ -359,8 +362,9 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
                  topk=moe.num_experts_per_token, num_experts=engine.physical_experts(moe.num_experts),
                  moe_tp=s.moe_tp, moe_ep=s.ep, routing=eplb_routing(engine.moe_routing) if eplb else engine.moe_routing,
                  weight_dtype=ew, act=act), repeat)
-    if s.ep > 1 and s.moe_tp > 1:
-        # Partial sums of the expert outputs over the MoE-TP group.
+    if all_to_all and s.moe_tp > 1:
+        # Partial sums of the expert outputs over the MoE-TP group (without the all-to-all, the
+        # layer's TP all-reduce sums every rank's partial outputs).
         add(collective_work(KernelKind.ALL_REDUCE, "moe_tp_all_reduce", -(-t // s.tp) * h * act_b, s.moe_tp),
             repeat)
     elif s.ep == 1 and s.dp > 1:

@@ -46,6 +46,8 @@ def test_hybrid_linear_attention_model_carries_its_state_memory_split() -> None:
     f = _flags(sglang_launch_command(sc))
     assert f["--model-path"] == "Qwen/Qwen3.5-397B-A17B" and f["--mamba-full-memory-ratio"] == "0.5"
     assert (f["--tp-size"], f["--ep-size"]) == ("8", "8")
+    # Expert parallelism without attention DP moves no tokens: SGLang's default, no DeepEP.
+    assert "--moe-a2a-backend" not in f and "--enable-dp-attention" not in f
     dense = _flags(sglang_launch_command(load_scenario(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml")))
     assert "--mamba-full-memory-ratio" not in dense
 

@@ -290,19 +290,22 @@ def test_a_rebuild_that_departs_from_the_real_nodes_is_refused() -> None:
 
 @pytest.mark.parametrize("moe_tp", [None, 2])
 def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int | None) -> None:
-    """With attention TP 8 and expert parallelism, the expert all-to-all (and with MoE-TP the MoE-TP
-    all-reduce) moves ceil(t / 8) tokens: no polynomial of t, one of ceil(t / 8). The token family
-    is block priced with those rows in the quotient, not priced count by count."""
+    """With attention TP 4 over 2 attention-DP ranks and expert parallelism, the expert all-to-all
+    (and with MoE-TP the MoE-TP all-reduce) moves ceil(t / 4) tokens: no polynomial of t, one of
+    ceil(t / 4). The token family is block priced with those rows in the quotient, not priced count
+    by count."""
     overrides: dict[str, Any] = {"model.name": "deepseek-ai/DeepSeek-R1", "hardware.name": "h200_sxm",
-                                 "engine.tensor_parallel_size": 8, "engine.enable_expert_parallel": True}
+                                 "engine.tensor_parallel_size": 4, "engine.data_parallel_size": 2,
+                                 "engine.enable_expert_parallel": True}
     if moe_tp is not None:
         overrides["engine.moe_tensor_parallel_size"] = moe_tp
+        overrides["engine.moe_expert_parallel_size"] = 8 // moe_tp
     sc = load_scenario(LLAMA70, overrides)
     nodes = _pricers(sc)[0].parts.prices.nodes
     top = 8192
     rebuild = {KernelKind.MOE: nodes._moe_at}
     assert PolynomialNodes.of(nodes.token, top, rebuild) is None  # in t alone: no form
-    template = PolynomialNodes.of(nodes.token, top, rebuild, divisor=8)
+    template = PolynomialNodes.of(nodes.token, top, rebuild, divisor=4)
     assert template is not None
     quotient = {template.nodes[template.row_of.index(r)][1] for r in range(template.num_rows)
                 if template.in_quotient[r]}
@@ -314,7 +317,7 @@ def test_rows_of_one_tp_ranks_tokens_are_polynomials_of_the_quotient(moe_tp: int
             out = [(dataclasses.replace(w, comm_bytes=w.comm_bytes + 1.0) if w.name == "moe_all_to_all" else w, r)
                    for w, r in out]
         return out
-    assert PolynomialNodes.of(off, top, rebuild, divisor=8) is None
+    assert PolynomialNodes.of(off, top, rebuild, divisor=4) is None
     block, _ = _pricers(sc)
     for t in (*range(100, 100 + BLOCK_FROM_ASK), 5000):
         block.step_s((((t, 0, True),), 0, 0))

@@ -109,11 +109,22 @@ def test_moe_graph_has_one_fused_moe_node_and_deepep_all_to_all_with_ep() -> Non
     # rank 0: 16 tokens x top-2 / EP 2 = 16 pairs over 4 local experts of full width
     assert moe.work.flops == 2 * 3 * 16 * 4096 * 14336
     assert moe.work.weight_bytes == 4 * 3 * 4096 * 14336 * 2
+    # Without attention DP both ranks hold the whole batch: no token moves, and the layer's TP
+    # all-reduce sums the two ranks' expert outputs (vLLM's use_all2all_kernels needs dp_size > 1).
+    assert KernelKind.EP_ALL_TO_ALL not in kinds
+    reduce = next(n for n in graph.nodes if n.work.name == "mlp_all_reduce")
+    assert reduce.repeat == 32 and reduce.work.group_size == 2
+    # Over attention-DP ranks the tokens travel by DeepEP: each rank dispatches its own 16.
+    dp = scenario_from_dict(scenario_dict(model={"name": "mistralai/Mixtral-8x7B-v0.1"},
+                                          engine={"data_parallel_size": 2, "enable_expert_parallel": True,
+                                                  "moe_routing": "balanced"}), source="test")
+    graph = step_graph(dp, BatchShape(decode_context_tokens=(100,) * 16))
+    assert next(n for n in graph.nodes if n.work.kind is KernelKind.MOE).work.shape == (32, 4096, 14336, 2, 8, 1, 2)
     a2a = next(n for n in graph.nodes if n.work.kind is KernelKind.EP_ALL_TO_ALL)
-    # each TP rank dispatches 8 of the 16 tokens; FP8 dispatch + BF16 combine per selection
-    assert a2a.work.shape == (8, 4096, 2, 8, 2, 1) and a2a.work.variant == "low_latency"
-    assert a2a.work.comm_bytes == 8 * 2 * ((4096 + 4096 / 128 * 4 + 16) + 2 * 4096)
-    prefill = step_graph(sc, BatchShape(prefills=(PrefillChunk(new_tokens=16),)))
+    # FP8 dispatch + BF16 combine per selection
+    assert a2a.work.shape == (16, 4096, 2, 8, 2, 1) and a2a.work.variant == "low_latency"
+    assert a2a.work.comm_bytes == 16 * 2 * ((4096 + 4096 / 128 * 4 + 16) + 2 * 4096)
+    prefill = step_graph(dp, BatchShape(prefills=(PrefillChunk(new_tokens=16),)))
     assert next(n for n in prefill.nodes if n.work.kind is KernelKind.EP_ALL_TO_ALL).work.variant == "normal"
 
 

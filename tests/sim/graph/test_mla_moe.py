@@ -132,6 +132,11 @@ def test_moe_layout_factorisations() -> None:
     assert moe.shape == (8, 7168, 2048, 8, 256, 2, 2)
     assert moe.flops == 2 * 3 * (8 * 8 / 2) * 7168 * (2048 / 2)
     names = [n.work.name for n in step_graph(sc, BatchShape(decode_context_tokens=(10,) * 8)).nodes]
+    # DP 1: every rank holds the batch; the TP all-reduce sums the MoE-TP and EP partial outputs.
+    assert "moe_tp_all_reduce" not in names and "moe_all_to_all" not in names and "mlp_all_reduce" in names
+    dp = scenario(tensor_parallel_size=2, data_parallel_size=2, moe_tensor_parallel_size=2,
+                  moe_expert_parallel_size=2, moe_routing="balanced")
+    names = [n.work.name for n in step_graph(dp, BatchShape(decode_context_tokens=(10,) * 8)).nodes]
     assert "moe_tp_all_reduce" in names and "moe_all_to_all" in names
 
 

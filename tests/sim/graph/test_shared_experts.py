@@ -63,7 +63,11 @@ def test_sglang_fuses_deepseeks_shared_expert_without_expert_parallelism() -> No
     assert not depends_on_decode_only(sc.model, sc.engine, sc.precision, sc.hardware)
     ep = scenario("sglang", moe_tensor_parallel_size=1, moe_expert_parallel_size=8)
     assert not sglang_fuses_shared_expert(ep.model, ep.engine, ep.precision)
-    assert limit(ep, True) is None and limit(ep, False) is None  # DeepEP: the shared expert runs in line
+    # Expert parallelism without attention DP: no fusion, the dual stream in captured decode steps.
+    assert limit(ep, True) == min(ep.engine.max_cudagraph_capture_size or 0, 1024) and limit(ep, False) is None
+    deepep = scenario("sglang", tensor_parallel_size=1, data_parallel_size=8, moe_tensor_parallel_size=1,
+                      moe_expert_parallel_size=8)
+    assert limit(deepep, True) is None and limit(deepep, False) is None  # DeepEP: in line
 
 
 def test_sglang_runs_kimis_shared_expert_on_a_second_stream_in_captured_decode_steps() -> None:
@@ -192,9 +196,12 @@ def test_no_stream_overlap_off_nvidia_or_under_vllms_expert_parallel_load_balanc
     assert intel.hardware.vendor != "nvidia"
     assert shared_expert_token_limit(intel.model, intel.engine, intel.precision, intel.hardware,
                                      decode_only=True) is None
-    eplb = scenario("vllm", enable_expert_parallel=True, enable_eplb=True)
+    eplb = scenario("vllm", tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True,
+                    enable_eplb=True)
     assert limit(eplb, True) is None and limit(eplb, False) is None
-    assert limit(scenario("vllm", enable_expert_parallel=True), True) == 256
+    assert limit(replace(eplb, engine=replace(eplb.engine, enable_eplb=False)), True) == 256
+    # Without attention DP no token moves, so EPLB does not take vLLM's all-to-all path.
+    assert limit(scenario("vllm", enable_expert_parallel=True, enable_eplb=True), True) == 256
 
 
 def test_the_mtp_drafter_in_a_decode_step_runs_its_shared_expert_as_the_target_does() -> None:
