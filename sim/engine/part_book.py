@@ -51,8 +51,8 @@ class PartBook:
         self._nodes = prices.nodes
         self._bucket = decode_context_bucket_tokens
         self._token_parts: dict[int, Part] = {}
-        """Token parts by count; negative counts key decode-only steps' parts (expert-parallel
-        models: their all-to-all runs in low-latency mode)."""
+        """Token parts by count; negative counts key decode-only steps' parts (their expert
+        all-to-all runs in low-latency mode, their shared expert may run beside the routed ones)."""
         self._sampling_parts: dict[int, Part] = {}
         self._prefill_parts: dict[tuple[int, int, int], Part] = {}
         self._decode_parts: dict[tuple[int, int], Part] = {}

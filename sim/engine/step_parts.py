@@ -18,9 +18,10 @@ needs: the token part by the token count, the sampling part by the sampled count
 by its new tokens (for one context and multiplicity), a decode part by its decode count (for one
 mean context) or, equally, by its mean-context bucket (for one decode count: the pricer takes the
 axis a run moves on, `PartBook.decode`). A family is named by a `PartFamily` key: ("token",),
-("token", "decode_only") (a decode-only step of an expert-parallel model, whose all-to-all runs in
-low-latency mode, or of an engine that runs the shared expert beside the routed ones only in
-captured decode steps), ("sampling",), ("prefill", context_tokens, count), ("decode", mean_context_tokens),
+("token", "decode_only") (a decode-only step of a model whose experts exchange tokens by DeepEP,
+whose all-to-all runs in low-latency mode there, or of an engine that runs the shared expert beside
+the routed ones only in captured decode steps), ("sampling",), ("prefill", context_tokens, count),
+("decode", mean_context_tokens),
 ("decode_at", decode_count, bucket_tokens) (count: the bucket, mean context = bucket x bucket_tokens),
 ("prefill_at", new_tokens, count, stride) (a prompt chunk of one size indexed by its context in steps
 of `stride` tokens: the other axis of a prefill part at a nonzero context), ("verify",
@@ -104,8 +105,8 @@ class PartNodes:
 
     def token(self, num_tokens: int, decode_only: bool = False) -> NodeList:
         """Kernels of any batch of `num_tokens` tokens; a decode-only step launches the expert
-        all-to-all in low-latency mode and may run the shared expert beside the routed ones
-        (`sim.graph.shared_experts`)."""
+        all-to-all (where there is one) in low-latency mode and may run the shared expert beside the
+        routed ones (`sim.graph.shared_experts`)."""
         return self.non_attention(num_tokens, 0, decode_only=decode_only)
 
     def decode_only_token(self, num_tokens: int) -> NodeList:

@@ -18,8 +18,9 @@ read from the engine's source):
   generation-only steps.
 - **vLLM** (`SharedFusedMoE`, every model with shared experts): the shared expert runs on its own
   stream when the step has at most `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD` (256) tokens, but
-  not with the expert-parallel load balancer over an all-to-all backend (EPLB with expert
-  parallelism over attention-DP ranks).
+  not with the expert-parallel load balancer and an all-to-all backend other than
+  allgather-reducescatter; the simulator prices vLLM's token exchange as DeepEP where there is one
+  (expert parallelism over attention-DP ranks), so that is where EPLB turns the overlap off.
 
 Streams are CUDA's: on other vendors' GPUs every engine runs the shared expert in line.
 
