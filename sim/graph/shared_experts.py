@@ -8,9 +8,9 @@ read from the engine's source):
   routed experts in one weight format, `determine_num_fused_shared_experts` makes the shared expert
   a 257th expert of the fused MoE kernel that every token takes (top-k + 1), in every step.
   Otherwise, unless the experts' tokens travel by DeepEP (`sim.graph.moe.uses_expert_all_to_all`),
-  `DeepseekV2MoE.forward_normal_dual_stream` runs the shared
-  expert on a second CUDA stream beside the router and routed experts in captured decode batches of
-  at most 1,024 tokens (`DUAL_STREAM_TOKEN_THRESHOLD`). Its other MoE models (Qwen3.5, Qwen3-MoE,
+  `DeepseekV2MoE.forward_normal_dual_stream` runs the shared expert on a second CUDA stream beside
+  the router and routed experts in captured decode batches of at most 1,024 tokens
+  (`DUAL_STREAM_TOKEN_THRESHOLD`). Its other MoE models (Qwen3.5, Qwen3-MoE,
   MiniMax) run them one after the other here: their SGLang code was not checked for a second
   stream, so the price stays the conservative one.
 - **TensorRT-LLM** (`Deepseekv3MoE`, DeepSeek-V3 / R1, Kimi-K2, GLM-5): `maybe_execute_in_parallel`
