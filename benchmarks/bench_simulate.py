@@ -54,11 +54,11 @@ class _PricingClock:
             setattr(cls, name, self._timed(getattr(cls, name)))
 
     def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             self._depth += 1
             start = time.process_time() if self._depth == 1 else 0.0
             try:
-                return method(*args)
+                return method(*args, **kwargs)
             finally:
                 self._depth -= 1
                 if self._depth == 0:
