@@ -86,13 +86,50 @@ class CollectivePhysics:
     proto: np.ndarray
 
 
+def host_path_bandwidth(group: np.ndarray, hw: HardwareSpec, peer_group_size: int) -> np.ndarray:
+    """Bandwidth per GPU of the slowest hop of a collective over `group` GPUs of one PCIe node whose
+    GPUs reach each other peer-to-peer in groups of `peer_group_size`; infinite inside one group,
+    on NVLink nodes and for groups that span nodes. Between peer groups NCCL's shared-memory
+    transport moves each byte through a host-memory buffer (over PCIe twice: in, then out), and a
+    ring's c crossings share that host path: pcie / (2 c)."""
+    n = np.asarray(group, dtype=float)
+    out = np.full(n.shape, np.inf)
+    if hw.intra_node_link.kind != "pcie" or peer_group_size >= hw.num_gpus_per_node:
+        return out
+    crossings = np.ceil(n / peer_group_size)
+    crossed = (crossings > 1) & (n <= hw.num_gpus_per_node)
+    out[crossed] = hw.pcie_bandwidth_bytes_per_s / (2.0 * crossings[crossed])
+    return out
+
+
+def topology_log_factor(op: str, msg_bytes: np.ndarray | float, group: np.ndarray | float,
+                        hw: HardwareSpec) -> np.ndarray:
+    """log(baseline on `hw`'s PCIe peer groups / baseline on the peer groups of the host its kernel
+    tables were measured on): what a fitted collective's time gains or loses on a node wired
+    otherwise than that host (`HardwareSpec.pcie_peer_group_size` against
+    `tables_pcie_peer_group_size`); zeros where the two agree."""
+    m, n = np.broadcast_arrays(np.atleast_1d(np.asarray(msg_bytes, dtype=float)),
+                               np.atleast_1d(np.asarray(group, dtype=float)))
+    here, tables = hw.pcie_peer_group_size, hw.tables_pcie_peer_group_size
+    if here is None or tables is None or here == tables or hw.intra_node_link.kind != "pcie":
+        return np.zeros(m.shape)
+    ours = nccl_time(op, m, n, hw, here).time_s
+    theirs = nccl_time(op, m, n, hw, tables).time_s
+    out: np.ndarray = np.log(ours / theirs)
+    return out
+
+
 def _link_class(kind: str) -> str:
     return "nvlink" if kind == "nvlink" else "pcie"
 
 
-def nccl_time(op: str, msg_bytes: np.ndarray | float, group: np.ndarray | float, hw: HardwareSpec) -> CollectivePhysics:
+def nccl_time(op: str, msg_bytes: np.ndarray | float, group: np.ndarray | float, hw: HardwareSpec,
+              peer_group_size: int | None = None) -> CollectivePhysics:
     """NCCL's cheapest (algorithm, protocol) for `op` (all_reduce, all_gather, reduce_scatter,
-    alltoall, send_recv) on `group` GPUs of `hw` moving `msg_bytes` per GPU (the buffer)."""
+    alltoall, send_recv) on `group` GPUs of `hw` moving `msg_bytes` per GPU (the buffer).
+    `peer_group_size`: on a PCIe node, GPUs per peer-to-peer group, whose crossings pass through host
+    memory (`host_path_bandwidth`); None = the fitted families' baseline, which leaves the host's
+    topology to their residual (`topology_log_factor` compares two topologies)."""
     m = np.atleast_1d(np.asarray(msg_bytes, dtype=float))
     n = np.broadcast_to(np.atleast_1d(np.asarray(group, dtype=float)), m.shape)
     gen = generation_index(hw.sm_version)
@@ -105,6 +142,8 @@ def nccl_time(op: str, msg_bytes: np.ndarray | float, group: np.ndarray | float,
     nodes = np.maximum(np.ceil(n / per_node), 1.0)
     intra_kind = _link_class(hw.intra_node_link.kind)
     bw = np.where(intra, hw.intra_node_link.bandwidth_bytes_per_s, hw.inter_node_link.bandwidth_bytes_per_s)
+    if peer_group_size is not None:
+        bw = np.minimum(bw, host_path_bandwidth(n, hw, peer_group_size))
     nvlink_ok = intra & (hw.intra_node_link.kind == "nvlink")
     steps_frac = 2.0 if op == "all_reduce" else 1.0
     ones = np.ones_like(m)

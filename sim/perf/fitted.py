@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.perf.collective_model import nccl_time, physics_prims
+from sim.perf.collective_model import nccl_time, physics_prims, topology_log_factor
 from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.kernel_features import (
     COLLECTIVE_FAMILIES,
@@ -195,6 +195,9 @@ class FittedEfficiency:
                                                     {"op": "all_reduce", "variant": variant}, hw)
             if c_y < y:
                 y, outside, corrected = c_y, c_outside, c_corrected
+        if family in COLLECTIVE_FAMILIES and hw.pcie_peer_group_size != hw.tables_pcie_peer_group_size:
+            shift = float(topology_log_factor(_physics_op(work.kind), work.comm_bytes, work.group_size, hw)[0])
+            y = min(max(y + shift, 0.0), _MAX_LOG_SLOWDOWN)
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
             prov = Provenance.EXTRAPOLATED
@@ -330,6 +333,9 @@ class FittedEfficiency:
             take = (c_y < y) & (cols.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES)
             y, outside, corrected = (np.where(take, c_y, y), np.where(take, c_outside, outside),
                                      np.where(take, c_corrected, corrected))
+        if family in COLLECTIVE_FAMILIES and hw.pcie_peer_group_size != hw.tables_pcie_peer_group_size:
+            shift = topology_log_factor(_physics_op(cols.kind), cols.comm_bytes, cols.group_size, hw)
+            y = np.clip(y + shift, 0.0, _MAX_LOG_SLOWDOWN)
         prov = np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED))
         if cols.kind in _PROXY_KINDS:
             prov[:] = int(Provenance.EXTRAPOLATED)

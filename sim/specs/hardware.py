@@ -94,6 +94,14 @@ class HardwareSpec:
     when the spec is built, so it is always an int afterwards)."""
     nvlink: NvlinkSpec | None = None
     """NVLink fabric (`[nvlink]`); None for GPUs without NVLink."""
+    pcie_peer_group_size: int | None = None
+    """PCIe-only nodes: GPUs that reach each other peer-to-peer (behind one PCIe switch); a
+    collective over more GPUs passes between the groups through host memory. None = every GPU of
+    the node; resolved to `num_gpus_per_node` on load."""
+    tables_pcie_peer_group_size: int | None = None
+    """`pcie_peer_group_size` of the host the GPU's measured kernel tables come from, which the
+    fitted collective families describe; a scenario that sets another `pcie_peer_group_size`
+    prices its collectives relative to it. None = `pcie_peer_group_size` (resolved on load)."""
     source: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Where each group of numbers comes from."""
 
@@ -106,6 +114,15 @@ class HardwareSpec:
         require(domain >= self.num_gpus_per_node
                 and domain % self.num_gpus_per_node == 0, "nvlink_domain_size", domain,
                 f"must be a multiple of num_gpus_per_node ({self.num_gpus_per_node}): a domain of whole nodes")
+        for key in ("pcie_peer_group_size", "tables_pcie_peer_group_size"):
+            fallback = self.pcie_peer_group_size if key == "tables_pcie_peer_group_size" else None
+            peers = getattr(self, key)
+            peers = (fallback or self.num_gpus_per_node) if peers is None else peers
+            object.__setattr__(self, key, peers)
+            require(1 <= peers <= self.num_gpus_per_node and self.num_gpus_per_node % peers == 0, key, peers,
+                    f"must divide num_gpus_per_node ({self.num_gpus_per_node}): the node's GPUs in equal peer groups")
+            require(peers == self.num_gpus_per_node or self.intra_node_link.kind == "pcie", key, peers,
+                    f"applies to PCIe nodes only (intra_node_link.kind is {self.intra_node_link.kind!r})")
         rates = ("boost_clock_hz", "hbm_bandwidth_bytes_per_s", "power_w", "pcie_bandwidth_bytes_per_s")
         for key in rates:
             value = getattr(self, key)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from sim.errors import ConfigError
-from sim.serde import apply_overrides, build, config_hash, require, to_jsonable
+from sim.serde import FieldError, apply_overrides, build, config_hash, require, to_jsonable
 from sim.specs.autoscaling import AutoscalingSpec
 from sim.specs.catalog import load_hardware, load_model, read_toml
 from sim.specs.disaggregation import Connector, DisaggregationSection, PoolName, PoolSection, TransferLink
@@ -49,10 +49,15 @@ class HardwareSection:
     """Catalog name (`kernelsight list hardware`) or a path to a hardware TOML."""
     price_per_gpu_hour_usd: float | None = None
     """Overrides the shipped price table for cost metrics."""
+    pcie_peer_group_size: int | None = None
+    """Overrides the hardware spec's `pcie_peer_group_size`: how the node you run on wires its
+    PCIe GPUs (`nvidia-smi topo -p2p r`); None = the spec's."""
 
     def __post_init__(self) -> None:
         price = self.price_per_gpu_hour_usd
         require(price is None or price >= 0, "price_per_gpu_hour_usd", price, "must be >= 0")
+        peers = self.pcie_peer_group_size
+        require(peers is None or peers >= 1, "pcie_peer_group_size", peers, "must be >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,7 +195,7 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
                "speculative_config", "attention_dp_enable_balance", "attention_dp_timeout_iters",
                "attention_dp_batching_wait_iters", "mamba_full_memory_ratio", "max_attention_window",
                "api_server_latency_s"),
-    "hardware": ("nvlink_domain_size", "nvlink"),
+    "hardware": ("nvlink_domain_size", "nvlink", "pcie_peer_group_size", "tables_pcie_peer_group_size"),
     "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate", "mlp_gated",
               "mlp_bias", "parallel_attention", "layer_norms_per_layer"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
@@ -214,8 +219,10 @@ def stable_identity(section: str, value: Any) -> Any:
     if not later or not isinstance(data, dict):
         return data
     defaults = {f.name: f.default for f in fields(value) if f.name in later}
-    if "nvlink_domain_size" in defaults:  # resolved on load: the default domain is one node
-        defaults["nvlink_domain_size"] = value.num_gpus_per_node
+    # Resolved on load: the default NVLink domain and PCIe peer groups are one node.
+    for key in ("nvlink_domain_size", "pcie_peer_group_size", "tables_pcie_peer_group_size"):
+        if key in defaults:
+            defaults[key] = value.num_gpus_per_node
     return {k: v for k, v in data.items() if k not in defaults or v != to_jsonable(defaults[k])}
 
 
@@ -262,6 +269,14 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
             raise ConfigError(source=source, key=key, value=value,
                               rule="file not found (a relative path is relative to the scenario file)")
     hardware = _resolve(load_hardware, sections.hardware.name, source, "hardware.name")
+    peers = sections.hardware.pcie_peer_group_size
+    if peers is not None:
+        # The spec's tables_pcie_peer_group_size (resolved) keeps the host its tables describe.
+        try:
+            hardware = replace(hardware, pcie_peer_group_size=peers)
+        except FieldError as exc:
+            raise ConfigError(source=source, key="hardware.pcie_peer_group_size", value=peers,
+                              rule=f"{exc.rule} ({hardware.name})") from None
     model = _resolve(load_model, sections.model.name, source, "model.name")
     if sections.model.max_position_embeddings is not None:
         model = replace(model, max_position_embeddings=sections.model.max_position_embeddings)

@@ -93,7 +93,8 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     if r["precision"] == "FP16":
         engine["dtype"] = "float16"
     base["notes"] += _engine_flow_attention(engine, cache.model(arch), r["doc_version"])
-    sections: dict[str, Any] = {"seed": 0, "hardware": {"name": hw}, "model": {"name": arch}, "engine": engine,
+    hardware, base["notes"] = _benchmark_host(hw, cache, base["notes"])
+    sections: dict[str, Any] = {"seed": 0, "hardware": hardware, "model": {"name": arch}, "engine": engine,
                                 "workload": {"dataset_name": "fixed", "random_input_len": isl,
                                              "random_output_len": osl, "num_prompts": n,
                                              "request_rate": math.inf, "ignore_eos": True}}
@@ -110,6 +111,21 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     steady = max(1, min(max_bs * pp, _kv_requests(mem, isl, osl)))
     replay = Replay(kind="offline", num_requests=n, concurrency=steady)
     return ValidationRow(**base, sections=sections, replay=replay)
+
+
+def _benchmark_host(hw: str, cache: SpecCache, notes: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The `[hardware]` section of a row measured on NVIDIA's benchmark hosts, and its notes. Where
+    the catalog spec describes AIConfigurator's collection host, whose PCIe GPUs reach each other
+    peer-to-peer only in groups (`pcie_peer_group_size`), the row's host has P2P across the node:
+    NVIDIA's published tables scale with TP as such a host does (docs/kernel-model.md, "PCIe peer
+    groups"); the documents do not name their PCIe servers."""
+    spec = cache.hardware(hw)
+    if spec.pcie_peer_group_size is None or spec.pcie_peer_group_size >= spec.num_gpus_per_node:
+        return {"name": hw}, notes
+    note = (f"NVIDIA's benchmark host: PCIe peer-to-peer across its {spec.num_gpus_per_node} GPUs "
+            f"(hardware.pcie_peer_group_size = {spec.num_gpus_per_node}; the {hw} spec's "
+            f"{spec.pcie_peer_group_size} is AIConfigurator's collection host)")
+    return {"name": hw, "pcie_peer_group_size": spec.num_gpus_per_node}, (*notes, note)
 
 
 def _engine_flow_attention(engine: dict[str, Any], model: ModelSpec, version: str) -> tuple[str, ...]:
@@ -171,7 +187,8 @@ def _static_row(r: dict[str, str], index: int, profile: EngineProfile, cache: Sp
         model["max_position_embeddings"] = isl + osl
         base["notes"] += (f"{isl} + {osl} tokens run past the config's max_position_embeddings={positions}, "
                           "as the TensorRT-LLM engine was built",)
-    sections = {"seed": 0, "hardware": {"name": hw}, "model": model, "engine": engine,
+    hardware, base["notes"] = _benchmark_host(hw, cache, base["notes"])
+    sections = {"seed": 0, "hardware": hardware, "model": model, "engine": engine,
                 "workload": {"dataset_name": "fixed", "random_input_len": isl, "random_output_len": osl,
                              "num_prompts": batch, "request_rate": math.inf, "ignore_eos": True}}
     replay = Replay(kind="single_request" if bs1 else "static_batch", num_requests=batch, concurrency=batch)

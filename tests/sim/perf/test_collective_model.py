@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.calibration.select import efficiency_model_for
 from sim.dtypes import DType
 from sim.errors import ConfigError
 from sim.graph.kernels import KernelKind, KernelWork
@@ -26,7 +27,9 @@ from sim.perf.collective_model import (
     SIMPLE,
     custom_allreduce_time_s,
     nccl_time,
+    topology_log_factor,
 )
+from sim.perf.efficiency import KernelColumns
 from sim.perf.kernel_features import feature_names
 from sim.specs.catalog import _data_dir, load_hardware
 from sim.specs.hardware import HardwareSpec
@@ -139,6 +142,71 @@ def test_bad_nvlink_table_names_the_key(tmp_path: Path, edit: tuple[str, str], k
     assert err.value.key in (key, "nvlink")
     assert key.split(".")[-1] in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_pcie_collectives_across_peer_groups_pass_through_host_memory() -> None:
+    """On a node whose GPUs are P2P in pairs, a ring over 4 or 8 of them crosses 2 or 4 pairs, each
+    crossing through a host buffer (PCIe twice) on a host path they share; without a peer group the
+    baseline is the one the fitted families were fitted on."""
+    hw = load_hardware("l40s")
+    msg = 64 * MIB
+    for n, crossings in ((4, 2), (8, 4)):
+        paired, flat = nccl_time("all_reduce", msg, n, hw, 2), nccl_time("all_reduce", msg, n, hw, 8)
+        assert (int(paired.algo[0]), int(paired.proto[0])) == (RING, SIMPLE)
+        host_bw = 32e9 / (2 * crossings)
+        assert paired.time_s[0] == pytest.approx(paired.latency_s[0] + 2 * (n - 1) / n * msg / host_bw)
+        assert flat.time_s[0] == pytest.approx(flat.latency_s[0] + 2 * (n - 1) / n * msg / 32e9)
+        assert nccl_time("all_reduce", msg, n, hw).time_s[0] == flat.time_s[0]
+    # Inside one peer group, on NVLink, and across nodes nothing changes.
+    assert nccl_time("all_reduce", msg, 2, hw, 2).time_s[0] == nccl_time("all_reduce", msg, 2, hw, 8).time_s[0]
+    assert nccl_time("all_reduce", msg, 16, hw, 2).time_s[0] == nccl_time("all_reduce", msg, 16, hw, 8).time_s[0]
+    h100 = load_hardware("h100_sxm")
+    assert nccl_time("all_reduce", msg, 8, h100, 1).time_s[0] == nccl_time("all_reduce", msg, 8, h100).time_s[0]
+
+
+def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives() -> None:
+    """The fitted collectives describe the host the tables were measured on (l40s: pairs); a node
+    with P2P across its GPUs prices them by the baselines' ratio, in both tiers and both paths."""
+    paired = load_hardware("l40s")
+    assert (paired.pcie_peer_group_size, paired.tables_pcie_peer_group_size) == (2, 2)
+    flat = dataclasses.replace(paired, pcie_peer_group_size=8)
+    assert flat.tables_pcie_peer_group_size == 2
+    np.testing.assert_array_equal(topology_log_factor("all_reduce", [1e6, 1e8], 8, paired), [0.0, 0.0])
+    for tier in ("cross-generation", "target-measured"):
+        model = efficiency_model_for(paired, tier=tier, backend="trtllm")
+        works = [KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=4 * MIB,
+                            group_size=n) for n in (2, 4, 8)]
+        before = [model.efficiency(w, paired).value for w in works]
+        after = [model.efficiency(w, flat).value for w in works]
+        assert after[0] == before[0]  # one peer group: no crossing either way
+        ratio = [a / b for a, b in zip(after, before, strict=True)]
+        expected = np.exp(-topology_log_factor("all_reduce", 4 * MIB, np.array([4.0, 8.0]), flat))
+        assert ratio[1:] == pytest.approx(list(expected)) and ratio[2] > ratio[1] > 2.0
+        sizes = [KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=b,
+                            group_size=8) for b in (4 * MIB, 64 * MIB)]
+        cols, _ = model.efficiency_columns(KernelColumns.of(sizes), flat)
+        assert list(cols) == pytest.approx([model.efficiency(w, flat).value for w in sizes], rel=1e-12)
+    # GEMMs do not care how the PCIe fabric is wired.
+    gemm = KernelWork(kind=KernelKind.GEMM, name="g", dtype=DType.BFLOAT16, flops=2.0 * 256 * 4096 * 4096,
+                      weight_bytes=2.0 * 4096 * 4096, activation_bytes=4.0 * 256 * 4096, shape=(256, 4096, 4096))
+    model = efficiency_model_for(paired, tier="cross-generation", backend="trtllm")
+    assert model.efficiency(gemm, flat).value == model.efficiency(gemm, paired).value
+
+
+@pytest.mark.parametrize(("value", "rule"), [(3, "must divide num_gpus_per_node"), (0, "must divide"),
+                                              (16, "must divide")])
+def test_bad_pcie_peer_group_size_names_the_key(tmp_path: Path, value: int, rule: str) -> None:
+    text = (_data_dir() / "hardware" / "l40s.toml").read_text()
+    path = tmp_path / "gpu.toml"
+    path.write_text(text.replace("pcie_peer_group_size = 2", f"pcie_peer_group_size = {value}", 1))
+    with pytest.raises(ConfigError) as err:
+        load_hardware(str(path))
+    assert err.value.key == "pcie_peer_group_size" and rule in str(err.value) and str(path) in str(err.value)
+    nvlink = (_data_dir() / "hardware" / "h100_sxm.toml").read_text()
+    path.write_text(nvlink.replace("num_gpus_per_node = 8", "num_gpus_per_node = 8\npcie_peer_group_size = 4", 1))
+    with pytest.raises(ConfigError) as err:
+        load_hardware(str(path))
+    assert err.value.key == "pcie_peer_group_size" and "PCIe nodes only" in str(err.value)
 
 
 def test_fitted_collectives_price_on_top_of_the_baseline() -> None:

@@ -15,7 +15,7 @@ from sim.measured import open_text
 from sim.serde import apply_overrides, config_hash, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model
 from sim.specs.model import model_from_hf_config
-from sim.specs.scenario import scenario_from_dict
+from sim.specs.scenario import scenario_from_dict, stable_identity
 
 
 def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
@@ -196,6 +196,9 @@ def test_scenario_resolves_vllm_device_defaults() -> None:
         ({"engine": {"gpu_memory_utilization": 1.5}}, "engine.gpu_memory_utilization"),
         ({"workload": {"random_input_len": 9000}}, "workload.random_input_len"),
         ({"hardware": {"name": "tpu_v5"}}, "hardware.name"),
+        ({"hardware": {"name": "l40s", "pcie_peer_group_size": 3}}, "hardware.pcie_peer_group_size"),
+        ({"hardware": {"name": "h100_sxm", "pcie_peer_group_size": 4}}, "hardware.pcie_peer_group_size"),
+        ({"hardware": {"name": "l40s", "pcie_peer_group_size": 0}}, "hardware.pcie_peer_group_size"),
         ({"engine": {"enable_chunked_prefill": False, "max_num_batched_tokens": 1024}}, "engine.max_num_batched_tokens"),
     ],
 )
@@ -204,6 +207,19 @@ def test_bad_scenarios_name_the_key(sections: dict[str, dict[str, object]], key:
         scenario_from_dict(scenario_dict(**sections), source="bad.toml")
     assert err.value.key == key
     assert "bad.toml" in str(err.value)
+
+
+def test_hardware_section_sets_the_pcie_peer_groups_of_the_host() -> None:
+    paired = scenario_from_dict(scenario_dict(hardware={"name": "l40s"}), source="t")
+    flat = scenario_from_dict(scenario_dict(hardware={"name": "l40s", "pcie_peer_group_size": 8}), source="t")
+    assert (paired.hardware.pcie_peer_group_size, flat.hardware.pcie_peer_group_size) == (2, 8)
+    # The host the l40s tables were measured on stays the reference of its fitted collectives.
+    assert flat.hardware.tables_pcie_peer_group_size == 2
+    assert paired.scenario_hash() != flat.scenario_hash()
+    # A spec at its default (P2P across the node) keeps the hash it had before the key existed.
+    h100 = scenario_from_dict(scenario_dict(), source="t")
+    assert "pcie_peer_group_size" not in stable_identity("hardware", h100.hardware)
+    assert stable_identity("hardware", paired.hardware)["pcie_peer_group_size"] == 2
 
 
 def test_overrides_rebuild_and_change_the_hash() -> None:

@@ -330,3 +330,26 @@ def test_llama4_throughput_rows_are_simulated(tmp_path: Path) -> None:
     assert scout.sections is not None and scout.sections["model"]["name"] == "meta-llama/Llama-4-Scout-17B-16E"
     assert (scout.suite, maverick.suite) == ("dev", "eval")
     assert scenario_from_dict(scout.sections, source="t.csv").model.moe is not None
+
+
+def test_nvidia_pcie_rows_run_on_a_host_with_p2p_across_the_node(tmp_path: Path) -> None:
+    """The l40s spec's GPUs are P2P in pairs (AIConfigurator's collection host); NVIDIA's published
+    L40S rows run on a host with P2P across the node, and say so. NVLink rows are untouched."""
+    path = tmp_path / "t.csv"
+    head = ("engine,doc_version,model,model_hf,gpu,gpu_label,precision,num_gpus,tp,pp,isl,osl,num_requests,"
+            "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
+    path.write_text(head
+                    + "TensorRT-LLM,0.17,Mixtral 8x7B,,L40S,L40S,FP8,8,8,1,1000,1000,3000.0,5948.0,m,b,r,c,p\n"
+                    + "TensorRT-LLM,0.17,Mixtral 8x7B,,H100_SXM_80GB,H100,FP8,8,8,1,1000,1000,3000.0,9000.0,m,b,r,c,p\n")
+    l40s, h100 = read_trtllm_throughput(path, PROFILES, SpecCache())
+    assert l40s.sections is not None and h100.sections is not None
+    assert l40s.sections["hardware"] == {"name": "l40s", "pcie_peer_group_size": 8}
+    assert any("pcie_peer_group_size = 8" in n for n in l40s.notes)
+    assert scenario_from_dict(l40s.sections, source="t.csv").hardware.pcie_peer_group_size == 8
+    assert h100.sections["hardware"] == {"name": "h100_sxm"}
+    static = tmp_path / "s.csv"
+    static.write_text(
+        "engine,engine_version,gpu,gpu_label,precision,model,batch_size,tp,isl,kind,osl,out_tok_per_s_per_gpu,"
+        "first_token_latency_ms\nT,0.9.0,L40S,L40S,FP8,Falcon 180B,64,8,128,peak_throughput,128,100,\n")
+    (falcon,) = read_trtllm_static(static, PROFILES, SpecCache())
+    assert falcon.sections is not None and falcon.sections["hardware"]["pcie_peer_group_size"] == 8
