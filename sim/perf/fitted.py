@@ -195,7 +195,7 @@ class FittedEfficiency:
                                                     {"op": "all_reduce", "variant": variant}, hw)
             if c_y < y:
                 y, outside, corrected = c_y, c_outside, c_corrected
-        if family in COLLECTIVE_FAMILIES and hw.pcie_peer_group_size != hw.tables_pcie_peer_group_size:
+        if family in COLLECTIVE_FAMILIES and hw.tables_pcie_peer_group_size not in (None, hw.pcie_peer_group_size):
             shift = float(topology_log_factor(_physics_op(work.kind), work.comm_bytes, work.group_size, hw)[0])
             y = min(max(y + shift, 0.0), _MAX_LOG_SLOWDOWN)
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
@@ -333,7 +333,7 @@ class FittedEfficiency:
             take = (c_y < y) & (cols.comm_bytes <= CUSTOM_ALLREDUCE_MAX_BYTES)
             y, outside, corrected = (np.where(take, c_y, y), np.where(take, c_outside, outside),
                                      np.where(take, c_corrected, corrected))
-        if family in COLLECTIVE_FAMILIES and hw.pcie_peer_group_size != hw.tables_pcie_peer_group_size:
+        if family in COLLECTIVE_FAMILIES and hw.tables_pcie_peer_group_size not in (None, hw.pcie_peer_group_size):
             shift = topology_log_factor(_physics_op(cols.kind), cols.comm_bytes, cols.group_size, hw)
             y = np.clip(y + shift, 0.0, _MAX_LOG_SLOWDOWN)
         prov = np.where(corrected, int(Provenance.CALIBRATED), int(Provenance.TRANSFERRED))

@@ -41,6 +41,9 @@ class PoolSection:
     hardware: str | None = None
     """Hardware of the pool's GPUs (a catalog name or a TOML path); default `[hardware] name`."""
     price_per_gpu_hour_usd: float | None = None
+    pcie_peer_group_size: int | None = None
+    """PCIe-only nodes: the pool's servers' peer groups (`[hardware] pcie_peer_group_size`); default
+    the file's when the pool runs the file's hardware, else the pool hardware spec's."""
     engine: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """`[engine]` keys for this pool, over the file's `[engine]`."""
 

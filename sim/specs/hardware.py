@@ -100,8 +100,9 @@ class HardwareSpec:
     the node; resolved to `num_gpus_per_node` on load."""
     tables_pcie_peer_group_size: int | None = None
     """`pcie_peer_group_size` of the host the GPU's measured kernel tables come from, which the
-    fitted collective families describe; a scenario that sets another `pcie_peer_group_size`
-    prices its collectives relative to it. None = `pcie_peer_group_size` (resolved on load)."""
+    fitted collective families describe; a node wired otherwise prices its collectives relative to
+    it. None = not known (no tables of this GPU): the fitted collectives cannot be moved to another
+    wiring, so `pcie_peer_group_size` must then be the node."""
     source: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Where each group of numbers comes from."""
 
@@ -114,15 +115,22 @@ class HardwareSpec:
         require(domain >= self.num_gpus_per_node
                 and domain % self.num_gpus_per_node == 0, "nvlink_domain_size", domain,
                 f"must be a multiple of num_gpus_per_node ({self.num_gpus_per_node}): a domain of whole nodes")
+        if self.pcie_peer_group_size is None:
+            object.__setattr__(self, "pcie_peer_group_size", self.num_gpus_per_node)
         for key in ("pcie_peer_group_size", "tables_pcie_peer_group_size"):
-            fallback = self.pcie_peer_group_size if key == "tables_pcie_peer_group_size" else None
             peers = getattr(self, key)
-            peers = (fallback or self.num_gpus_per_node) if peers is None else peers
-            object.__setattr__(self, key, peers)
+            if peers is None:
+                continue
             require(1 <= peers <= self.num_gpus_per_node and self.num_gpus_per_node % peers == 0, key, peers,
                     f"must divide num_gpus_per_node ({self.num_gpus_per_node}): the node's GPUs in equal peer groups")
             require(peers == self.num_gpus_per_node or self.intra_node_link.kind == "pcie", key, peers,
                     f"applies to PCIe nodes only (intra_node_link.kind is {self.intra_node_link.kind!r})")
+        require(self.pcie_peer_group_size == self.num_gpus_per_node or self.tables_pcie_peer_group_size is not None,
+                "pcie_peer_group_size", self.pcie_peer_group_size,
+                f"{self.name} does not say how the host of its measured kernel tables was wired "
+                "(tables_pcie_peer_group_size): its fitted collectives (the cross-generation residual, learned "
+                "from PCIe hosts wired both ways) cannot be moved to another wiring; only the whole node "
+                f"({self.num_gpus_per_node}) is simulated for it")
         rates = ("boost_clock_hz", "hbm_bandwidth_bytes_per_s", "power_w", "pcie_bandwidth_bytes_per_s")
         for key in rates:
             value = getattr(self, key)

@@ -219,11 +219,14 @@ def stable_identity(section: str, value: Any) -> Any:
     if not later or not isinstance(data, dict):
         return data
     defaults = {f.name: f.default for f in fields(value) if f.name in later}
-    # Resolved on load: the default NVLink domain and PCIe peer groups are one node.
-    for key in ("nvlink_domain_size", "pcie_peer_group_size", "tables_pcie_peer_group_size"):
-        if key in defaults:
-            defaults[key] = value.num_gpus_per_node
-    return {k: v for k, v in data.items() if k not in defaults or v != to_jsonable(defaults[k])}
+    if "nvlink_domain_size" in defaults:  # resolved on load: the default domain is one node
+        defaults["nvlink_domain_size"] = value.num_gpus_per_node
+    out = {k: v for k, v in data.items() if k not in defaults or v != to_jsonable(defaults[k])}
+    if section == "hardware" and value.tables_pcie_peer_group_size in (None, value.pcie_peer_group_size):
+        # Wired as its tables' host (or the whole node): priced as before the keys existed.
+        out.pop("pcie_peer_group_size", None)
+        out.pop("tables_pcie_peer_group_size", None)
+    return out
 
 
 def workload_identity(workload: WorkloadSpec) -> Any:
@@ -398,7 +401,12 @@ def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source
     pool_data = {k: v for k, v in data.items() if k not in ("disaggregation", "autoscaling")}
     hardware = dict(pool_data.get("hardware", {}))
     if pool.hardware is not None:
-        hardware = {"name": pool.hardware}
+        # The file's wiring stays with the file's hardware; another GPU's is its spec's.
+        same = pool.hardware == hardware.get("name") and "pcie_peer_group_size" in hardware
+        hardware = {"name": pool.hardware, **({"pcie_peer_group_size": hardware["pcie_peer_group_size"]}
+                                               if same else {})}
+    if pool.pcie_peer_group_size is not None:
+        hardware["pcie_peer_group_size"] = pool.pcie_peer_group_size
     if pool.price_per_gpu_hour_usd is not None:
         hardware["price_per_gpu_hour_usd"] = pool.price_per_gpu_hour_usd
     pool_data["hardware"] = hardware
@@ -410,6 +418,8 @@ def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source
         own = ((section == "engine" and rest.split(".")[0] in pool.engine)
                or (section == "hardware" and pool.hardware is not None))
         key = f"disaggregation.{name}.{exc.key}" if own else exc.key
+        if exc.key == "hardware.pcie_peer_group_size" and pool.pcie_peer_group_size is not None:
+            key = f"disaggregation.{name}.pcie_peer_group_size"
         raise type(exc)(source=exc.source, key=key, value=exc.value,
                         rule=f"{exc.rule} (in the {name} pool)") from None
 

@@ -164,7 +164,7 @@ def test_pcie_collectives_across_peer_groups_pass_through_host_memory() -> None:
     assert nccl_time("all_reduce", msg, 8, h100, 1).time_s[0] == nccl_time("all_reduce", msg, 8, h100).time_s[0]
 
 
-def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives() -> None:
+def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives(tmp_path: Path) -> None:
     """The fitted collectives describe the host the tables were measured on (l40s: pairs); a node
     with P2P across its GPUs prices them by the baselines' ratio, in both tiers and both paths."""
     paired = load_hardware("l40s")
@@ -186,6 +186,19 @@ def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives(
                             group_size=8) for b in (4 * MIB, 64 * MIB)]
         cols, _ = model.efficiency_columns(KernelColumns.of(sizes), flat)
         assert list(cols) == pytest.approx([model.efficiency(w, flat).value for w in sizes], rel=1e-12)
+    # A hardware TOML of a P2P server that keeps the tables' host prices the same as the override.
+    model = efficiency_model_for(paired, tier="cross-generation", backend="trtllm")
+    text = (_data_dir() / "hardware" / "l40s.toml").read_text().replace("\npcie_peer_group_size = 2",
+                                                                     "\npcie_peer_group_size = 8", 1)
+    own = tmp_path / "l40s_p2p.toml"
+    own.write_text(text)
+    ar8 = KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=4 * MIB, group_size=8)
+    assert model.efficiency(ar8, load_hardware(str(own))).value == model.efficiency(ar8, flat).value
+    # RTX PRO 6000's tables host has P2P across the node: pairs cost more there.
+    rtx = load_hardware("rtx_pro_6000_server")
+    rtx_model = efficiency_model_for(rtx, tier="cross-generation", backend="trtllm")
+    paired_rtx = dataclasses.replace(rtx, pcie_peer_group_size=2)
+    assert rtx_model.efficiency(ar8, paired_rtx).value < 0.5 * rtx_model.efficiency(ar8, rtx).value
     # GEMMs do not care how the PCIe fabric is wired.
     gemm = KernelWork(kind=KernelKind.GEMM, name="g", dtype=DType.BFLOAT16, flops=2.0 * 256 * 4096 * 4096,
                       weight_bytes=2.0 * 4096 * 4096, activation_bytes=4.0 * 256 * 4096, shape=(256, 4096, 4096))

@@ -216,10 +216,33 @@ def test_hardware_section_sets_the_pcie_peer_groups_of_the_host() -> None:
     # The host the l40s tables were measured on stays the reference of its fitted collectives.
     assert flat.hardware.tables_pcie_peer_group_size == 2
     assert paired.scenario_hash() != flat.scenario_hash()
-    # A spec at its default (P2P across the node) keeps the hash it had before the key existed.
-    h100 = scenario_from_dict(scenario_dict(), source="t")
-    assert "pcie_peer_group_size" not in stable_identity("hardware", h100.hardware)
-    assert stable_identity("hardware", paired.hardware)["pcie_peer_group_size"] == 2
+    # Wired as its tables' host (or across the node): hashed as before the keys existed.
+    for same in (paired, scenario_from_dict(scenario_dict(), source="t")):
+        identity = stable_identity("hardware", same.hardware)
+        assert "pcie_peer_group_size" not in identity and "tables_pcie_peer_group_size" not in identity
+    assert stable_identity("hardware", flat.hardware)["pcie_peer_group_size"] == 8
+    # A GPU without tables cannot be moved off the whole node: its residual learned both wirings.
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(scenario_dict(hardware={"name": "a100_pcie", "pcie_peer_group_size": 2}), source="t")
+    assert err.value.key == "hardware.pcie_peer_group_size" and "tables_pcie_peer_group_size" in str(err.value)
+
+
+def test_disaggregated_pools_keep_or_set_their_pcie_peer_groups() -> None:
+    base = scenario_dict(hardware={"name": "l40s", "pcie_peer_group_size": 8},
+                         engine={"max_model_len": 8192, "tensor_parallel_size": 4})
+    base["disaggregation"] = {"prefill": {"num_workers": 1, "hardware": "l40s"},
+                              "decode": {"num_workers": 1, "pcie_peer_group_size": 4}}
+    sc = scenario_from_dict(base, source="t")
+    assert sc.disaggregation is not None
+    prefill, decode = (pool.scenario.hardware for pool in sc.disaggregation.pools())
+    assert (prefill.pcie_peer_group_size, decode.pcie_peer_group_size) == (8, 4)
+    base["disaggregation"]["prefill"] = {"num_workers": 1, "hardware": "rtx_pro_6000_server"}
+    other = scenario_from_dict(base, source="t").disaggregation
+    assert other is not None and other.prefill.scenario.hardware.pcie_peer_group_size == 8  # its spec's
+    base["disaggregation"]["decode"]["pcie_peer_group_size"] = 3
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(base, source="t")
+    assert err.value.key == "disaggregation.decode.pcie_peer_group_size"
 
 
 def test_overrides_rebuild_and_change_the_hash() -> None:
