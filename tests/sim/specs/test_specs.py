@@ -13,7 +13,7 @@ from conftest import MEASURED_DATA, scenario_dict
 from sim.errors import ConfigError
 from sim.measured import open_text
 from sim.serde import apply_overrides, config_hash, parse_override
-from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model
+from sim.specs.catalog import _data_dir, list_hardware, list_models, load_hardware, load_model
 from sim.specs.model import model_from_hf_config
 from sim.specs.scenario import scenario_from_dict, stable_identity
 
@@ -209,7 +209,7 @@ def test_bad_scenarios_name_the_key(sections: dict[str, dict[str, object]], key:
     assert "bad.toml" in str(err.value)
 
 
-def test_hardware_section_sets_the_pcie_peer_groups_of_the_host() -> None:
+def test_hardware_section_sets_the_pcie_peer_groups_of_the_host(tmp_path: Path) -> None:
     paired = scenario_from_dict(scenario_dict(hardware={"name": "l40s"}), source="t")
     flat = scenario_from_dict(scenario_dict(hardware={"name": "l40s", "pcie_peer_group_size": 8}), source="t")
     assert (paired.hardware.pcie_peer_group_size, flat.hardware.pcie_peer_group_size) == (2, 8)
@@ -221,10 +221,17 @@ def test_hardware_section_sets_the_pcie_peer_groups_of_the_host() -> None:
         identity = stable_identity("hardware", same.hardware)
         assert "pcie_peer_group_size" not in identity and "tables_pcie_peer_group_size" not in identity
     assert stable_identity("hardware", flat.hardware)["pcie_peer_group_size"] == 8
-    # A GPU without tables cannot be moved off the whole node: its residual learned both wirings.
+    # A spec that does not say which wiring its fitted collectives describe cannot be moved off the node.
+    text = (_data_dir() / "hardware" / "a100_pcie.toml").read_text()
+    own = tmp_path / "my_pcie.toml"
+    own.write_text("\n".join(line for line in text.splitlines() if "peer_group_size =" not in line) + "\n")
+    assert scenario_from_dict(scenario_dict(hardware={"name": str(own)}), source="t").hardware.pcie_peer_group_size == 8
     with pytest.raises(ConfigError) as err:
-        scenario_from_dict(scenario_dict(hardware={"name": "a100_pcie", "pcie_peer_group_size": 2}), source="t")
+        scenario_from_dict(scenario_dict(hardware={"name": str(own), "pcie_peer_group_size": 2}), source="t")
     assert err.value.key == "hardware.pcie_peer_group_size" and "tables_pcie_peer_group_size" in str(err.value)
+    # The catalog's PCIe GPUs say it: those at 32 GB/s share the l40s host's collectives (pairs).
+    assert {(g, load_hardware(g).pcie_peer_group_size) for g in ("a100_pcie", "l4", "h100_pcie")} == {
+        ("a100_pcie", 2), ("l4", 2), ("h100_pcie", 8)}
 
 
 def test_disaggregated_pools_keep_or_set_their_pcie_peer_groups() -> None:

@@ -340,8 +340,11 @@ def test_nvidia_pcie_rows_run_on_a_host_with_p2p_across_the_node(tmp_path: Path)
             "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
     path.write_text(head
                     + "TensorRT-LLM,0.17,Mixtral 8x7B,,L40S,L40S,FP8,8,8,1,1000,1000,3000.0,5948.0,m,b,r,c,p\n"
-                    + "TensorRT-LLM,0.17,Mixtral 8x7B,,H100_SXM_80GB,H100,FP8,8,8,1,1000,1000,3000.0,9000.0,m,b,r,c,p\n")
-    l40s, h100 = read_trtllm_throughput(path, PROFILES, SpecCache())
+                    + "TensorRT-LLM,0.17,Mixtral 8x7B,,H100_SXM_80GB,H100,FP8,8,8,1,1000,1000,3000.0,9000.0,m,b,r,c,p\n"
+                    + "TensorRT-LLM,0.14.0,Mixtral 8x7B,,A100_PCIE_80GB,A100,FP16,4,4,1,1000,1000,3000.0,4737.0,m,b,r,c,p\n")
+    l40s, h100, a100_pcie = read_trtllm_throughput(path, PROFILES, SpecCache())
+    assert a100_pcie.sections is not None
+    assert a100_pcie.sections["hardware"] == {"name": "a100_pcie", "pcie_peer_group_size": 8}
     assert l40s.sections is not None and h100.sections is not None
     assert l40s.sections["hardware"] == {"name": "l40s", "pcie_peer_group_size": 8}
     assert any("pcie_peer_group_size = 8" in n for n in l40s.notes)
