@@ -266,14 +266,28 @@ def simulable(model_id: str) -> str:
     return "yes"
 
 
+def _interconnect(hw: HardwareSpec) -> str:
+    """GPUs per node (or NVLink domain), the link between them, and a PCIe node's peer groups."""
+    link = hw.intra_node_link
+    domain = hw.nvlink_domain()
+    where = f"{domain} per NVLink domain" if domain > hw.num_gpus_per_node else f"{hw.num_gpus_per_node} per node"
+    text = f"{where}, {link.kind} {si(link.bandwidth_bytes_per_s, 'B/s')}"
+    peers = hw.pcie_peer_group_size
+    if link.kind == "pcie" and peers is not None and peers < hw.num_gpus_per_node:
+        text += f", P2P in groups of {peers}"
+    return text
+
+
 def cmd_list(args: Namespace) -> int:
     if args.what == "hardware":
         rows = []
         for name in list_hardware():
             hw = load_hardware(name)
             rows.append((name, hw.description, si(hw.peak_flops_per_s.get("bf16", 0.0), "FLOP/s"),
-                         si(hw.hbm_bandwidth_bytes_per_s, "B/s"), f"{hw.hbm_capacity_bytes / 2**30:.0f} GiB"))
-        sys.stdout.write(table(("name", "description", "bf16 dense", "HBM bw", "HBM"), rows))
+                         si(hw.hbm_bandwidth_bytes_per_s, "B/s"), f"{hw.hbm_capacity_bytes / 2**30:.0f} GiB",
+                         _interconnect(hw)))
+        sys.stdout.write(table(("name", "description", "bf16 dense", "HBM bw", "HBM", "GPUs and links per node"),
+                               rows))
     else:
         aliases = model_aliases()
         sys.stdout.write(table(("id", "aliases", "simulable"),

@@ -120,7 +120,12 @@ def test_check_set_refuses_non_scenario_files(capsys: pytest.CaptureFixture[str]
 
 def test_list_hardware_and_models(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "hardware"]) == 0
-    assert "rtx_4090" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rtx_4090" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert lines["l40s"].rstrip().endswith("8 per node, pcie 32GB/s, P2P in groups of 2")
+    assert lines["h100_sxm"].rstrip().endswith("8 per node, nvlink 450GB/s")
+    assert lines["gb200"].rstrip().endswith("72 per NVLink domain, nvlink 900GB/s")
     assert main(["list", "models"]) == 0
     assert "meta-llama/Llama-3.1-70B" in capsys.readouterr().out
 
