@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
@@ -132,6 +132,21 @@ def _physics_op(kind: KernelKind) -> str:
     return "send_recv" if kind is KernelKind.SEND_RECV else KIND_OP[kind]
 
 
+def _node_floor_ratio(family: str, kind: KernelKind, group: int, hw: HardwareSpec) -> float | None:
+    """For an NCCL collective over PCIe nodes (more GPUs than one node holds): roofline time of the
+    group / roofline time of the same buffer's collective over one node's GPUs, by which the node's
+    efficiency becomes a floor on the group's time (its ring contains the node's hops, host-memory
+    crossings included, so it cannot run faster; the tables have no such groups to fit). None
+    otherwise: NVLink nodes, groups inside a node, send/recv (priced over the network alone)."""
+    per_node = hw.num_gpus_per_node
+    if (family != "nccl" or kind is KernelKind.SEND_RECV or group <= per_node
+            or hw.intra_node_link.kind != "pcie"):
+        return None
+    own = collective_wire_bytes(kind, 1.0, group) / hw.link_for_group(group).bandwidth_bytes_per_s
+    node = collective_wire_bytes(kind, 1.0, per_node) / hw.intra_node_link.bandwidth_bytes_per_s
+    return own / node
+
+
 def network_p2p_efficiency(msg_bytes: np.ndarray, group: int, hw: HardwareSpec) -> np.ndarray:
     """Efficiency (roofline / time) of a point-to-point send between NVLink domains (a pipeline hop
     across nodes): NCCL's alpha-beta time over the inter-node link (`nccl_time`), without the
@@ -201,7 +216,12 @@ class FittedEfficiency:
         prov = Provenance.CALIBRATED if corrected else Provenance.TRANSFERRED
         if work.kind in _PROXY_KINDS or outside:
             prov = Provenance.EXTRAPOLATED
-        return Efficiency(math.exp(-y), prov)
+        value = math.exp(-y)
+        ratio = _node_floor_ratio(family, work.kind, work.group_size, hw)
+        if ratio is not None:
+            node = self.efficiency(replace(work, group_size=hw.num_gpus_per_node), hw).value
+            value = min(value, node * ratio)
+        return Efficiency(value, prov)
 
     def _custom_allreduce(self, kind: KernelKind, group: int, hw: HardwareSpec) -> tuple[FamilyParams, str] | None:
         """(the custom_allreduce family, the engine's level) where an all-reduce may run the engine's
@@ -340,7 +360,12 @@ class FittedEfficiency:
         if cols.kind in _PROXY_KINDS:
             prov[:] = int(Provenance.EXTRAPOLATED)
         prov[outside] = int(Provenance.EXTRAPOLATED)
-        return np.exp(-y), prov.astype(np.int64)
+        values = np.exp(-y)
+        ratio = _node_floor_ratio(family, cols.kind, cols.group_size, hw)
+        if ratio is not None:
+            node, _ = self.efficiency_columns(replace(cols, group_size=hw.num_gpus_per_node), hw)
+            values = np.minimum(values, node * ratio)
+        return values, prov.astype(np.int64)
 
     def _rows(self, family: str, params: FamilyParams, prims: dict[str, np.ndarray], cats: dict[str, str | None],
               hw: HardwareSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

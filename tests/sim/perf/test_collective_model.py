@@ -30,7 +30,9 @@ from sim.perf.collective_model import (
     topology_log_factor,
 )
 from sim.perf.efficiency import KernelColumns
+from sim.perf.fitted import _node_floor_ratio
 from sim.perf.kernel_features import feature_names
+from sim.perf.roofline import roofline
 from sim.specs.catalog import _data_dir, load_hardware
 from sim.specs.hardware import HardwareSpec
 
@@ -204,6 +206,29 @@ def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives(
                       weight_bytes=2.0 * 4096 * 4096, activation_bytes=4.0 * 256 * 4096, shape=(256, 4096, 4096))
     model = efficiency_model_for(paired, tier="cross-generation", backend="trtllm")
     assert model.efficiency(gemm, flat).value == model.efficiency(gemm, paired).value
+
+
+def test_a_collective_over_pcie_nodes_costs_at_least_one_nodes_collective() -> None:
+    """TP 16 over two L40S nodes of GPU pairs runs a ring through both nodes' host-memory crossings:
+    the fitted model's extrapolation to the network link alone must not price it below TP 8 in one
+    node. NVLink nodes, whose network hop is the slow one, are untouched."""
+    def time_s(hw: HardwareSpec, n: int, kind: KernelKind = KernelKind.ALL_REDUCE) -> float:
+        work = KernelWork(kind=kind, name="c", dtype=DType.BFLOAT16, comm_bytes=4 * MIB, group_size=n)
+        model = efficiency_model_for(hw, tier="cross-generation", backend="trtllm")
+        value = model.efficiency(work, hw).value
+        cols, _ = model.efficiency_columns(KernelColumns.of([work]), hw)
+        assert cols[0] == pytest.approx(value, rel=1e-12)
+        return roofline(work, hw).network_s / value
+
+    paired = load_hardware("l40s")
+    for kind in (KernelKind.ALL_REDUCE, KernelKind.ALL_GATHER):
+        assert time_s(paired, 16, kind) >= time_s(paired, 8, kind) * (1 - 1e-12)
+    flat = dataclasses.replace(paired, pcie_peer_group_size=8)
+    assert time_s(flat, 16) > time_s(flat, 8)
+    h100 = load_hardware("h100_sxm")
+    assert _node_floor_ratio("nccl", KernelKind.ALL_REDUCE, 16, h100) is None
+    assert _node_floor_ratio("nccl", KernelKind.SEND_RECV, 16, paired) is None
+    assert _node_floor_ratio("nccl", KernelKind.ALL_REDUCE, 8, paired) is None
 
 
 @pytest.mark.parametrize(("value", "rule"), [(3, "must divide num_gpus_per_node"), (0, "must divide"),
