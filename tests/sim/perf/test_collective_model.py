@@ -208,6 +208,27 @@ def test_a_node_wired_otherwise_than_the_tables_host_moves_only_its_collectives(
     assert model.efficiency(gemm, flat).value == model.efficiency(gemm, paired).value
 
 
+def test_pcie_gpus_without_tables_declare_the_wiring_their_collectives_share() -> None:
+    """A catalog PCIe GPU without kernel tables states the wiring of the tables' host whose fitted
+    collectives it gets (the residual tells PCIe hosts apart by link bandwidth): its all-reduce must
+    equal that host's GPU's, or the stated wiring is stale after a refit."""
+    hosts = {load_hardware(g).intra_node_link.bandwidth_bytes_per_s: load_hardware(g)
+             for g in ("l40s", "rtx_pro_6000_server")}
+
+    def bus_bw(hw: HardwareSpec, n: int) -> float:
+        model = efficiency_model_for(hw, tier="cross-generation", backend="trtllm")
+        work = KernelWork(kind=KernelKind.ALL_REDUCE, name="ar", dtype=DType.BFLOAT16, comm_bytes=4 * MIB,
+                          group_size=n)
+        return model.efficiency(work, hw).value * hw.intra_node_link.bandwidth_bytes_per_s
+
+    for name in ("a100_pcie", "a30", "l4", "rtx_4090", "h100_pcie"):
+        hw = load_hardware(name)
+        host = hosts[hw.intra_node_link.bandwidth_bytes_per_s]
+        assert hw.tables_pcie_peer_group_size == host.tables_pcie_peer_group_size, name
+        for n in (2, 4, 8):
+            assert bus_bw(hw, n) == pytest.approx(bus_bw(host, n), rel=0.01), (name, n)
+
+
 def test_a_collective_over_pcie_nodes_costs_at_least_one_nodes_collective() -> None:
     """TP 16 over two L40S nodes of GPU pairs runs a ring through both nodes' host-memory crossings:
     the fitted model's extrapolation to the network link alone must not price it below TP 8 in one
