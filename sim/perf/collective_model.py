@@ -31,6 +31,8 @@ from typing import Final
 
 import numpy as np
 
+from sim.graph.kernels import KernelKind
+from sim.perf.roofline import collective_wire_bytes
 from sim.specs.hardware import HardwareSpec
 
 RING, TREE, NVLS, P2P = 0, 1, 2, 3
@@ -117,6 +119,20 @@ def topology_log_factor(op: str, msg_bytes: np.ndarray | float, group: np.ndarra
     theirs = nccl_time(op, m, n, hw, tables).time_s
     out: np.ndarray = np.log(ours / theirs)
     return out
+
+
+def node_floor_ratio(kind: KernelKind, group: int, hw: HardwareSpec) -> float | None:
+    """For an NCCL collective over PCIe nodes (more GPUs than one node holds): roofline time of the
+    group / roofline time of the same buffer's collective over one node's GPUs, by which the node's
+    efficiency becomes a floor on the group's time (its ring contains the node's hops, host-memory
+    crossings included, so it cannot run faster; the tables have no such groups to fit). None
+    otherwise: NVLink nodes, groups inside a node, send/recv (priced over the network alone)."""
+    per_node = hw.num_gpus_per_node
+    if kind is KernelKind.SEND_RECV or group <= per_node or hw.intra_node_link.kind != "pcie":
+        return None
+    own = collective_wire_bytes(kind, 1.0, group) / hw.link_for_group(group).bandwidth_bytes_per_s
+    node = collective_wire_bytes(kind, 1.0, per_node) / hw.intra_node_link.bandwidth_bytes_per_s
+    return own / node
 
 
 def _link_class(kind: str) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
-from sim.perf.collective_model import nccl_time, physics_prims, topology_log_factor
+from sim.perf.collective_model import nccl_time, node_floor_ratio, physics_prims, topology_log_factor
 from sim.perf.efficiency import Efficiency, KernelColumns
 from sim.perf.kernel_features import (
     COLLECTIVE_FAMILIES,
@@ -132,21 +132,6 @@ def _physics_op(kind: KernelKind) -> str:
     return "send_recv" if kind is KernelKind.SEND_RECV else KIND_OP[kind]
 
 
-def _node_floor_ratio(family: str, kind: KernelKind, group: int, hw: HardwareSpec) -> float | None:
-    """For an NCCL collective over PCIe nodes (more GPUs than one node holds): roofline time of the
-    group / roofline time of the same buffer's collective over one node's GPUs, by which the node's
-    efficiency becomes a floor on the group's time (its ring contains the node's hops, host-memory
-    crossings included, so it cannot run faster; the tables have no such groups to fit). None
-    otherwise: NVLink nodes, groups inside a node, send/recv (priced over the network alone)."""
-    per_node = hw.num_gpus_per_node
-    if (family != "nccl" or kind is KernelKind.SEND_RECV or group <= per_node
-            or hw.intra_node_link.kind != "pcie"):
-        return None
-    own = collective_wire_bytes(kind, 1.0, group) / hw.link_for_group(group).bandwidth_bytes_per_s
-    node = collective_wire_bytes(kind, 1.0, per_node) / hw.intra_node_link.bandwidth_bytes_per_s
-    return own / node
-
-
 def network_p2p_efficiency(msg_bytes: np.ndarray, group: int, hw: HardwareSpec) -> np.ndarray:
     """Efficiency (roofline / time) of a point-to-point send between NVLink domains (a pipeline hop
     across nodes): NCCL's alpha-beta time over the inter-node link (`nccl_time`), without the
@@ -217,7 +202,7 @@ class FittedEfficiency:
         if work.kind in _PROXY_KINDS or outside:
             prov = Provenance.EXTRAPOLATED
         value = math.exp(-y)
-        ratio = _node_floor_ratio(family, work.kind, work.group_size, hw)
+        ratio = node_floor_ratio(work.kind, work.group_size, hw) if family == "nccl" else None
         if ratio is not None:
             node = self.efficiency(replace(work, group_size=hw.num_gpus_per_node), hw).value
             value = min(value, node * ratio)
@@ -361,7 +346,7 @@ class FittedEfficiency:
             prov[:] = int(Provenance.EXTRAPOLATED)
         prov[outside] = int(Provenance.EXTRAPOLATED)
         values = np.exp(-y)
-        ratio = _node_floor_ratio(family, cols.kind, cols.group_size, hw)
+        ratio = node_floor_ratio(cols.kind, cols.group_size, hw) if family == "nccl" else None
         if ratio is not None:
             node, _ = self.efficiency_columns(replace(cols, group_size=hw.num_gpus_per_node), hw)
             values = np.minimum(values, node * ratio)

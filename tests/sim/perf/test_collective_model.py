@@ -27,10 +27,10 @@ from sim.perf.collective_model import (
     SIMPLE,
     custom_allreduce_time_s,
     nccl_time,
+    node_floor_ratio,
     topology_log_factor,
 )
 from sim.perf.efficiency import KernelColumns
-from sim.perf.fitted import _node_floor_ratio
 from sim.perf.kernel_features import feature_names
 from sim.perf.roofline import roofline
 from sim.specs.catalog import _data_dir, load_hardware
@@ -247,9 +247,9 @@ def test_a_collective_over_pcie_nodes_costs_at_least_one_nodes_collective() -> N
     flat = dataclasses.replace(paired, pcie_peer_group_size=8)
     assert time_s(flat, 16) > time_s(flat, 8)
     h100 = load_hardware("h100_sxm")
-    assert _node_floor_ratio("nccl", KernelKind.ALL_REDUCE, 16, h100) is None
-    assert _node_floor_ratio("nccl", KernelKind.SEND_RECV, 16, paired) is None
-    assert _node_floor_ratio("nccl", KernelKind.ALL_REDUCE, 8, paired) is None
+    assert node_floor_ratio(KernelKind.ALL_REDUCE, 16, h100) is None
+    assert node_floor_ratio(KernelKind.SEND_RECV, 16, paired) is None
+    assert node_floor_ratio(KernelKind.ALL_REDUCE, 8, paired) is None
 
 
 @pytest.mark.parametrize(("value", "rule"), [(3, "must divide num_gpus_per_node"), (0, "must divide"),
