@@ -53,11 +53,15 @@ NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
 
+_BUCKET_TABLE_MAX = 1 << 16
+"""Largest total context whose bucket a decode table keeps (512 KiB per batch size)."""
+
+
 class _DecodeTable:
     """Seconds (NaN: not priced yet) and uncounted bulk steps of decode-only steps of one batch
     size, by mean context in buckets (`mean // decode_context_bucket_tokens`)."""
 
-    __slots__ = ("counts", "first_start", "num_decode", "seen", "step_s")
+    __slots__ = ("bucket_of", "counts", "first_start", "latest_first_start", "num_decode", "seen", "step_s")
 
     def __init__(self, num_decode: int) -> None:
         self.num_decode = num_decode
@@ -67,6 +71,34 @@ class _DecodeTable:
         """Keys already in `StepPricer.counts`."""
         self.first_start = np.full(0, np.inf)
         """Start of the earliest step counted of each key (kept with `StepPricer.first_s`)."""
+        self.latest_first_start = -math.inf
+        """The latest value `first_start` ever took (no finite entry is later)."""
+        self.bucket_of = np.zeros(0, dtype=np.int64)
+        """Bucketed mean context by total context tokens (`_BUCKET_TABLE_MAX` at most; see `buckets`)."""
+
+    def buckets(self, context_tokens: int, num_steps: int, bucket: int) -> np.ndarray:
+        """Mean-context bucket of each of `num_steps` steps whose total context is `context_tokens`
+        at the first and grows by the batch size per step: max(1, rint(total / count / bucket)),
+        the arithmetic of `StepPricer.key`. Small totals read a table of it by total (a view)."""
+        n = self.num_decode
+        top = context_tokens + n * num_steps
+        if top > len(self.bucket_of) and top <= _BUCKET_TABLE_MAX:
+            size = min(max(top, 2 * len(self.bucket_of), 1024), _BUCKET_TABLE_MAX)
+            x = np.arange(size, dtype=np.float64)  # the same operations as below, element by element
+            x /= n
+            x /= bucket
+            self.bucket_of = np.maximum(np.rint(x, out=x).astype(np.int64), 1)
+        if top <= len(self.bucket_of):
+            return self.bucket_of[context_tokens:top:n]
+        x = np.arange(num_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
+        x *= n
+        x += context_tokens
+        x /= n
+        x /= bucket
+        b = np.rint(x, out=x).astype(np.int64)
+        if num_steps and b[0] < 1:
+            b = np.maximum(b, 1)  # the mean context in buckets: max(bucket, round(...) * bucket)
+        return b
 
     def grow(self, size: int) -> None:
         size = max(size, 2 * len(self.step_s), 64)
@@ -190,17 +222,10 @@ class StepPricer:
         a run prices of each family is priced count by count; see `PartBook`).
         """
         bucket = self._bucket
-        x = np.arange(max_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
-        x *= num_decode
-        x += context_tokens
-        x /= num_decode
-        x /= bucket
-        b = np.rint(x, out=x).astype(np.int64)
-        if max_steps and b[0] < 1:
-            b = np.maximum(b, 1)  # the mean context in buckets: max(bucket, round(...) * bucket)
         table = self._decode_tables.get(num_decode)
         if table is None:
             table = self._decode_tables[num_decode] = _DecodeTable(num_decode)
+        b = table.buckets(context_tokens, max_steps, bucket)
         top = int(b[-1]) if max_steps else 0
         if top >= len(table.step_s):
             table.grow(top + 1)
@@ -208,7 +233,7 @@ class StepPricer:
         d = step_s[b]
         now = (now_s,)
         n = max_steps
-        if max_steps and np.isnan(step_s[int(b[0]):top + 1]).any():
+        if max_steps and np.isnan(step_s[int(b[0]):top + 1].sum()):
             while True:
                 missing = np.isnan(d)
                 if not missing.any():
@@ -218,7 +243,7 @@ class StepPricer:
                     n = p
                     break
                 if p:
-                    ends = np.cumsum(np.concatenate((now, d[:p])))[1:]
+                    ends = np.concatenate((now, d[:p])).cumsum()[1:]
                     if ends[-1] >= horizon_s or ends[-1] > max_time_s:
                         n = p  # the run ends before the first unpriced step: it is not priced here
                         break
@@ -227,11 +252,12 @@ class StepPricer:
                 seconds = self._memo[key] = self.step_s(key) if cached is None else cached
                 step_s[b[p]] = seconds
                 d[p:][b[p:] == b[p]] = seconds
-        ends = np.cumsum(np.concatenate((now, d[:n])))[1:]
+        ends = np.concatenate((now, d[:n])).cumsum()[1:]
         k = n
-        if n and (ends[-1] >= horizon_s or ends[-1] > max_time_s):
-            k = min(int(np.searchsorted(ends, horizon_s, side="left")),
-                    int(np.searchsorted(ends, max_time_s, side="right")))
+        if n:
+            last_s = float(ends[-1])
+            if last_s >= horizon_s or last_s > max_time_s:
+                k = min(int(ends.searchsorted(horizon_s, side="left")), int(ends.searchsorted(max_time_s, side="right")))
         return DecodeRun(table, b, d, ends, k, now_s)
 
     def decode_steps(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,
@@ -307,18 +333,24 @@ class StepPricer:
         else:
             counts[first:last + 1] += np.bincount(b - first, minlength=last - first + 1)
         seen = table.seen
-        if not seen[first:last + 1].all():
+        all_seen = bool(seen[first:last + 1].all())
+        if not all_seen:
             bucket, n = self._bucket, table.num_decode
             for j in np.unique(b[~seen[b]]).tolist():
                 key: StepKey = ((), n, j * bucket)
                 if key not in self.counts:
                     self.counts[key] = 0
                 seen[j] = True
-        if self.first_s is not None:
-            # The start of each key's first step in this run (the keys are first..last, in order).
-            at = np.searchsorted(b, np.arange(first + 1, last + 1))
+        if self.first_s is not None and not (all_seen and run.start_s >= table.latest_first_start):
+            # The start of each key's first step in this run (the keys are first..last, in order);
+            # skipped when every key has a start already and none is later than this run's first.
+            at = b.searchsorted(np.arange(first + 1, last + 1))
             starts = np.concatenate(((run.start_s,), run.ends[at - 1]))
-            np.minimum(table.first_start[first:last + 1], starts, out=table.first_start[first:last + 1])
+            window = table.first_start[first:last + 1]
+            np.minimum(window, starts, out=window)
+            latest = float(starts[-1])
+            if latest > table.latest_first_start:
+                table.latest_first_start = latest
 
     def fold_runs(self) -> list[tuple[StepKey, float, int]]:
         """Move the steps counted by `count_run` into `counts`; returns (key, seconds, steps) of

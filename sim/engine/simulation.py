@@ -524,7 +524,7 @@ class Simulation:
         ends = run.ends[:steps]
         replica.pricer.count_run(run, steps)
         # The same running float sum as adding each step's seconds in turn.
-        replica.busy_s = float(np.cumsum(np.concatenate(((replica.busy_s,), step_s)))[-1])
+        replica.busy_s = float(np.concatenate(((replica.busy_s,), step_s)).cumsum()[-1])
         scheduler = replica.scheduler
         num_blocks = scheduler.kv.num_blocks
         replica.trace.extend(ends, (num_blocks - free_after) / num_blocks)
@@ -583,7 +583,7 @@ class Simulation:
         replica = self._replicas[idx]
         run = replica.run
         assert run is not None
-        k = int(np.searchsorted(run.ends[:run.num_steps], self.now_s, side="right")) + 1
+        k = int(run.ends[:run.num_steps].searchsorted(self.now_s, side="right")) + 1
         if k < run.num_steps:
             run.num_steps = k
             self._push(float(run.ends[k - 1]), idx)

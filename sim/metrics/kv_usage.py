@@ -114,7 +114,7 @@ class KvUsageTrace:
             self._last_s[b0] = max(self._last_s[b0], last)
             return
         # Split at the bucket boundaries the steps cross (a run of steps spans a few buckets).
-        starts = np.searchsorted(time_s, np.arange(b0 + 1, b1 + 1) * w, side="left")
+        starts = time_s.searchsorted(np.arange(b0 + 1, b1 + 1) * w, side="left")
         firsts = [0, *starts.tolist()]
         lasts = [*starts.tolist(), n]
         sums = np.add.reduceat(frac, firsts).tolist()

@@ -321,7 +321,7 @@ class VllmV1Scheduler:
             if total != previous:
                 per_step[r::self._block_size] = total - previous
                 previous = total
-        return np.cumsum(per_step)
+        return per_step.cumsum()
 
     def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
@@ -345,14 +345,15 @@ class VllmV1Scheduler:
         taken = self._due_counts(num_steps, prefix)
         steps = num_steps
         if num_steps and int(taken[-1]) > free:
-            steps = int(np.searchsorted(taken, free, side="right"))
+            steps = int(taken.searchsorted(free, side="right"))
         free_after = free - taken[:steps]
         if steps and int(taken[steps - 1]):
             due = self._due
-            rows = [[r.request_id for r in due[(u + r_off) % bs]] for r_off in range(min(steps, bs))]
-            period = [rid for row in rows for rid in row]
+            # The requests crossing into a new block in each of the first block_size steps, in
+            # step order; the pattern repeats (`prefix[r - 1]` of them cross in the first r steps).
+            period = [r.request_id for r_off in range(min(steps, bs)) for r in due[(u + r_off) % bs]]
             q, rem = divmod(steps, bs)
-            request_ids = period * q + [rid for row in rows[:rem] for rid in row] if q else period
+            request_ids = period * q + (period[:prefix[rem - 1]] if rem else []) if q else period
             self._kv.append_one_block(request_ids)
         return self._end_bulk_steps(u + steps, steps == last, free_after)
 
