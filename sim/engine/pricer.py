@@ -257,7 +257,8 @@ class StepPricer:
         if n:
             last_s = float(ends[-1])
             if last_s >= horizon_s or last_s > max_time_s:
-                k = min(int(ends.searchsorted(horizon_s, side="left")), int(ends.searchsorted(max_time_s, side="right")))
+                k = min(int(ends.searchsorted(horizon_s, side="left")),
+                        int(ends.searchsorted(max_time_s, side="right")))
         return DecodeRun(table, b, d, ends, k, now_s)
 
     def decode_steps(self, num_decode: int, context_tokens: int, now_s: float, max_steps: int, horizon_s: float,

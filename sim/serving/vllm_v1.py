@@ -81,6 +81,12 @@ def _run_seq(request: RequestState) -> int:
 _FreeAfter = TypeVar("_FreeAfter", np.ndarray, list[int])
 """Free blocks after each bulk step: an array (long runs) or a list (one by one)."""
 
+
+_DUE_COUNTS: dict[tuple[int, ...], np.ndarray] = {}
+"""Cumulated blocks taken per bulk step by block-crossing pattern (`_due_prefix`), shared by every
+scheduler of the process: a pure function of the pattern, kept for the runs' lengths."""
+_DUE_COUNTS_MAX = 4096
+
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
@@ -314,14 +320,23 @@ class VllmV1Scheduler:
         return list(accumulate(sizes[r:] + sizes[:r]))
 
     def _due_counts(self, num_steps: int, prefix: list[int]) -> np.ndarray:
-        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step)."""
-        per_step = np.zeros(num_steps, dtype=np.int64)
-        previous = 0
-        for r, total in enumerate(prefix):
-            if total != previous:
-                per_step[r::self._block_size] = total - previous
-                previous = total
-        return per_step.cumsum()
+        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step; a
+        read-only view of `_DUE_COUNTS`' array for the pattern)."""
+        key = tuple(prefix)
+        cached = _DUE_COUNTS.get(key)
+        if cached is None or len(cached) < num_steps:
+            if len(_DUE_COUNTS) >= _DUE_COUNTS_MAX:
+                _DUE_COUNTS.clear()
+            size = max(num_steps, 2 * len(cached) if cached is not None else 0, 4 * len(prefix))
+            per_step = np.zeros(size, dtype=np.int64)
+            previous = 0
+            for r, total in enumerate(prefix):
+                if total != previous:
+                    per_step[r::len(prefix)] = total - previous
+                    previous = total
+            cached = _DUE_COUNTS[key] = per_step.cumsum()
+            cached.flags.writeable = False
+        return cached[:num_steps]
 
     def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
