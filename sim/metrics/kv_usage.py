@@ -28,153 +28,123 @@ MAX_SAMPLES = 1 << 18
 """Exact per-step samples kept before the trace turns into time buckets (4 MiB of arrays)."""
 MAX_BUCKETS = 4096
 """Most time buckets of a bucketed trace (a day: buckets of ~21-42 s)."""
-MAX_PENDING = 1 << 16
-"""Samples added before they are applied in one pass (`KvUsageTrace._flush`; 1 MiB of arrays)."""
 
 
 class KvUsageTrace:
-    def __init__(self, *, max_samples: int = MAX_SAMPLES, max_buckets: int = MAX_BUCKETS,
-                 max_pending: int = MAX_PENDING) -> None:
-        if max_samples < 1 or max_buckets < 2 or max_pending < 1:
-            raise ValueError(f"max_samples={max_samples!r} must be >= 1, max_buckets={max_buckets!r} >= 2 and "
-                             f"max_pending={max_pending!r} >= 1")
+    def __init__(self, *, max_samples: int = MAX_SAMPLES, max_buckets: int = MAX_BUCKETS) -> None:
+        if max_samples < 1 or max_buckets < 2:
+            raise ValueError(f"max_samples={max_samples!r} must be >= 1 and max_buckets={max_buckets!r} >= 2")
         self._max_samples = max_samples
         self._max_buckets = max_buckets
-        self._max_pending = max_pending
         self._time_s = array("d")
         self._frac = array("d")
         self.num_steps = 0
-        """Samples added (pending ones included)."""
         self._max = -math.inf
-        self._bucket_s = 0.0
-        self._count = np.zeros(0, dtype=np.int64)
-        self._sum = np.zeros(0)
-        self._bmax = np.zeros(0)
-        self._last_s = np.zeros(0)
-        # Samples added but not yet applied, one entry per addition (an array, or a 1-tuple for one
-        # sample), applied in order by `_flush`.
-        self._pend_t: list[np.ndarray | tuple[float]] = []
-        self._pend_f: list[np.ndarray | tuple[float]] = []
-        self._num_pending = 0
-
-    @property
-    def bucket_s(self) -> float:
+        self.bucket_s = 0.0
         """Width of a time bucket; 0 while every sample is kept."""
-        self._flush()
-        return self._bucket_s
+        self._count: list[int] = []
+        self._sum: list[float] = []
+        self._bmax: list[float] = []
+        self._last_s: list[float] = []
 
     def __len__(self) -> int:
         """Samples kept (per step, or buckets once bucketed)."""
-        self._flush()
-        return len(self._time_s) if not self._bucket_s else int(np.count_nonzero(self._count))
+        return len(self._time_s) if not self.bucket_s else sum(1 for c in self._count if c)
 
     def add(self, time_s: float, frac: float) -> None:
-        self._pend_t.append((time_s,))
-        self._pend_f.append((frac,))
         self.num_steps += 1
-        self._num_pending += 1
-        if self._num_pending >= self._max_pending:
-            self._flush()
+        if frac > self._max:
+            self._max = frac
+        if not self.bucket_s:
+            self._time_s.append(time_s)
+            self._frac.append(frac)
+            if len(self._time_s) > self._max_samples:
+                self._to_buckets()
+            return
+        b = int(time_s // self.bucket_s)
+        while b >= self._max_buckets:
+            self._coarsen()
+            b = int(time_s // self.bucket_s)
+        self._count[b] += 1
+        self._sum[b] += frac
+        if frac > self._bmax[b]:
+            self._bmax[b] = frac
+        if time_s > self._last_s[b]:
+            self._last_s[b] = time_s
 
     def extend_values(self, time_s: list[float], frac: list[float]) -> None:
         """`extend` for a few samples given as lists."""
-        if not time_s:
-            return
-        if self.num_steps > self._max_samples:
-            # Bucketed by the time they are applied: each sample is added on its own, as `add`.
+        if self.bucket_s or not time_s:
             for t, f in zip(time_s, frac, strict=True):
                 self.add(t, f)
             return
-        self.extend(np.array(time_s, dtype=np.float64), np.array(frac, dtype=np.float64))
+        self.num_steps += len(time_s)
+        top = max(frac)
+        if top > self._max:
+            self._max = top
+        self._time_s.extend(time_s)
+        self._frac.extend(frac)
+        if len(self._time_s) > self._max_samples:
+            self._to_buckets()
 
     def extend(self, time_s: np.ndarray, frac: np.ndarray) -> None:
         """Samples of consecutive steps (float64 arrays of one length, times nondecreasing)."""
         n = len(time_s)
         if not n:
             return
-        self._pend_t.append(time_s)
-        self._pend_f.append(frac)
         self.num_steps += n
-        self._num_pending += n
-        if self._num_pending >= self._max_pending:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Apply the pending additions in the order they were made: exact samples appended; once
-        bucketed, each addition's samples summed per bucket as one array sum (an addition inside
-        one bucket: its `sum()`; one across buckets: `np.add.reduceat` at the boundaries) and the
-        sums added to the buckets in order. The bucket width doubles before the first addition
-        whose last sample falls past the last bucket, and the trace turns into buckets right
-        after the addition that takes it past `max_samples`: the same numbers as applying each
-        addition when it is made, at a few array operations per flush."""
-        if not self._pend_t:
-            return
-        time_s = np.concatenate(self._pend_t)
-        frac = np.concatenate(self._pend_f)
-        lens = np.fromiter(map(len, self._pend_t), dtype=np.int64, count=len(self._pend_t))
-        self._pend_t, self._pend_f, self._num_pending = [], [], 0
-        ends = lens.cumsum()
         top = float(frac.max())
         if top > self._max:
             self._max = top
-        i, n = 0, len(lens)
-        while i < n:
-            s0 = int(ends[i - 1]) if i else 0
-            if not self._bucket_s:
-                # Exact: append up to and including the addition that takes the trace past max_samples.
-                room = self._max_samples - len(self._time_s)
-                j = int(ends.searchsorted(s0 + room, side="right")) + 1  # first addition not appended now
-                j = min(j, n)
-                s1 = int(ends[j - 1])
-                self._time_s.frombytes(time_s[s0:s1].tobytes())
-                self._frac.frombytes(frac[s0:s1].tobytes())
-                if len(self._time_s) > self._max_samples:
-                    self._to_buckets()
-                i = j
+        if not self.bucket_s:
+            self._time_s.frombytes(time_s.tobytes())
+            self._frac.frombytes(frac.tobytes())
+            if len(self._time_s) > self._max_samples:
+                self._to_buckets()
+            return
+        last = float(time_s[-1])
+        while int(last // self.bucket_s) >= self._max_buckets:
+            self._coarsen()
+        w = self.bucket_s
+        b0, b1 = int(float(time_s[0]) // w), int(last // w)
+        if b0 == b1:
+            self._count[b0] += n
+            self._sum[b0] += float(frac.sum())
+            self._bmax[b0] = max(self._bmax[b0], top)
+            self._last_s[b0] = max(self._last_s[b0], last)
+            return
+        # Split at the bucket boundaries the steps cross (a run of steps spans a few buckets).
+        starts = time_s.searchsorted(np.arange(b0 + 1, b1 + 1) * w, side="left")
+        firsts = [0, *starts.tolist()]
+        lasts = [*starts.tolist(), n]
+        sums = np.add.reduceat(frac, firsts).tolist()
+        maxes = np.maximum.reduceat(frac, firsts).tolist()
+        for b, i, j, total, top_b in zip(range(b0, b1 + 1), firsts, lasts, sums, maxes, strict=True):
+            if j <= i:
                 continue
-            w = self._bucket_s
-            last_b = time_s[ends[i:] - 1] // w
-            past = np.flatnonzero(last_b >= self._max_buckets)
-            j = i + int(past[0]) if len(past) else n
-            if j > i:
-                self._apply(time_s[s0:int(ends[j - 1])], frac[s0:int(ends[j - 1])], ends[i:j] - s0)
-            if j < n:
-                last = float(time_s[ends[j] - 1])
-                while int(last // self._bucket_s) >= self._max_buckets:
-                    self._coarsen()
-            i = j
-
-    def _apply(self, time_s: np.ndarray, frac: np.ndarray, ends: np.ndarray) -> None:
-        """Add bucketed samples: `ends` are the additions' ends in the arrays (none past the last
-        bucket)."""
-        b = (time_s // self._bucket_s).astype(np.int64)
-        m = len(b)
-        starts = np.concatenate(((0,), ends[:-1]))
-        cut = np.zeros(m, dtype=bool)
-        cut[starts] = True
-        cut[1:] |= b[1:] != b[:-1]
-        seg = np.flatnonzero(cut)
-        # An addition inside one bucket sums as `ndarray.sum()`, which is `np.add.reduceat` of its
-        # samples behind a 0.0; one across buckets sums each bucket's part with `reduceat` itself.
-        inside = starts[b[starts] == b[ends - 1]]
-        padded = np.insert(frac, inside, 0.0)
-        sums = np.add.reduceat(padded, seg + inside.searchsorted(seg, side="left"))
-        maxes = np.maximum.reduceat(frac, seg)
-        seg_end = np.append(seg[1:], m)
-        lasts = time_s[seg_end - 1]
-        where = b[seg]
-        np.add.at(self._count, where, seg_end - seg)
-        np.add.at(self._sum, where, sums)
-        np.maximum.at(self._bmax, where, maxes)
-        np.maximum.at(self._last_s, where, lasts)
+            self._count[b] += j - i
+            self._sum[b] += total
+            if top_b > self._bmax[b]:
+                self._bmax[b] = top_b
+            t = float(time_s[j - 1])
+            if t > self._last_s[b]:
+                self._last_s[b] = t
 
     def _merge(self, idx: np.ndarray, time_s: np.ndarray, frac: np.ndarray) -> None:
         buckets, first = np.unique(idx, return_index=True)
         ends = np.append(first[1:], len(idx))
-        self._count[buckets] += np.diff(np.append(first, len(idx)))
-        self._sum[buckets] += np.add.reduceat(frac, first)
-        np.maximum.at(self._bmax, buckets, np.maximum.reduceat(frac, first))
-        np.maximum.at(self._last_s, buckets, time_s[ends - 1])
+        counts = np.diff(np.append(first, len(idx)))
+        sums = np.add.reduceat(frac, first)
+        maxes = np.maximum.reduceat(frac, first)
+        lasts = time_s[ends - 1]
+        for b, c, s, m, t in zip(buckets.tolist(), counts.tolist(), sums.tolist(), maxes.tolist(), lasts.tolist(),
+                                 strict=True):
+            self._count[b] += c
+            self._sum[b] += s
+            if m > self._bmax[b]:
+                self._bmax[b] = m
+            if t > self._last_s[b]:
+                self._last_s[b] = t
 
     def _to_buckets(self) -> None:
         time_s = np.frombuffer(self._time_s, dtype=np.float64)
@@ -184,23 +154,23 @@ class KvUsageTrace:
         top = float(time_s[-1])
         # The narrowest power-of-two width that leaves room for twice the time seen so far.
         w = 2.0 ** math.ceil(math.log2(max(2.0 * top / self._max_buckets, 1e-6)))
-        self._bucket_s = w
+        self.bucket_s = w
         nb = self._max_buckets
-        self._count, self._sum = np.zeros(nb, dtype=np.int64), np.zeros(nb)
-        self._bmax, self._last_s = np.full(nb, -math.inf), np.full(nb, -math.inf)
+        self._count, self._sum = [0] * nb, [0.0] * nb
+        self._bmax, self._last_s = [-math.inf] * nb, [-math.inf] * nb
         self._merge((time_s // w).astype(np.int64), time_s, frac)
         self._time_s, self._frac = array("d"), array("d")
 
     def _coarsen(self) -> None:
         """Double the bucket width: bucket i of the new series is buckets 2i and 2i + 1 of the old."""
         half = self._max_buckets // 2
-        pad = self._max_buckets - half
         count, total, bmax, last = self._count, self._sum, self._bmax, self._last_s
-        self._count = np.concatenate((count[0:2 * half:2] + count[1:2 * half:2], np.zeros(pad, dtype=np.int64)))
-        self._sum = np.concatenate((total[0:2 * half:2] + total[1:2 * half:2], np.zeros(pad)))
-        self._bmax = np.concatenate((np.maximum(bmax[0:2 * half:2], bmax[1:2 * half:2]), np.full(pad, -math.inf)))
-        self._last_s = np.concatenate((np.maximum(last[0:2 * half:2], last[1:2 * half:2]), np.full(pad, -math.inf)))
-        self._bucket_s *= 2.0
+        pad = [0] * (self._max_buckets - half)
+        self._count = [count[2 * i] + count[2 * i + 1] for i in range(half)] + pad
+        self._sum = [total[2 * i] + total[2 * i + 1] for i in range(half)] + [0.0] * len(pad)
+        self._bmax = [max(bmax[2 * i], bmax[2 * i + 1]) for i in range(half)] + [-math.inf] * len(pad)
+        self._last_s = [max(last[2 * i], last[2 * i + 1]) for i in range(half)] + [-math.inf] * len(pad)
+        self.bucket_s *= 2.0
 
     def mean_frac(self) -> float:
         """Step-weighted mean used fraction (0.0 without steps)."""
@@ -208,10 +178,9 @@ class KvUsageTrace:
             return 0.0
         if not self.bucket_s:
             return float(np.frombuffer(self._frac, dtype=np.float64)[self._order()].mean())
-        return math.fsum(self._sum.tolist()) / self.num_steps
+        return math.fsum(self._sum) / self.num_steps
 
     def max_frac(self) -> float:
-        self._flush()
         return self._max if self.num_steps else 0.0
 
     def _order(self) -> np.ndarray | slice:
@@ -228,12 +197,11 @@ class KvUsageTrace:
             time_s = np.frombuffer(self._time_s, dtype=np.float64)[order]
             frac = np.frombuffer(self._frac, dtype=np.float64)[order]
             return tuple(zip(time_s.tolist(), frac.tolist(), strict=True))
-        return tuple((t, s / c) for c, s, t in zip(self._count.tolist(), self._sum.tolist(), self._last_s.tolist(),
-                                                  strict=True) if c)
+        return tuple((t, s / c) for c, s, t in zip(self._count, self._sum, self._last_s, strict=True) if c)
 
     def bucket_max(self) -> tuple[float, ...]:
         """Once bucketed, each nonempty bucket's largest used fraction (in `series()` order); else
         the samples' own values."""
         if not self.bucket_s:
             return tuple(f for _, f in self.series())
-        return tuple(m for c, m in zip(self._count.tolist(), self._bmax.tolist(), strict=True) if c)
+        return tuple(m for c, m in zip(self._count, self._bmax, strict=True) if c)

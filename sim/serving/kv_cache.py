@@ -271,6 +271,21 @@ class KVCacheManager:
         for request_id, b in zip(ids, self._take(len(ids)), strict=True):
             held[request_id].tail.append(b)
 
+    def append_blocks(self, request_id: int, count: int) -> None:
+        """`append_one_block([request_id] * count)`: `count` more blocks for one request (the
+        block growth of a lone bulk decode over several steps)."""
+        if count <= 0:
+            return
+        head = self._free[0]
+        offset = self._head_offset
+        tail = self._held[request_id].tail
+        if type(head) is list and offset + count < len(head):
+            self._head_offset = offset + count
+            self._num_free -= count
+            tail.extend(head[offset:offset + count])
+            return
+        tail.extend(self._take(count))
+
     def commit(self, request_id: int, num_computed_tokens: int, keys: tuple[int, ...]) -> None:
         """Index the request's blocks that are full within `num_computed_tokens` and have a key.
 
@@ -501,6 +516,12 @@ class BlockCountingKVCache(KVCacheManager):
             counts[request_id] += 1
             n += 1
         self._num_free -= n
+
+    def append_blocks(self, request_id: int, count: int) -> None:
+        """As `KVCacheManager.append_blocks`: `count` more blocks for one request."""
+        if count > 0:
+            self._counts[request_id] += count
+            self._num_free -= count
 
     def free(self, request_id: int) -> None:
         """Release the request's blocks (a request that holds none is ignored)."""

@@ -368,8 +368,10 @@ class VllmV1Scheduler:
             # step order; the pattern repeats (`prefix[r - 1]` of them cross in the first r steps).
             period = [r.request_id for r_off in range(min(steps, bs)) for r in due[(u + r_off) % bs]]
             q, rem = divmod(steps, bs)
-            request_ids = period * q + (period[:prefix[rem - 1]] if rem else []) if q else period
-            self._kv.append_one_block(request_ids)
+            if len(period) == 1:  # one request crosses (a lone decode): its blocks in one call
+                self._kv.append_blocks(period[0], q + (prefix[rem - 1] if rem else 0) if q else 1)
+            else:
+                self._kv.append_one_block(period * q + (period[:prefix[rem - 1]] if rem else []) if q else period)
         return self._end_bulk_steps(u + steps, steps == last, free_after)
 
     def _run_bulk_steps_one_by_one(self, num_steps: int) -> tuple[int, list[RequestState], list[int]]:

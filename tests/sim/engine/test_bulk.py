@@ -217,6 +217,10 @@ def test_block_counts_refuse_what_they_cannot_show() -> None:
     assert kv.num_free_blocks() == 1 and kv.num_blocks_held(2) == 0
     kv.append_one_block([1])
     assert kv.num_free_blocks() == 0 and kv.usage_frac() == 1.0
+    kv.free(1)
+    assert kv.allocate(1, num_tokens=1, keys=(), num_computed_tokens=0)
+    kv.append_blocks(1, 2)  # as append_one_block([1, 1])
+    assert kv.num_blocks_held(1) == 3 and kv.num_free_blocks() == 1
     with pytest.raises(ValueError, match="prefix caching is off"):
         kv.allocate(3, num_tokens=4, keys=(), num_computed_tokens=2)
     with pytest.raises(TypeError, match="block ids are not tracked"):

@@ -237,6 +237,22 @@ def test_append_one_block_gives_each_request_the_next_free_block_in_order() -> N
     assert kv.num_free_blocks() == 1
 
 
+@pytest.mark.parametrize("count", [1, 3, 4, 5])
+def test_append_blocks_is_append_one_block_of_one_request_repeated(count: int) -> None:
+    """A lone bulk decode's blocks over several steps, taken in one call: the same ids (the head
+    run's rest, then the runs behind it) and free counts as one block per step."""
+    one_by_one, at_once = make_cache(), make_cache()
+    for kv in (one_by_one, at_once):
+        assert kv.allocate(1, num_tokens=4, keys=(), num_computed_tokens=0)
+        assert kv.allocate(2, num_tokens=4, keys=(), num_computed_tokens=0)
+        kv.free(1)  # block 0 queues behind the head run 2..7
+    one_by_one.append_one_block([2] * count)
+    at_once.append_blocks(2, count)
+    assert at_once.blocks_of(2) == one_by_one.blocks_of(2)
+    assert at_once.free_block_ids() == one_by_one.free_block_ids()
+    assert at_once.num_free_blocks() == one_by_one.num_free_blocks()
+
+
 def test_a_claimed_free_cached_block_is_skipped_when_its_old_queue_entry_comes_up() -> None:
     kv = make_cache()
     keys, _ = run_prefill(kv, 1, (seg(1, 8), seg(2, 1)))  # blocks 0, 1 cached, 2 not
