@@ -26,6 +26,8 @@ import numpy as np
 
 MAX_SAMPLES = 1 << 18
 """Exact per-step samples kept before the trace turns into time buckets (4 MiB of arrays)."""
+_sum, _max = np.add.reduce, np.maximum.reduce
+"""`ndarray.sum()` and `.max()` without their Python wrappers (the same reductions)."""
 MAX_BUCKETS = 4096
 """Most time buckets of a bucketed trace (a day: buckets of ~21-42 s)."""
 
@@ -93,7 +95,7 @@ class KvUsageTrace:
         if not n:
             return
         self.num_steps += n
-        top = float(frac.max())
+        top = float(_max(frac))
         if top > self._max:
             self._max = top
         if not self.bucket_s:
@@ -109,7 +111,7 @@ class KvUsageTrace:
         b0, b1 = int(float(time_s[0]) // w), int(last // w)
         if b0 == b1:
             self._count[b0] += n
-            self._sum[b0] += float(frac.sum())
+            self._sum[b0] += float(_sum(frac))
             self._bmax[b0] = max(self._bmax[b0], top)
             self._last_s[b0] = max(self._last_s[b0], last)
             return

@@ -261,6 +261,9 @@ class VllmV1Scheduler:
     # -- planning ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
+        if not self._running and not self._waiting:
+            self._active = []  # what planning an empty replica leaves (`_schedule_each`)
+            return None
         resynced: tuple[RequestState, ...] = ()
         micro = self._micro_batches > 1
         if self._prefill_priority:
