@@ -53,6 +53,8 @@ NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
 
 
+_max = np.maximum.reduce
+"""`ndarray.max()` without its Python wrapper."""
 _BUCKET_TABLE_MAX = 1 << 16
 """Largest total context whose bucket a decode table keeps (512 KiB per batch size)."""
 
@@ -61,7 +63,7 @@ class _DecodeTable:
     """Seconds (NaN: not priced yet) and uncounted bulk steps of decode-only steps of one batch
     size, by mean context in buckets (`mean // decode_context_bucket_tokens`)."""
 
-    __slots__ = ("bucket_of", "counts", "first_start", "latest_first_start", "num_decode", "seen", "step_s")
+    __slots__ = ("bucket_of", "counts", "first_start", "num_decode", "seen", "step_s")
 
     def __init__(self, num_decode: int) -> None:
         self.num_decode = num_decode
@@ -71,8 +73,6 @@ class _DecodeTable:
         """Keys already in `StepPricer.counts`."""
         self.first_start = np.full(0, np.inf)
         """Start of the earliest step counted of each key (kept with `StepPricer.first_s`)."""
-        self.latest_first_start = -math.inf
-        """The latest value `first_start` ever took (no finite entry is later)."""
         self.bucket_of = np.zeros(0, dtype=np.int64)
         """Bucketed mean context by total context tokens (`_BUCKET_TABLE_MAX` at most; see `buckets`)."""
 
@@ -342,16 +342,14 @@ class StepPricer:
                 if key not in self.counts:
                     self.counts[key] = 0
                 seen[j] = True
-        if self.first_s is not None and not (all_seen and run.start_s >= table.latest_first_start):
-            # The start of each key's first step in this run (the keys are first..last, in order);
-            # skipped when every key has a start already and none is later than this run's first.
-            at = b.searchsorted(np.arange(first + 1, last + 1))
-            starts = np.concatenate(((run.start_s,), run.ends[at - 1]))
+        if self.first_s is not None:
             window = table.first_start[first:last + 1]
-            np.minimum(window, starts, out=window)
-            latest = float(starts[-1])
-            if latest > table.latest_first_start:
-                table.latest_first_start = latest
+            # Every key of the run has a start already, none later than the run's first step:
+            # nothing moves (a replica's later run, counted after other replicas' overlapping ones).
+            if not (all_seen and run.start_s >= float(_max(window))):
+                # The start of each key's first step in this run (the keys are first..last, in order).
+                at = b.searchsorted(np.arange(first + 1, last + 1))
+                np.minimum(window, np.concatenate(((run.start_s,), run.ends[at - 1])), out=window)
 
     def fold_runs(self) -> list[tuple[StepKey, float, int]]:
         """Move the steps counted by `count_run` into `counts`; returns (key, seconds, steps) of
