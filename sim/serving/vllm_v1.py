@@ -85,7 +85,10 @@ _FreeAfter = TypeVar("_FreeAfter", np.ndarray, list[int])
 _DUE_COUNTS: dict[tuple[int, ...], np.ndarray] = {}
 """Cumulated blocks taken per bulk step by block-crossing pattern (`_due_prefix`), shared by every
 scheduler of the process: a pure function of the pattern, kept for the runs' lengths."""
-_DUE_COUNTS_MAX = 4096
+_DUE_COUNTS_MAX_STEPS = 1 << 21
+"""Steps `_DUE_COUNTS` holds in all before it is cleared (16 MiB)."""
+_due_counts_steps = [0]
+"""Steps `_DUE_COUNTS` holds now."""
 
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -328,9 +331,12 @@ class VllmV1Scheduler:
         key = tuple(prefix)
         cached = _DUE_COUNTS.get(key)
         if cached is None or len(cached) < num_steps:
-            if len(_DUE_COUNTS) >= _DUE_COUNTS_MAX:
-                _DUE_COUNTS.clear()
             size = max(num_steps, 2 * len(cached) if cached is not None else 0, 4 * len(prefix))
+            held = _due_counts_steps[0] - (len(cached) if cached is not None else 0)
+            if held + size > _DUE_COUNTS_MAX_STEPS:
+                _DUE_COUNTS.clear()
+                held = 0
+            _due_counts_steps[0] = held + size
             per_step = np.zeros(size, dtype=np.int64)
             previous = 0
             for r, total in enumerate(prefix):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -529,3 +530,26 @@ def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[st
     ]
     for key in keys:
         assert pricer.step_s(key) == pytest.approx(_reference_step_s(sc, key, cost), rel=1e-12), key
+
+
+def test_due_block_counts_are_cached_per_pattern_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cumulated blocks taken per bulk step come from a process-wide cache per block-crossing
+    pattern: the same numbers as counting step by step, read-only, and never more steps held than
+    the bound."""
+    from sim.serving import vllm_v1
+
+    monkeypatch.setattr(vllm_v1, "_DUE_COUNTS", {})
+    monkeypatch.setattr(vllm_v1, "_due_counts_steps", [0])
+    monkeypatch.setattr(vllm_v1, "_DUE_COUNTS_MAX_STEPS", 3000)
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        sizes = rng.integers(0, 3, 16).tolist()
+        r = int(rng.integers(16))
+        prefix = list(itertools.accumulate(sizes[r:] + sizes[:r]))
+        n = int(rng.integers(1, 700))
+        got = vllm_v1.VllmV1Scheduler._due_counts(None, n, prefix)  # type: ignore[arg-type]
+        expected = np.cumsum([prefix[j % 16] - (prefix[j % 16 - 1] if j % 16 else 0) for j in range(n)])
+        assert got.tolist() == expected.tolist()
+        assert not got.flags.writeable
+        held = sum(map(len, vllm_v1._DUE_COUNTS.values()))
+        assert held == vllm_v1._due_counts_steps[0] <= 3000
