@@ -112,12 +112,12 @@ class AutoscaledSimulation(Simulation):
         scheds = [self._replicas[j].scheduler for j in self._active]
         ongoing = waiting = running = 0
         kv = 0.0
-        for s in scheds:
+        for j, s in zip(self._active, scheds, strict=True):
             assert isinstance(s, VllmV1Scheduler)
             ongoing += s.num_outstanding()
             waiting += s.num_waiting()
             running += s.num_running()
-            kv += s.kv_usage_frac()
+            kv += self.replica_kv_usage_frac(j)  # a replica running decodes ahead reports them too
         return FleetObservation(now_s=self.now_s, num_active=len(scheds), num_starting=self._count("starting"),
                                 ongoing_requests=ongoing, waiting_requests=waiting, kv_usage=kv,
                                 running_frac=running / self._max_num_seqs)

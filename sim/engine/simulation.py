@@ -655,6 +655,19 @@ class Simulation:
         if self._progress is not None:
             self._progress(len(self.records))
 
+    def replica_kv_usage_frac(self, idx: int) -> float:
+        """The replica's used KV fraction now, as the step-by-step loop has it: a run-ahead run's
+        steps that started by now have taken their blocks (steps start at the previous one's end;
+        a step ending now has not ended yet for this event, as an event queued before it)."""
+        replica = self._replicas[idx]
+        scheduler = replica.scheduler
+        run = replica.run
+        if run is None:
+            return scheduler.kv_usage_frac()
+        assert isinstance(scheduler, VllmV1Scheduler)
+        started = 1 + int(run.ends[:run.num_steps].searchsorted(self.now_s, side="left"))
+        return scheduler.kv_usage_frac_after_bulk_steps(min(started, run.num_steps))
+
     def replica_busy_s(self) -> list[float]:
         return [r.busy_s for r in self._replicas]
 

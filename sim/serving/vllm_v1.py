@@ -194,6 +194,16 @@ class VllmV1Scheduler:
     def kv_usage_frac(self) -> float:
         return self._kv.usage_frac()
 
+    def kv_usage_frac_after_bulk_steps(self, num_steps: int) -> float:
+        """`kv_usage_frac()` once the first `num_steps` of the bulk decode steps that
+        `next_bulk_decode_steps` describes have taken their blocks (each takes them when it
+        starts): what the replica reports while those steps are still to be run in bulk."""
+        kv = self._kv
+        if num_steps <= 0:
+            return kv.usage_frac()
+        taken = int(self._due_counts(num_steps, self._due_prefix())[-1])
+        return (kv.num_blocks - (kv.num_free_blocks() - taken)) / kv.num_blocks
+
     def adp_load(self) -> RankLoad:
         """This rank's counts for TensorRT-LLM's attention-DP balance (`sim.serving.adp_balance`):
         context requests it would run (ongoing prefills, and waiting prompts it has batch slots

@@ -99,3 +99,27 @@ def test_array_decode_run_matches_the_step_by_step_one(num_decode: int, context:
     firsts = [g[2] for g in groups if g[2] < run.num_steps]
     assert [keys[j] for j in firsts] == [g[0] for g in groups if g[2] < run.num_steps]
     assert pricers[0]._memo == pricers[1]._memo  # the same keys priced (the crossing step's too)
+
+
+def test_an_autoscaler_reading_kv_usage_sees_the_blocks_of_steps_run_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica in a run-ahead run has not run its steps yet when an evaluation tick reads its KV
+    usage; it reports the blocks its steps started by then have taken, so a `target_kv_usage`
+    fleet scales exactly as in the event-by-event loop (before 0.6.1 it read the usage as of each
+    run's start, without the blocks the run's decodes had grown into since: other decisions here)."""
+    from conftest import REPO
+
+    from sim.api import load_scenario
+    from sim.serde import parse_override
+
+    sets = ["workload.profile_duration_s=300", "engine.data_parallel_size=16", "autoscaling.max_replicas=16",
+            "autoscaling.target_ongoing_requests=1000", "autoscaling.target_kv_usage=0.003",
+            "autoscaling.upscale_delay_s=0.0", "autoscaling.downscale_delay_s=0.0", "autoscaling.startup_delay_s=5.0"]
+    sc = load_scenario(REPO / "scenarios" / "llama3_8b-fleet-day-autoscale.toml",
+                       dict(parse_override(s) for s in sets))
+    ahead = simulate(sc)
+    monkeypatch.setattr(Simulation, "RUN_AHEAD", False)
+    reference = simulate(sc)
+    assert ahead.autoscaling is not None and ahead.autoscaling.peak_replicas > 2
+    assert ahead.autoscaling == reference.autoscaling
+    assert ahead.records == reference.records
+    assert ahead.summary == reference.summary
