@@ -90,6 +90,30 @@ _DUE_COUNTS_MAX_STEPS = 1 << 21
 _due_counts_steps = [0]
 """Steps `_DUE_COUNTS` holds now."""
 
+
+def due_block_counts(num_steps: int, prefix: list[int]) -> np.ndarray:
+    """Blocks taken by the next `num_steps` bulk steps whose block-crossing pattern is `prefix`
+    (`VllmV1Scheduler._due_prefix`: blocks taken by the first 1, 2, ..., block_size of them),
+    cumulated: int64, one per step, a read-only view of `_DUE_COUNTS`' array for the pattern."""
+    key = tuple(prefix)
+    cached = _DUE_COUNTS.get(key)
+    if cached is None or len(cached) < num_steps:
+        size = max(num_steps, 2 * len(cached) if cached is not None else 0, 4 * len(prefix))
+        held = _due_counts_steps[0] - (len(cached) if cached is not None else 0)
+        if held + size > _DUE_COUNTS_MAX_STEPS:
+            _DUE_COUNTS.clear()
+            held = 0
+        _due_counts_steps[0] = held + size
+        per_step = np.zeros(size, dtype=np.int64)
+        previous = 0
+        for r, total in enumerate(prefix):
+            if total != previous:
+                per_step[r::len(prefix)] = total - previous
+                previous = total
+        cached = _DUE_COUNTS[key] = per_step.cumsum()
+        cached.flags.writeable = False
+    return cached[:num_steps]
+
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
@@ -201,7 +225,7 @@ class VllmV1Scheduler:
         kv = self._kv
         if num_steps <= 0:
             return kv.usage_frac()
-        taken = int(self._due_counts(num_steps, self._due_prefix())[-1])
+        taken = int(due_block_counts(num_steps, self._due_prefix())[-1])
         return (kv.num_blocks - (kv.num_free_blocks() - taken)) / kv.num_blocks
 
     def adp_load(self) -> RankLoad:
@@ -326,7 +350,7 @@ class VllmV1Scheduler:
         q, r = divmod(num_steps, self._block_size)
         if q * prefix[-1] + (prefix[r - 1] if r else 0) <= free:
             return num_steps
-        return int(np.searchsorted(self._due_counts(num_steps, prefix), free, side="right"))
+        return int(np.searchsorted(due_block_counts(num_steps, prefix), free, side="right"))
 
     def _due_prefix(self) -> list[int]:
         """Blocks taken by the next 1, 2, ..., block_size bulk steps (each bulk decode crosses into
@@ -335,27 +359,6 @@ class VllmV1Scheduler:
         sizes = list(map(len, self._due))
         return list(accumulate(sizes[r:] + sizes[:r]))
 
-    def _due_counts(self, num_steps: int, prefix: list[int]) -> np.ndarray:
-        """Blocks taken by the next `num_steps` bulk steps, cumulated (int64, one per step; a
-        read-only view of `_DUE_COUNTS`' array for the pattern)."""
-        key = tuple(prefix)
-        cached = _DUE_COUNTS.get(key)
-        if cached is None or len(cached) < num_steps:
-            size = max(num_steps, 2 * len(cached) if cached is not None else 0, 4 * len(prefix))
-            held = _due_counts_steps[0] - (len(cached) if cached is not None else 0)
-            if held + size > _DUE_COUNTS_MAX_STEPS:
-                _DUE_COUNTS.clear()
-                held = 0
-            _due_counts_steps[0] = held + size
-            per_step = np.zeros(size, dtype=np.int64)
-            previous = 0
-            for r, total in enumerate(prefix):
-                if total != previous:
-                    per_step[r::len(prefix)] = total - previous
-                    previous = total
-            cached = _DUE_COUNTS[key] = per_step.cumsum()
-            cached.flags.writeable = False
-        return cached[:num_steps]
 
     def run_bulk_decode_steps(self, num_steps: int) -> tuple[int, list[RequestState], np.ndarray | list[int]]:
         """Run up to `num_steps` of the steps `next_bulk_decode_steps` described, each the same as
@@ -376,7 +379,7 @@ class VllmV1Scheduler:
         if num_steps > last:
             num_steps = last
         prefix = self._due_prefix()
-        taken = self._due_counts(num_steps, prefix)
+        taken = due_block_counts(num_steps, prefix)
         steps = num_steps
         if num_steps and int(taken[-1]) > free:
             steps = int(taken.searchsorted(free, side="right"))

@@ -547,7 +547,7 @@ def test_due_block_counts_are_cached_per_pattern_within_a_bound(monkeypatch: pyt
         r = int(rng.integers(16))
         prefix = list(itertools.accumulate(sizes[r:] + sizes[:r]))
         n = int(rng.integers(1, 700))
-        got = vllm_v1.VllmV1Scheduler._due_counts(None, n, prefix)  # type: ignore[arg-type]
+        got = vllm_v1.due_block_counts(n, prefix)
         expected = np.cumsum([prefix[j % 16] - (prefix[j % 16 - 1] if j % 16 else 0) for j in range(n)])
         assert got.tolist() == expected.tolist()
         assert not got.flags.writeable
