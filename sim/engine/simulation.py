@@ -194,6 +194,8 @@ class Simulation:
         self._held: deque[RequestState] = deque()
         self.now_s = 0.0
         self.num_steps = 0
+        self._steps_ahead = 0
+        """Steps of run-ahead runs in flight: started, counted in `num_steps` when their run ends."""
         self.records: list[RequestRecord] = []
         self.itl: dict[float, int] = {}
         """Inter-token latency in seconds -> number of token gaps with exactly that value."""
@@ -237,7 +239,7 @@ class Simulation:
                 time_s, req = self._next_arrival_s, arrivals[i]
                 i += 1
             assert time_s >= self.now_s, "time went backwards"
-            if time_s > limits.max_sim_time_s or self.num_steps >= limits.max_num_steps:
+            if time_s > limits.max_sim_time_s or self.num_steps + self._steps_ahead >= limits.max_num_steps:
                 self.truncated = True
                 break
             self.now_s = time_s
@@ -344,7 +346,7 @@ class Simulation:
         if not self._inline or end_s >= self._next_arrival_s or end_s >= self._heap_top_s():
             return False
         limits = self._limits
-        return end_s <= limits.max_sim_time_s and self.num_steps < limits.max_num_steps
+        return end_s <= limits.max_sim_time_s and self.num_steps + self._steps_ahead < limits.max_num_steps
 
     def _on_step_done(self, idx: int) -> None:
         replica = self._replicas[idx]
@@ -395,7 +397,7 @@ class Simulation:
                 return []
             num_decode, context_tokens, until_finish = shape
             horizon_s = min(self._next_arrival_s, self._heap[0][0] if self._heap else math.inf)
-            max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
+            max_steps = min(until_finish, _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps - self._steps_ahead)
             if max_steps <= 0:
                 return []
             if horizon_s - self.now_s < _SHORT_RUN_STEPS * replica.step_s:
@@ -444,7 +446,8 @@ class Simulation:
             if shapes is None:
                 return []
             busy = [s for s in shapes if s is not None]
-            max_steps = min(min(s[2] for s in busy), _MAX_RUN_STEPS, limits.max_num_steps - 1 - self.num_steps)
+            max_steps = min(min(s[2] for s in busy), _MAX_RUN_STEPS,
+                            limits.max_num_steps - 1 - self.num_steps - self._steps_ahead)
             max_steps = group.bulk_group_block_steps(max_steps)
             if max_steps <= 0:
                 return []
@@ -561,7 +564,8 @@ class Simulation:
             return False
         num_decode, context_tokens, until_finish = shape
         limits = self._limits
-        max_steps = min(until_finish, limits.max_num_steps - 1 - self.num_steps)
+        # Other replicas' runs in flight have started their steps: they count towards the limit.
+        max_steps = min(until_finish, limits.max_num_steps - 1 - self.num_steps - self._steps_ahead)
         if max_steps <= 0:
             return False
         max_steps = scheduler.bulk_decode_block_steps(max_steps)
@@ -572,6 +576,7 @@ class Simulation:
         if not run.num_steps:
             return False
         replica.busy, replica.plan, replica.run = True, None, run
+        self._steps_ahead += run.num_steps
         self._push(float(run.ends[run.num_steps - 1]), idx)
         return True
 
@@ -585,6 +590,7 @@ class Simulation:
         assert run is not None
         k = int(run.ends[:run.num_steps].searchsorted(self.now_s, side="right")) + 1
         if k < run.num_steps:
+            self._steps_ahead -= run.num_steps - k
             run.num_steps = k
             self._push(float(run.ends[k - 1]), idx)
 
@@ -594,6 +600,7 @@ class Simulation:
         run = replica.run
         assert run is not None
         replica.run = None
+        self._steps_ahead -= run.num_steps
         scheduler = replica.scheduler
         assert isinstance(scheduler, VllmV1Scheduler)
         steps, finished, free_after = scheduler.run_bulk_decode_steps(run.num_steps)

@@ -123,3 +123,17 @@ def test_an_autoscaler_reading_kv_usage_sees_the_blocks_of_steps_run_ahead(monke
     assert ahead.autoscaling == reference.autoscaling
     assert ahead.records == reference.records
     assert ahead.summary == reference.summary
+
+
+@pytest.mark.parametrize("limit", [97, 500, 2_000])
+def test_a_step_limit_holds_with_runs_ahead_on_other_replicas(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`SimLimits.max_num_steps` counts the steps other replicas' runs have started ahead, so the
+    run stops at the limit as the event-by-event loop does (before, each replica's run was bounded
+    by the steps counted so far only, and four replicas overshot it by their runs' lengths)."""
+    sc = _scenario(FLEETS["light-round-robin"])
+    ahead = simulate(sc, limits=SimLimits(max_num_steps=limit))
+    monkeypatch.setattr(Simulation, "RUN_AHEAD", False)
+    reference = simulate(sc, limits=SimLimits(max_num_steps=limit))
+    assert ahead.summary.truncated and reference.summary.truncated
+    assert reference.summary.num_steps <= limit
+    assert ahead.summary.num_steps <= limit
