@@ -100,11 +100,19 @@ class AutoscaledSimulation(Simulation):
             if self._status[idx] == "draining":
                 self._release_if_empty(idx)
 
+    def _finished(self) -> bool:
+        """No arrival left, none held and no replica busy: nothing will happen any more."""
+        return math.isinf(self._next_arrival_s) and not self._held and not any(r.busy for r in self._replicas)
+
     def _on_tick(self) -> None:
-        if math.isinf(self._next_arrival_s) and not self._held and not any(r.busy for r in self._replicas):
-            return  # nothing will happen any more: no further ticks
+        if self._finished():
+            return  # no further ticks
         self._tick += 1
         self._push((self._tick + 1) * self._spec.interval_s, _TICK)
+        # A start-up that ends at this instant has ended for the evaluation, whichever of the two
+        # events the heap holds first (their order depends on when each was queued).
+        for r in [r for r, s in enumerate(self._status) if s == "starting" and self._ready_s[r] <= self.now_s]:
+            self._on_ready(r)
         target, self._policy = decide(self._spec, self.observe(), self._policy)
         self._scale_to(target)
 
@@ -153,6 +161,8 @@ class AutoscaledSimulation(Simulation):
         bisect.insort(self._active, r)
 
     def _start(self, r: int) -> None:
+        # A replica loads afresh: nothing of what it cached before it was released is still there.
+        self._replicas[r].scheduler.kv.reset_prefix_cache()
         self._status[r] = "starting"
         self._since_s[r] = self.now_s
         self._ready_s[r] = self.now_s + self._spec.startup_delay_s
@@ -169,7 +179,11 @@ class AutoscaledSimulation(Simulation):
 
     def _on_ready(self, r: int) -> None:
         if self._status[r] != "starting" or self._ready_s[r] != self.now_s:
-            return  # cancelled (and perhaps started again since)
+            return  # cancelled (and perhaps started again since), or activated by a tick at this instant
+        if self._finished():
+            # The run has ended (its last request finished before now): the replica stays starting,
+            # and `_run` pays its start-up up to that end only.
+            return
         self.startup_s += self.now_s - self._since_s[r]
         self._ready_s[r] = math.inf
         self._activate(r)

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 from sim.specs.autoscaling import AutoscalingSpec
 
+_DELAY_EPS_S = 1e-9
+"""Slack of the delay comparison: evaluation times are k x interval, and a difference of two such
+products can fall an ulp short of the delay it equals (1.2 - 0.3 < 0.9)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetObservation:
@@ -71,12 +75,12 @@ def decide(spec: AutoscalingSpec, obs: FleetObservation, state: PolicyState) -> 
     want = desired_replicas(spec, obs)
     if want > current:
         since = obs.now_s if state.up_since_s is None else state.up_since_s
-        if obs.now_s - since >= spec.upscale_delay_s:
+        if obs.now_s - since >= spec.upscale_delay_s - _DELAY_EPS_S:
             return want, PolicyState()
         return current, PolicyState(up_since_s=since)
     if want < current:
         since = obs.now_s if state.down_since_s is None else state.down_since_s
-        if obs.now_s - since >= spec.downscale_delay_s:
+        if obs.now_s - since >= spec.downscale_delay_s - _DELAY_EPS_S:
             return want, PolicyState()
         return current, PolicyState(down_since_s=since)
     return current, PolicyState()

@@ -146,6 +146,21 @@ class KVCacheManager:
         self.num_evictions = 0
         """Cached blocks whose key was dropped because the block was reallocated."""
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block, as a freshly loaded engine starts (vLLM's `reset_prefix_cache`):
+        the pool is all free and unindexed again. Only when no request holds blocks (a replica
+        taken off and started again); the counters of queries, hits and evictions keep counting."""
+        if self._held:
+            raise ValueError(f"reset_prefix_cache with {len(self._held)} requests holding blocks")
+        self._free = deque([list(range(self._num_blocks))])
+        self._head_offset = 0
+        self._num_free = self._num_blocks
+        self._free_indexed = {}
+        self._ref = {}
+        self._block_key = {}
+        self._cached = {}
+        self._duplicates = {}
+
     @property
     def num_blocks(self) -> int:
         return self._num_blocks
@@ -475,6 +490,11 @@ class BlockCountingKVCache(KVCacheManager):
         self.num_prefix_queries_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_evictions = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing is cached without prefix caching; the pool is all free once no request holds blocks."""
+        if self._counts:
+            raise ValueError(f"reset_prefix_cache with {len(self._counts)} requests holding blocks")
 
     def allocate(
         self, request_id: int, *, num_tokens: int, keys: tuple[int, ...], num_computed_tokens: int

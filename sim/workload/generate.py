@@ -22,7 +22,7 @@ import numpy as np
 from sim.errors import ConfigError
 from sim.specs.workload import WorkloadSpec, length_bounds
 from sim.workload.arrivals import sample_arrivals_s
-from sim.workload.profile import profile_arrivals_s, rate_per_s
+from sim.workload.profile import last_bin_s, profile_arrivals_s, rate_per_s
 from sim.workload.requests import RequestSpec, build_requests
 from sim.workload.traces import read_trace, requests_from_trace
 
@@ -81,7 +81,8 @@ def generate_fleet(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[tuple[
     lengths. Without classes the `random_*` lengths apply and every request is class 0.
     """
     if spec.request_rate_profile is not None:
-        arrivals_s = profile_arrivals_s(rate_per_s(spec), spec.num_prompts, spec.burstiness, rng)
+        arrivals_s = profile_arrivals_s(rate_per_s(spec), spec.num_prompts, spec.burstiness, rng,
+                                        last_bin=last_bin_s(spec))
     else:
         arrivals_s = sample_arrivals_s(spec.num_prompts, spec.request_rate, spec.burstiness, rng)
     n = arrivals_s.size

@@ -80,10 +80,26 @@ def read_rate_csv(path: str) -> npt.NDArray[np.float64]:
     return np.asarray(values, dtype=np.float64)
 
 
+def last_bin_s(spec: WorkloadSpec) -> float:
+    """Length of the profile's last one-second bin: the fraction of a second a `profile_duration_s`
+    such as 100.5 leaves (1.0 for a whole number of seconds)."""
+    duration_s = spec.profile_duration_s
+    if duration_s is None:
+        return 1.0
+    frac = duration_s - math.floor(duration_s)
+    return frac if frac > 0 else 1.0
+
+
 def profile_arrivals_s(rates_per_s: npt.NDArray[np.float64], max_requests: int, burstiness: float,
-                       rng: np.random.Generator) -> npt.NDArray[np.float64]:
-    """Arrival times (s) following the per-second rates (module docstring)."""
-    cum = np.concatenate(([0.0], np.cumsum(rates_per_s)))
+                       rng: np.random.Generator, *, last_bin: float = 1.0) -> npt.NDArray[np.float64]:
+    """Arrival times (s) following the per-second rates (module docstring); the last bin lasts
+    `last_bin` seconds (`last_bin_s`), so it holds that share of its second's requests and none
+    arrives after the profile's end."""
+    mass = rates_per_s
+    if last_bin != 1.0:
+        mass = rates_per_s.copy()
+        mass[-1] *= last_bin
+    cum = np.concatenate(([0.0], np.cumsum(mass)))
     total = float(cum[-1])
     if total <= 0:
         raise ConfigError(source=_SOURCE, key="request_rate_profile", value=total,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -219,3 +220,111 @@ def test_an_moe_lockstep_engine_is_not_autoscaled() -> None:
     with pytest.raises(ConfigError, match="lockstep") as info:
         load_scenario(str(REPO / "scenarios" / "deepseek_r1-h200-dp8ep8.toml"), AUTOSCALED)
     assert info.value.key == "autoscaling.min_replicas"
+
+
+FLEET_DAY = str(REPO / "scenarios" / "llama3_8b-fleet-day-autoscale.toml")
+
+
+def _timeline_integral_h(timeline: tuple[tuple[float, int, int, int], ...], end_s: float, column: int) -> float:
+    points = [*timeline, (end_s, 0, 0, 0)]
+    return sum((t1 - t0) * row[column] for (t0, *row), (t1, *_) in itertools.pairwise(points)) / 3600
+
+
+def test_a_start_up_that_ends_after_the_run_is_paid_only_up_to_its_end() -> None:
+    """A burst in the last minute starts replicas whose 60-s start-up outlasts the run: their
+    start-up GPU-hours are the starting replicas' timeline up to the run's end (before 0.6.2 the
+    whole delay was counted, 0.1 h here against the 0.042 h they were paid, and the timeline went on
+    past the end)."""
+    sets = {"workload.profile_duration_s": 180, "engine.data_parallel_size": 8, "autoscaling.max_replicas": 8,
+            "workload.bursts": [{"start_s": 120.0, "duration_s": 60.0, "rate_factor": 4.0}]}
+    a = simulate(load_scenario(FLEET_DAY, sets)).autoscaling
+    assert a is not None and a.num_replicas_started > 0
+    assert all(t <= a.window_s for t, *_ in a.timeline)
+    assert a.replica_hours == pytest.approx(_timeline_integral_h(a.timeline, a.window_s, 0)
+                                            + _timeline_integral_h(a.timeline, a.window_s, 1)
+                                            + _timeline_integral_h(a.timeline, a.window_s, 2), rel=1e-9)
+    starting_h = _timeline_integral_h(a.timeline, a.window_s, 1)
+    assert a.startup_gpu_hours == pytest.approx(starting_h * a.gpus_per_replica, rel=1e-9)
+
+
+def test_a_replica_started_again_loads_with_an_empty_prefix_cache(tmp_path: Path) -> None:
+    """Two prefix groups on 4 replicas, a 300-s lull that drains the fleet to one replica, then
+    traffic again: the replicas started after the lull have nothing cached from before they were
+    released (before 0.6.2 their first requests hit 2,000 cached prefix tokens)."""
+    path = tmp_path / "prefix.toml"
+    path.write_text("""seed = 0
+[hardware]
+name = "h100_sxm"
+[model]
+name = "meta-llama/Llama-3.1-8B"
+[engine]
+data_parallel_size = 4
+max_model_len = 16384
+router = "round_robin"
+[workload]
+num_prompts = 100000
+request_rate_profile = "diurnal"
+diurnal_peak_rate = 20.0
+diurnal_trough_rate = 20.0
+profile_duration_s = 600
+random_input_len = 200
+random_output_len = 100
+random_prefix_len = 2000
+num_prefix_groups = 2
+bursts = [{ start_s = 120.0, duration_s = 300.0, rate_factor = 0.0 }]
+[autoscaling]
+min_replicas = 1
+max_replicas = 4
+initial_replicas = 4
+target_ongoing_requests = 8
+interval_s = 10.0
+upscale_delay_s = 0.0
+downscale_delay_s = 20.0
+startup_delay_s = 30.0
+""")
+    result = simulate(load_scenario(str(path)))
+    a = result.autoscaling
+    assert a is not None and a.num_replicas_started >= 2
+    first: dict[int, Any] = {}
+    for rec in sorted(result.records, key=lambda r: r.first_scheduled_s):
+        if rec.arrival_s >= 420.0:
+            first.setdefault(rec.replica, rec)
+    restarted = [rec for replica, rec in first.items() if replica != 0]
+    assert restarted and all(rec.prefix_hit_tokens == 0 for rec in restarted)
+    # Later requests on a restarted replica hit what it has cached since.
+    assert any(r.prefix_hit_tokens for r in result.records if r.replica != 0 and r.arrival_s >= 480.0)
+
+
+def test_an_evaluation_at_the_instant_a_start_up_ends_counts_the_replica_active(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`startup_delay_s` = `interval_s`: the ready event and the tick fall on one instant, the tick
+    queued first. The evaluation sees the replica as active, so a scale-down there drains a replica
+    instead of cancelling one that has just loaded (before 0.6.2 three such replicas were cancelled)."""
+    cancelled: list[tuple[float, float]] = []
+    cancel = AutoscaledSimulation._cancel
+
+    def spying(self: AutoscaledSimulation, r: int) -> None:
+        cancelled.append((self.now_s, self._ready_s[r]))
+        cancel(self, r)
+
+    monkeypatch.setattr(AutoscaledSimulation, "_cancel", spying)
+    sets = {"workload.profile_duration_s": 150, "engine.data_parallel_size": 8, "autoscaling.max_replicas": 8,
+            "autoscaling.min_replicas": 1, "autoscaling.upscale_delay_s": 0.0,
+            "autoscaling.downscale_delay_s": 0.0, "autoscaling.tolerance": 0.3,
+            "autoscaling.startup_delay_s": 10.0}
+    a = simulate(load_scenario(FLEET_DAY, sets)).autoscaling
+    assert a is not None and a.num_replicas_started > 0 and a.num_replicas_drained > 0
+    assert not [c for c in cancelled if c[1] <= c[0]]
+
+
+def test_delays_that_are_whole_intervals_take_exactly_that_many_evaluations() -> None:
+    """Evaluations at k x 0.3 s: 1.2 - 0.3 is an ulp short of 0.9, which must still count as the
+    0.9-s delay (three intervals), not wait a fourth evaluation."""
+    spec = AutoscalingSpec(min_replicas=1, max_replicas=8, initial_replicas=1, target_ongoing_requests=1.0,
+                           interval_s=0.3, upscale_delay_s=0.9, downscale_delay_s=0.9)
+    state = PolicyState()
+    applied = []
+    for k in range(1, 6):
+        target, state = decide(spec, _obs(k * 0.3, active=1, ongoing=4), state)
+        applied.append(target)
+    assert applied == [1, 1, 1, 4, 1]  # the fourth applies; the fifth asks afresh

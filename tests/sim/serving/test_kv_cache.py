@@ -423,3 +423,22 @@ def test_constructor_rejects_nonpositive_sizes() -> None:
         KVCacheManager(num_blocks=0, block_size=4, enable_prefix_caching=True)
     with pytest.raises(ValueError, match="block_size"):
         KVCacheManager(num_blocks=8, block_size=0, enable_prefix_caching=True)
+
+
+def test_reset_prefix_cache_leaves_a_fresh_pool_and_refuses_while_blocks_are_held() -> None:
+    kv = make_cache()
+    prompt = (seg(7, 3 * BS + 1),)
+    run_prefill(kv, 1, prompt)
+    with pytest.raises(ValueError, match="holding blocks"):
+        kv.reset_prefix_cache()
+    kv.free(1)
+    keys, hit = run_prefill(kv, 2, prompt)
+    assert hit == 3 * BS  # the freed blocks are still cached
+    kv.free(2)
+    kv.reset_prefix_cache()
+    assert kv.get_computed_tokens(keys, 3 * BS + 1) == 0
+    assert kv.num_free_blocks() == kv.num_blocks
+    fresh = make_cache()
+    run_prefill(kv, 3, prompt)
+    run_prefill(fresh, 3, prompt)
+    assert kv.blocks_of(3) == fresh.blocks_of(3)  # the same ids as a new cache hands out

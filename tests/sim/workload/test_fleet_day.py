@@ -14,7 +14,7 @@ from sim.errors import ConfigError
 from sim.specs.traffic import Burst, TrafficClass
 from sim.specs.workload import WorkloadSpec
 from sim.workload.generate import generate, generate_fleet
-from sim.workload.profile import profile_arrivals_s, rate_per_s
+from sim.workload.profile import last_bin_s, profile_arrivals_s, rate_per_s
 
 SCENARIO = str(REPO / "scenarios" / "llama3_8b-h100.toml")
 
@@ -136,3 +136,20 @@ def test_later_keys_change_the_hash_only_away_from_their_defaults() -> None:
     trt = base.with_overrides({"engine.backend": "trtllm"})
     waited = trt.with_overrides({"engine.batch_wait_timeout_iters": 20, "engine.batch_wait_max_tokens_ratio": 0.9})
     assert waited.scenario_hash() != trt.scenario_hash()
+
+
+def test_a_fractional_duration_ends_the_profile_inside_its_last_second() -> None:
+    """profile_duration_s = 100.5: no arrival after 100.5 s, and the last half second holds about
+    half a second's requests (before 0.6.2 the profile ran to 101 s at the full rate)."""
+    spec = _diurnal(profile_duration_s=100.5, diurnal_peak_rate=400.0, diurnal_trough_rate=400.0)
+    assert last_bin_s(spec) == 0.5 and last_bin_s(_diurnal(profile_duration_s=100.0)) == 1.0
+    arrivals = profile_arrivals_s(rate_per_s(spec), 10_000_000, 1.0, _rng(), last_bin=last_bin_s(spec))
+    assert arrivals.max() <= 100.5
+    last = int(np.sum(arrivals >= 100.0))
+    assert abs(last - 200) < 4 * math.sqrt(200)
+    specs, _ = generate_fleet(spec, _rng())
+    assert max(s.arrival_s for s in specs) <= 100.5
+    # A whole number of seconds draws exactly as before.
+    whole = _diurnal(profile_duration_s=100.0)
+    assert profile_arrivals_s(rate_per_s(whole), 10_000_000, 1.0, _rng(), last_bin=last_bin_s(whole)).tolist() \
+        == profile_arrivals_s(rate_per_s(whole), 10_000_000, 1.0, _rng()).tolist()
