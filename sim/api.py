@@ -301,8 +301,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
               wrapper: EfficiencyWrapper | None = None, models: EfficiencyModels | None = None) -> SimResult:
     if scenario.disaggregation is not None:
         return _simulate_disaggregated(scenario, efficiency=efficiency, host=host, limits=limits or SimLimits(),
-                                       progress=progress, max_step_events=max_step_events, prices=prices,
-                                       max_requests=max_requests, wrapper=wrapper, models=models)
+                                       profile=profile, progress=progress, max_step_events=max_step_events,
+                                       prices=prices, max_requests=max_requests, wrapper=wrapper, models=models)
     mem = check_feasible(scenario)
     engine = scenario.engine
     limits = limits or SimLimits()
@@ -480,21 +480,26 @@ def _sum_breakdowns(parts: list[KernelBreakdown]) -> KernelBreakdown:
 
 
 def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel | None,
-                            host: HostOverheadParams | None, limits: SimLimits,
+                            host: HostOverheadParams | None, limits: SimLimits, profile: EngineProfile | None,
                             progress: Callable[[int], None] | None, max_step_events: int,
                             prices: PriceCache | None, max_requests: int | None,
                             wrapper: EfficiencyWrapper | None = None,
                             models: EfficiencyModels | None = None) -> SimResult:
     """Prefill pool -> KV transfer -> decode pool (`sim.engine.disaggregated`). `efficiency` and
     `host`, when given, apply to both pools (a caller's single kernel model); `wrapper` wraps each
-    pool's model with the pool's scenario."""
+    pool's model with the pool's scenario. `profile`, when given, is the engine profile of each pool
+    whose backend it is (of both when it is neither's, as an aggregated run takes it whatever its
+    backend); a pool without it takes its backend's shipped profile."""
     disagg = scenario.disaggregation
     assert disagg is not None
     prefill_mem, decode_mem = (_check_pool(pool) for pool in disagg.pools())
     p_sc, d_sc = disagg.prefill.scenario, disagg.decode.scenario
-    p_profile, d_profile = load_engine_profile(p_sc.engine.backend), load_engine_profile(d_sc.engine.backend)
+    backends = (p_sc.engine.backend, d_sc.engine.backend)
+    p_profile, d_profile = (
+        profile if profile is not None and (profile.backend == backend or profile.backend not in backends)
+        else load_engine_profile(backend) for backend in backends)
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
-    specs, _ = _draw_workload(scenario, workload_seq, p_sc.engine.max_model_len, max_requests)
+    specs, class_ids = _draw_workload(scenario, workload_seq, p_sc.engine.max_model_len, max_requests)
     prefill = _rank_schedulers(p_sc, prefill_mem, p_profile, disagg.prefill.num_ranks(), limits)
     decode = _rank_schedulers(d_sc, decode_mem, d_profile, disagg.decode.num_ranks(), limits)
     full = request_states(specs, prefill[0].kv)
@@ -541,8 +546,10 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
             (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_trace, d_pre)))
     breakdowns = (("prefill", _breakdown(p_pricer)), ("decode", _breakdown(d_pricer)))
     kv_usage = tuple(sorted(sim.prefill_kv_trace.series())) + sim.kv_usage
+    classes = () if class_ids is None else class_summaries(
+        records, class_ids, scenario.workload.classes, slo=scenario.slo, duration_s=summary.duration_s)
     return SimResult(
-        summary=summary, breakdown=_sum_breakdowns([bd for _, bd in breakdowns]),
+        summary=summary, classes=classes, breakdown=_sum_breakdowns([bd for _, bd in breakdowns]),
         records=tuple(records), kv_usage=kv_usage, memory=decode_mem,
         kv_usage_bucket_s=max(sim.prefill_kv_trace.bucket_s, sim.kv_trace.bucket_s),
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,

@@ -76,10 +76,11 @@ class DisaggregatedSimulation(Simulation):
         self.decode_queue_s = array("d")
         """Per request: transfer end to admission on a decode rank."""
         self.prefill_kv_trace = KvUsageTrace()
-        """After each prefill step: its end and the used KV fraction of its rank (`kv_trace`
-        holds the decode ranks')."""
+        """After each prefill step: its end and the KV fraction its rank held during it (the
+        finished prompts' blocks included; `kv_trace` holds the decode ranks' after each step)."""
         for replica in self._replicas[:self._num_prefill]:
             replica.trace = self.prefill_kv_trace
+            replica.kv_during_step = True  # its prompts' blocks are freed as their prefill ends
 
     def _route(self, req: RequestState) -> int:
         return self._route_in(req, range(self._num_prefill), self._router, 0)

@@ -131,6 +131,9 @@ class _Replica:
     """Sequence number of this replica's live heap entry (older entries of it are stale)."""
     group_bulk: bool = False
     """An attention-DP group whose steps of bulk decodes only run in bulk (`_run_group_bulk_decodes`)."""
+    kv_during_step: bool = False
+    """The trace takes the KV blocks held while a step ran (those of requests finishing in it
+    included), not those left after it: a prefill pool frees each prompt's blocks as its prefill ends."""
     ends: dict[int, float] | None = None
     """End times of this replica's recent steps by step id, kept while its bulk decodes may sit
     out steps (`prefill_priority`): from the earliest step in which one of them last sampled, for
@@ -267,7 +270,14 @@ class Simulation:
         req.replica = idx
         if self._replicas[idx].run is not None:
             self._cut_run(idx)
-        self._replicas[idx].scheduler.add(req)
+        scheduler = self._replicas[idx].scheduler
+        if isinstance(scheduler, DataParallelGroup) and self._router == "prefix_aware" and req.keys:
+            # A KV-aware router picks the worker and its DP rank together (as Dynamo's does): the
+            # rank holding the longest cached prefix; without a hit, the group's load balancer.
+            hit, rank = scheduler.prefix_hit(req.keys, req.prompt_tokens)
+            scheduler.add(req, rank if hit else None)
+        else:
+            scheduler.add(req)
         self._wake(idx)
 
     def _wake(self, idx: int) -> None:
@@ -312,9 +322,16 @@ class Simulation:
         replicas = self._replicas
         load = [replicas[j].scheduler.num_outstanding() for j in candidates]
         if router == "prefix_aware" and req.keys:
-            hits = [replicas[j].scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens) for j in candidates]
+            hits = [self._cached_prompt_tokens(replicas[j].scheduler, req) for j in candidates]
             return candidates[max(range(n), key=lambda i: (hits[i], -load[i], -i))]
         return candidates[min(range(n), key=lambda i: (load[i], i))]
+
+    @staticmethod
+    def _cached_prompt_tokens(scheduler: Scheduler, req: RequestState) -> int:
+        """Prompt tokens of `req` a replica holds cached (a lockstep group: its best rank's)."""
+        if isinstance(scheduler, DataParallelGroup):
+            return scheduler.prefix_hit(req.keys, req.prompt_tokens)[0]
+        return scheduler.kv.get_computed_tokens(req.keys, req.prompt_tokens)
 
     def _start_step(self, idx: int) -> float | None:
         """Plan and price the replica's next step at `now_s`; its end time, or None when idle."""
@@ -640,10 +657,11 @@ class Simulation:
                     itl[gap] = itl.get(gap, 0) + 1
                 req.last_token_s = now
         scheduler = replica.scheduler
+        used_during = scheduler.kv_usage_frac() if replica.kv_during_step else -1.0
         finished = scheduler.finish_step(plan)
         for req in finished:
             self._record(req)
-        replica.trace.add(now, scheduler.kv_usage_frac())
+        replica.trace.add(now, scheduler.kv_usage_frac() if used_during < 0 else used_during)
         if replica.ends is not None:
             _note_end(replica.ends, plan.step_id, now, scheduler.oldest_sample_step())
         return finished

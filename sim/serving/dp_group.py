@@ -63,8 +63,19 @@ class DataParallelGroup:
                 best, best_score = i, score
         return best
 
-    def add(self, request: RequestState) -> None:
-        i = self.rank_for(request)
+    def prefix_hit(self, keys: tuple[int, ...], prompt_tokens: int) -> tuple[int, int]:
+        """(cached prompt tokens, rank) of the rank that holds the longest cached prefix of a
+        prompt (ties: the lowest rank); (0, -1) when no rank holds any of it."""
+        best, best_rank = 0, -1
+        for i, rank in enumerate(self.ranks):
+            hit = rank.kv.get_computed_tokens(keys, prompt_tokens)
+            if hit > best:
+                best, best_rank = hit, i
+        return best, best_rank
+
+    def add(self, request: RequestState, rank: int | None = None) -> None:
+        """Queue a request on `rank`, or on the rank the load balancer picks (`rank_for`)."""
+        i = self.rank_for(request) if rank is None else rank
         request.replica = i
         self.ranks[i].add(request)
 

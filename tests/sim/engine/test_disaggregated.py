@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import scenario_dict
 
-from sim.api import check_feasible, simulate
+from sim.api import check_feasible, load_engine_profile, simulate
 from sim.engine.simulation import SimLimits
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.serving.kv_cache import KVCacheManager
@@ -225,3 +226,60 @@ def test_disaggregated_attention_dp_decode_workers_bulk_steps_give_the_reference
     bulk, ref = simulate(sc, limits=SimLimits(bulk_decode=True)), simulate(sc, limits=SimLimits(bulk_decode=False))
     assert bulk.records == ref.records and bulk.summary == ref.summary and bulk.kv_usage == ref.kv_usage
     assert bulk.summary.num_completed == 100
+
+
+def test_traffic_classes_are_summarised_in_a_disaggregated_run() -> None:
+    """Per-class summaries, as an aggregated run of the same workload gives them (before 0.6.2 a
+    disaggregated run dropped them)."""
+    classes = [{"name": "chat", "share": 0.7, "input_len": 256, "output_len": 32, "range_ratio": 0.5, "ttft_s": 0.5},
+               {"name": "rag", "share": 0.3, "input_len": 2000, "output_len": 16, "range_ratio": 0.3, "ttft_s": 2.0}]
+    workload = {"num_prompts": 40, "request_rate": 20.0, "classes": classes}
+    data = scenario_dict(workload=workload)
+    for key in ("random_input_len", "random_output_len"):
+        data["workload"].pop(key)
+    aggregated = simulate(scenario_from_dict(data, source="a.toml"))
+    result = simulate(scenario_from_dict({**data, "disaggregation": {"prefill": {"num_workers": 1},
+                                                                     "decode": {"num_workers": 1}}}, source="d.toml"))
+    assert [(c.name, c.num_requests) for c in result.classes] == [(c.name, c.num_requests) for c in aggregated.classes]
+    assert sum(c.num_completed for c in result.classes) == result.summary.num_completed == 40
+
+
+def test_a_given_engine_profile_prices_the_pools_of_its_backend() -> None:
+    """`simulate(profile=P)` (how `validate --fit-profiles` scores a candidate) applies to a
+    disaggregated run's pools as to an aggregated run (before 0.6.2 the pools kept the shipped
+    profile whatever was given)."""
+    shipped = load_engine_profile("vllm")
+    slower = dataclasses.replace(shipped, host=dataclasses.replace(
+        shipped.host, api_server_latency_s=shipped.host.api_server_latency_s + 0.010))
+    sc = _disagg(workload={"num_prompts": 20, "request_rate": 10.0, "random_input_len": 512, "random_output_len": 32})
+    base, candidate = simulate(sc), simulate(sc, profile=slower)
+    assert candidate.api_server_latency_s == pytest.approx(base.api_server_latency_s + 0.010)
+    assert candidate.summary.ttft_mean_s == pytest.approx(base.summary.ttft_mean_s + 0.010, rel=1e-9)
+    assert simulate(sc, profile=shipped).records == base.records
+
+
+def test_prefix_aware_routing_sees_every_rank_of_a_lockstep_worker(tmp_path: Path) -> None:
+    """Two prefill workers of two attention-DP ranks each: a request whose prefix is cached on
+    worker 1's rank 1 goes there and hits it, as a KV-aware router picks worker and DP rank
+    together (before 0.6.2 the router read only each worker's rank 0 and the hit was lost)."""
+    rows = ["input_tokens,output_tokens,arrival_s,prefix_group,prefix_tokens",
+            "1100,4,0.0,0,1024", "1100,4,0.0001,1,1024", "1100,4,0.0002,2,1024", "1100,4,0.0003,3,1024",
+            "6000,4,5.0,-1,0", "6000,4,5.0001,-1,0", "1100,4,5.0002,3,1024"]
+    path = tmp_path / "trace.csv"
+    path.write_text("\n".join(rows) + "\n")
+    sc = _disagg({"num_workers": 2, "engine": {"data_parallel_size": 2, "enable_expert_parallel": True,
+                                              "router": "prefix_aware", "enable_prefix_caching": True}},
+                 {"num_workers": 1}, model={"name": "Qwen/Qwen3-30B-A3B"}, engine={"max_model_len": 8192},
+                 workload={"dataset_name": "trace", "dataset_path": str(path), "num_prompts": len(rows) - 1})
+    result = simulate(sc)
+    again = next(r for r in result.records if r.request_id == 6)
+    assert again.prefix_hit_tokens == 1024
+
+
+def test_the_prefill_pool_reports_the_kv_its_steps_held() -> None:
+    """A prefill pool frees a prompt's blocks as its prefill ends, so its KV usage is sampled while
+    each step ran (before 0.6.2 it was sampled after the release: always 0 for one-step prompts)."""
+    result = simulate(_disagg(workload={"num_prompts": 40, "request_rate": 20.0, "random_input_len": 1024,
+                                        "random_output_len": 16}))
+    prefill = next(p for p in result.pools if p.pool == "prefill")
+    assert prefill.kv_usage_max_frac > 0 and prefill.kv_usage_mean_frac > 0
