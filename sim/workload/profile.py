@@ -24,6 +24,8 @@ from sim.specs.workload import DIURNAL, WorkloadSpec
 
 DAY_S: Final = 86_400.0
 CSV_COLUMN: Final = "requests_per_min"
+MINUTE_COLUMN: Final = "minute"
+"""Optional: when present, the minutes 0, 1, 2, ... of the rows, checked."""
 _SOURCE: Final = "[workload]"
 
 
@@ -53,6 +55,13 @@ def rate_per_s(spec: WorkloadSpec) -> npt.NDArray[np.float64]:
     return rates
 
 
+def _number(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
 def read_rate_csv(path: str) -> npt.NDArray[np.float64]:
     """The `requests_per_min` column of a CSV file, one row a minute."""
     try:
@@ -62,7 +71,16 @@ def read_rate_csv(path: str) -> npt.NDArray[np.float64]:
                 raise ConfigError(source=path, key="request_rate_profile", value=path,
                                   rule=f"the CSV needs a {CSV_COLUMN!r} column (requests in each minute)")
             values: list[float] = []
+            has_minute = MINUTE_COLUMN in reader.fieldnames
             for row_number, row in enumerate(reader, start=2):
+                # One row a minute: a blank line (which the reader skips) or a gap in `minute` would
+                # shift every later minute earlier.
+                if reader.line_num != row_number:
+                    raise ConfigError(source=f"{path} line {row_number}", key=CSV_COLUMN, value="",
+                                      rule="one row a minute: blank lines are not allowed")
+                if has_minute and _number(row[MINUTE_COLUMN]) != row_number - 2:
+                    raise ConfigError(source=f"{path} row {row_number}", key=MINUTE_COLUMN, value=row[MINUTE_COLUMN],
+                                      rule=f"minutes must run 0, 1, 2, ... one row each (expected {row_number - 2})")
                 text = row[CSV_COLUMN]
                 try:
                     value = float(text)

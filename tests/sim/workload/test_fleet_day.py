@@ -153,3 +153,22 @@ def test_a_fractional_duration_ends_the_profile_inside_its_last_second() -> None
     whole = _diurnal(profile_duration_s=100.0)
     assert profile_arrivals_s(rate_per_s(whole), 10_000_000, 1.0, _rng(), last_bin=last_bin_s(whole)).tolist() \
         == profile_arrivals_s(rate_per_s(whole), 10_000_000, 1.0, _rng()).tolist()
+
+
+@pytest.mark.parametrize("text,where,key", [
+    ("minute,requests_per_min\n0,600\n\n2,1200\n", "line 3", "requests_per_min"),
+    ("minute,requests_per_min\n0,600\n2,1200\n", "row 3", "minute"),
+])
+def test_a_rate_csv_with_a_missing_minute_is_refused(tmp_path: Path, text: str, where: str, key: str) -> None:
+    """One row a minute: a blank line or a gap in the `minute` column would shift every later minute."""
+    path = tmp_path / "rates.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        rate_per_s(WorkloadSpec(num_prompts=100, request_rate_profile=str(path)))
+    assert where in err.value.source and err.value.key == key
+
+
+def test_a_rate_csv_may_end_with_blank_lines_and_go_without_minutes(tmp_path: Path) -> None:
+    path = tmp_path / "rates.csv"
+    path.write_text("requests_per_min\n600\n1200\n\n")
+    assert rate_per_s(WorkloadSpec(num_prompts=100, request_rate_profile=str(path))).size == 120
