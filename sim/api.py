@@ -429,10 +429,21 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
             batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
-            context_chunk_unit=unit,
+            context_chunk_unit=unit, num_lookahead_tokens=vllm_lookahead_tokens(scenario),
         )
         for _ in range(num_ranks)
     ]
+
+
+def vllm_lookahead_tokens(scenario: Scenario) -> int:
+    """KV lookahead slots per running request and step: vLLM v1's scheduler allocates k past the
+    scheduled tokens for the methods whose drafter runs on the GPU in the step (`use_eagle()`: eagle,
+    eagle3, mtp; `uses_draft_model()`), none for ngram; other engines' schedulers are not modelled
+    with lookahead."""
+    config = scenario.engine.speculative_config
+    if config is None or scenario.engine.backend != "vllm" or config.method == "ngram":
+        return 0
+    return config.num_speculative_tokens
 
 
 def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],

@@ -121,14 +121,18 @@ class VllmV1Scheduler:
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
                  speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
-                 micro_batches: int = 1) -> None:
+                 micro_batches: int = 1, num_lookahead_tokens: int = 0) -> None:
         """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
         multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
         `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
         pipeline micro-batches (`sim.engine.micro_batches`); `max_num_batched_tokens` is all of
         theirs, and a prompt chunk gets at most what one micro-batch's share of the budget leaves
-        beside its share of the running requests (`_set_micro_batch_room`)."""
+        beside its share of the running requests (`_set_micro_batch_room`). `num_lookahead_tokens`:
+        KV slots a running request's step allocates past the tokens it schedules (vLLM v1 sets them
+        to k for the drafter methods, whose draft writes its own KV in the step: `allocate_slots(...,
+        num_lookahead_tokens)`; a waiting request that has computed nothing allocates none)."""
         self._kv = kv
+        self._lookahead = num_lookahead_tokens if speculation is not None else 0
         self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
         self._batch_wait_tokens = batch_wait_max_tokens_ratio * max_num_batched_tokens
@@ -630,7 +634,7 @@ class VllmV1Scheduler:
                     i += 1
                     continue
             fits = True
-            while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new,
+            while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new + self._lookahead,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
                 # Requests before index i are already scheduled; the victim is the last one.
                 victim = running.pop()
@@ -657,7 +661,10 @@ class VllmV1Scheduler:
         return StepPlan(self._step_id, tuple(chunks), hits, tuple(preempted), resynced=resynced)
 
     def _full_blocks(self, req: RequestState) -> int:
-        return -(-(req.prompt_tokens + req.output_tokens) // self._block_size)
+        """Blocks a request holds at most (`reserve_full_output`): its prompt and output, and with
+        speculation the lookahead slots of its last verification (its last output token's step
+        allocates prompt + output - 1 + k slots)."""
+        return -(-(req.prompt_tokens + req.output_tokens + max(self._k - 1, 0)) // self._block_size)
 
     def _no_room_reserved(self, req: RequestState) -> bool:
         """With `reserve_full_output`: the request's full-length blocks do not fit the reservations."""
@@ -730,7 +737,8 @@ class VllmV1Scheduler:
             num_new = self._cap(pending, budget)
             if not num_new:
                 break  # cut to nothing (`context_chunk_unit`): FCFS, it and those behind it wait
-            if not kv.allocate(req.request_id, num_tokens=remote + hit + num_new, keys=req.keys,
+            lookahead = self._lookahead if remote else 0  # vLLM: none for a request with nothing computed
+            if not kv.allocate(req.request_id, num_tokens=remote + hit + num_new + lookahead, keys=req.keys,
                                num_computed_tokens=hit):
                 break
             self._waiting.popleft()

@@ -303,7 +303,10 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str) -> Scenario:
         draft = _resolve(lambda name: draft_model_spec(model, engine.speculative_config, load_model),
                          engine.speculative_config.model or "", source, "engine.speculative_config.model")
         _check_speculation(source, model, draft, engine, sections.workload)
-    elif sections.workload.spec_acceptance_rates is not None or sections.workload.spec_mean_acceptance_length:
+    elif ((sections.workload.spec_acceptance_rates is not None or sections.workload.spec_mean_acceptance_length)
+          and not (disaggregation is not None
+                   and any(p.scenario.engine.speculative_config is not None for p in disaggregation.pools()))):
+        # (A pool's own speculative_config takes the rates: the decode pool alone may speculate.)
         key = "spec_acceptance_rates" if sections.workload.spec_acceptance_rates is not None \
             else "spec_mean_acceptance_length"
         raise ConfigError(source=source, key=f"workload.{key}", value=getattr(sections.workload, key),
@@ -411,6 +414,10 @@ def _pool_scenario(data: Mapping[str, Any], name: str, pool: PoolSection, source
         hardware["price_per_gpu_hour_usd"] = pool.price_per_gpu_hour_usd
     pool_data["hardware"] = hardware
     pool_data["engine"] = {**dict(pool_data.get("engine", {})), **dict(pool.engine)}
+    if pool_data["engine"].get("speculative_config") is None:
+        # Acceptance rates are the speculating pool's (the whole scenario checks that one does).
+        pool_data["workload"] = {k: v for k, v in dict(pool_data.get("workload", {})).items()
+                                 if k not in ("spec_acceptance_rates", "spec_mean_acceptance_length")}
     try:
         return scenario_from_dict(pool_data, source=source)
     except ConfigError as exc:

@@ -6,9 +6,16 @@ import dataclasses
 from typing import Any
 
 import pytest
-from conftest import scenario_dict
+from conftest import REPO, scenario_dict
 
-from sim.api import load_host_params, scenario_efficiency, scenario_memory, simulate
+from sim.api import (
+    load_host_params,
+    load_scenario,
+    scenario_efficiency,
+    scenario_memory,
+    simulate,
+    vllm_lookahead_tokens,
+)
 from sim.engine.pricer import NGRAM_LOOKUP_S_PER_REQUEST, StepPricer
 from sim.errors import ConfigError
 from sim.graph.batch import BatchShape, PrefillChunk
@@ -17,7 +24,11 @@ from sim.graph.mla import verify_nodes
 from sim.graph.transformer import build_step_graph, is_attention_work, prefill_attention_nodes
 from sim.perf.host import host_cost, step_time_s
 from sim.perf.step import StepCostModel
+from sim.serde import parse_override
+from sim.serving.kv_cache import KVCacheManager
+from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
+from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.scenario import Scenario, scenario_from_dict
 from sim.specs.speculative import acceptance_rates, constant_rate_for_length, mean_acceptance_length
 
@@ -242,3 +253,63 @@ def test_mtp_on_deepseek_uses_its_moe_mtp_layer() -> None:
     draft = sc.draft_model
     assert draft is not None and draft.num_layers == 1 and draft.mla is not None
     assert draft.moe is not None and draft.moe.moe_layer_indices == (0,)
+
+
+def test_a_decode_pool_that_speculates_alone_takes_the_workloads_acceptance_rates() -> None:
+    """`disaggregation.decode.engine.speculative_config` alone: the acceptance rates are the decode
+    pool's (before 0.6.2 the prefill pool, resolved as its own scenario, refused them), and without
+    any pool speculating they are still refused."""
+    path = REPO / "scenarios" / "llama3_8b-h100-disagg-1p1d.toml"
+    spec = '{ method = "eagle3", num_speculative_tokens = 3, model = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" }'
+    decode_only = ["workload.num_prompts=20", "disaggregation.decode.engine={ speculative_config = " + spec + " }"]
+
+    def tpot(*extra: str) -> float:
+        sc = load_scenario(path, dict(parse_override(x) for x in [*decode_only, *extra]))
+        assert sc.disaggregation is not None and sc.disaggregation.prefill.scenario.engine.speculative_config is None
+        return simulate(sc).summary.tpot_mean_s
+
+    accepting, rejecting = tpot("workload.spec_acceptance_rates=[1.0]"), tpot("workload.spec_acceptance_rates=[0.0]")
+    assert accepting < 0.5 * rejecting
+    with pytest.raises(ConfigError, match="speculative_config"):
+        load_scenario(path, {"workload.num_prompts": 20, "workload.spec_acceptance_rates": [0.9]})
+
+
+def test_tensorrt_llm_reservations_hold_the_lookahead_slots_so_nothing_is_preempted() -> None:
+    """GUARANTEED_NO_EVICT (`backend = "trtllm"`) reserves a request's whole length; with speculation
+    its last verification allocates prompt + output - 1 + k slots, which the reservation now holds
+    (before 0.6.2 it held prompt + output: 17 preemptions here with EAGLE-3, k = 3)."""
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    workload = {"num_prompts": 200, "dataset_name": "fixed", "random_input_len": 118, "random_output_len": 10,
+                "request_rate": "inf", "spec_acceptance_rates": [1.0]}
+    sc = _scenario(eagle3, engine={"gpu_memory_utilization": 0.25, "backend": "trtllm"}, workload=workload)
+    result = simulate(sc)
+    assert result.summary.num_completed == 200
+    assert result.summary.num_preemptions == 0
+
+
+@pytest.mark.parametrize("lookahead,blocks", [(0, 1), (3, 2)])
+def test_a_drafter_methods_step_allocates_vllms_lookahead_slots(lookahead: int, blocks: int) -> None:
+    """vLLM v1 allocates `num_lookahead_tokens` = k slots past a running request's 1 + k scheduled
+    tokens for the drafter methods (`allocate_slots(..., num_lookahead_tokens)`): a 10-token prompt
+    verifying 3 drafts holds 11 + 3 + 3 = 17 slots, two 16-token blocks (one without lookahead)."""
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=False)
+    scheduler = VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=256, enable_chunked_prefill=True,
+                                long_prefill_token_threshold=0, num_speculative_tokens=3,
+                                speculation=AcceptanceSampler((0.0,), seed=0), num_lookahead_tokens=lookahead)
+    scheduler.add(RequestState(request_id=0, prompt_tokens=10, output_tokens=50, arrival_s=0.0, keys=()))
+    prefill = scheduler.schedule()
+    assert prefill is not None and kv.num_blocks - kv.num_free_blocks() == 1  # nothing computed: no lookahead
+    scheduler.finish_step(prefill)
+    for _ in range(2):
+        plan = scheduler.schedule()
+        assert plan is not None and plan.chunks[0].num_draft_tokens == 3
+        assert kv.num_blocks - kv.num_free_blocks() == blocks
+        scheduler.finish_step(plan)
+
+
+def test_lookahead_slots_follow_the_method_and_the_engine() -> None:
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    assert vllm_lookahead_tokens(_scenario(eagle3)) == 3
+    assert vllm_lookahead_tokens(_scenario({"method": "ngram", "num_speculative_tokens": 3})) == 0
+    assert vllm_lookahead_tokens(_scenario(eagle3, engine={"backend": "sglang"})) == 0
+    assert vllm_lookahead_tokens(_scenario(None)) == 0
