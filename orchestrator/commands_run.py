@@ -113,8 +113,6 @@ def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunInt
     """K perturbed runs (sim.uncertainty); their cost goes to stderr."""
     from sim.uncertainty import run_intervals
 
-    if args.intervals < 0:
-        raise ConfigError(source="run", key="--intervals", value=args.intervals, rule="must be >= 0")
     with ProgressBar(args.intervals, desc="intervals", unit="run") as bar:
         iv = run_intervals(scenario, result.summary, args.intervals, seed=args.interval_seed,
                            progress=bar.update_to, kernel_only=args.kernel_only_intervals)
@@ -128,6 +126,11 @@ def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunInt
 
 
 def cmd_run(args: Namespace) -> int:
+    # Flags are checked before the simulation, so a bad one never costs (and loses) a run.
+    if args.intervals < 0:
+        raise ConfigError(source="run", key="--intervals", value=args.intervals, rule="must be >= 0")
+    if args.interval_seed is not None and args.interval_seed < 0:
+        raise ConfigError(source="run", key="--interval-seed", value=args.interval_seed, rule="must be >= 0")
     scenario = load_scenario(args.scenario, overrides_from(args))
     warn_missing_price(scenario)
     if args.out:

@@ -31,6 +31,7 @@ take. Errors are `ConfigError(file, key, value, rule)`. No Ray, Optuna or MLflow
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -209,9 +210,16 @@ def _slo(table: Mapping[str, Any], src: str) -> tuple[BoundSpec, ...]:
                 raise ConfigError(source=src, key=where, value=value, rule="give min, max or both")
             if lo is not None and hi is not None and lo > hi:
                 raise ConfigError(source=src, key=where, value=value, rule="min must be <= max")
-            out.append(BoundSpec(metric=metric, max_value=hi, min_value=lo))
+            bound = BoundSpec(metric=metric, max_value=hi, min_value=lo)
         else:
-            out.append(BoundSpec(metric=metric, max_value=get(table, metric, float, src, "slo")))
+            bound = BoundSpec(metric=metric, max_value=get(table, metric, float, src, "slo"))
+        for side, v in (("min", bound.min_value), ("max", bound.max_value)):
+            # A NaN bound compares false both ways: Optuna refuses it as a constraint, and a NaN
+            # minimum would let every trial meet it.
+            if v is not None and not math.isfinite(v):
+                raise ConfigError(source=src, key=f"{where}.{side}" if isinstance(value, dict) else where,
+                                  value=v, rule="must be a finite number")
+        out.append(bound)
     return tuple(out)
 
 

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from sim.serde import require
+from sim.specs.engine import MAX_REPLICAS
 
 Connector = Literal["nixl", "layerwise"]
 TransferLink = Literal["auto", "nvlink", "inter_node"]
@@ -48,7 +49,8 @@ class PoolSection:
     """`[engine]` keys for this pool, over the file's `[engine]`."""
 
     def __post_init__(self) -> None:
-        require(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
+        require(1 <= self.num_workers <= MAX_REPLICAS, "num_workers", self.num_workers,
+                f"must be in [1, {MAX_REPLICAS:,}] (each worker's ranks keep their own schedulers and KV pools)")
         price = self.price_per_gpu_hour_usd
         require(price is None or price >= 0, "price_per_gpu_hour_usd", price, "must be >= 0")
 

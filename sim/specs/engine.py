@@ -43,6 +43,9 @@ def routing_alpha(routing: str) -> float | bool | None:
 
 
 BLOCK_SIZES: Final = (1, 8, 16, 32, 64, 128, 256)
+MAX_REPLICAS: Final = 4096
+"""Most replicas (or ranks) of one engine layout or pool: each keeps its own scheduler and KV block
+pool in memory, so a larger count is a typo that would exhaust the host before it fails."""
 """KV-cache block sizes an engine accepts (vLLM's `--block-size` choices)."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +147,9 @@ class EngineParams:
                     "block_size", "max_num_partial_prefills"):
             value = getattr(self, key)
             require(value >= 1, key, value, "must be >= 1")
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            value = getattr(self, key)
+            require(value <= MAX_REPLICAS, key, value, f"must be <= {MAX_REPLICAS:,}")
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_cudagraph_capture_size"):
             value = getattr(self, key)
             require(value is None or value >= 1, key, value, "must be >= 1")

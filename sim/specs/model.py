@@ -434,6 +434,8 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
 
     hidden = reader.integer("hidden_size")
     num_layers = reader.integer("num_hidden_layers")
+    if num_layers > _MAX_LAYERS:
+        reader.fail("num_hidden_layers", num_layers, f"must be at most {_MAX_LAYERS:,} (every layer is kept per step)")
     num_heads = reader.integer("num_attention_heads")
     num_kv_heads = _kv_heads(reader, model_type, num_heads)
     if num_heads == 0:
@@ -454,7 +456,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     if parallel is not None and act not in _GELU:
         reader.fail("hidden_act", act, f"must be one of {', '.join(_GELU)} for {model_type}")
     dtype_name = reader.get("torch_dtype", reader.get("dtype", "bfloat16"))
-    if dtype_name not in _DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
         reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
     quant, experts_only = _quantization(reader)
     mla = _mla(reader)
@@ -638,6 +640,8 @@ def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> t
         _check_no_rope_layers(reader, num_layers)
         return (0,) * num_layers
     window = reader.get("sliding_window")
+    if isinstance(window, int) and window > _MAX_CONFIG_INT:
+        reader.fail("sliding_window", window, f"must be at most {_MAX_CONFIG_INT:,}")
     layer_types = reader.get("layer_types")
     if layer_types is not None:
         if not isinstance(layer_types, list) or len(layer_types) != num_layers:
@@ -739,6 +743,12 @@ def _check_no_rope_layers(reader: _ConfigReader, num_layers: int) -> None:
         reader.fail("no_rope_layer_interval", reader.get("no_rope_layer_interval"), "must be >= 1")
 
 
+_MAX_LAYERS: Final = 4096
+"""Most decoder layers a config may give (today's deepest models have ~130): each is a step graph entry."""
+_MAX_CONFIG_INT: Final = 2**31 - 1
+"""Largest integer a model config may give (hidden sizes, layer counts, vocabularies, windows)."""
+
+
 class _ConfigReader:
     """Typed access to a config.json table, with errors that name the key."""
 
@@ -770,6 +780,9 @@ class _ConfigReader:
             self.fail(key, None, "is required")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.fail(key, value, "must be a non-negative integer")
+        if value > _MAX_CONFIG_INT:
+            # Sizes, counts and windows: a larger one is a typo that would overflow the kernel arrays.
+            self.fail(key, value, f"must be at most {_MAX_CONFIG_INT:,}")
         return int(value)
 
     def boolean(self, key: str, *, default: bool) -> bool:

@@ -34,7 +34,7 @@ from sim.serde import FieldError, apply_overrides, build, config_hash, require, 
 from sim.specs.autoscaling import AutoscalingSpec
 from sim.specs.catalog import load_hardware, load_model, read_toml
 from sim.specs.disaggregation import Connector, DisaggregationSection, PoolName, PoolSection, TransferLink
-from sim.specs.engine import EngineParams
+from sim.specs.engine import MAX_REPLICAS, EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, resolve_precision
@@ -368,6 +368,10 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
         pools[name] = Pool(name=name, num_workers=pool.num_workers,
                            scenario=_pool_scenario(data, name, pool, source))
     for name, pool in named:
+        if pools[name].num_ranks() > MAX_REPLICAS:
+            raise ConfigError(source=source, key=f"disaggregation.{name}.num_workers", value=pool.num_workers,
+                              rule=(f"num_workers x data_parallel_size = {pools[name].num_ranks():,} ranks; at most "
+                                    f"{MAX_REPLICAS:,} (each keeps its own scheduler and KV pool)"))
         if pools[name].scenario.engine.attention_dp_enable_balance:
             own = "attention_dp_enable_balance" in pool.engine
             raise ConfigError(

@@ -23,6 +23,9 @@ FLEET_DAY_KEYS: Final = ("request_rate_profile", "diurnal_peak_rate", "diurnal_t
                          "profile_duration_s", "bursts", "classes")
 """Keys added for fleet-day workloads; a scenario's hash leaves them out while they hold their defaults."""
 
+MAX_PROFILE_S: Final = 7 * 86_400.0
+"""Longest rate profile: the simulation stops at a week of simulated time (`SimLimits.max_sim_time_s`),
+and the profile holds a rate per second in memory."""
 MAX_NUM_PROMPTS: Final = 10_000_000
 """Largest `num_prompts`: every request is generated up front and simulated one by one (about a
 kilobyte each), so 10^7 requests already take gigabytes and hours; a larger count is a typo."""
@@ -142,9 +145,9 @@ class WorkloadSpec:
         require(0.0 <= self.diurnal_peak_hour < 24.0, "diurnal_peak_hour", self.diurnal_peak_hour, "must be in [0, 24)")
         require(self.profile_duration_s is None or profile is not None, "profile_duration_s", self.profile_duration_s,
                 "applies only with request_rate_profile")
-        require(self.profile_duration_s is None or (math.isfinite(self.profile_duration_s)
-                                                    and self.profile_duration_s >= 1),
-                "profile_duration_s", self.profile_duration_s, "must be a finite number >= 1 (seconds)")
+        require(self.profile_duration_s is None or 1 <= self.profile_duration_s <= MAX_PROFILE_S,
+                "profile_duration_s", self.profile_duration_s,
+                f"must be a number in [1, {MAX_PROFILE_S:,.0f}] seconds (a week: the simulation's time limit)")
         require(not self.bursts or profile is not None, "bursts", len(self.bursts),
                 "apply only with request_rate_profile")
         fleet = bool(self.classes) or profile is not None

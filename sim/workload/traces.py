@@ -279,11 +279,24 @@ def _first_key(record: Mapping[str, object], keys: tuple[str, ...], source: str,
     return None
 
 
+_MAX_INT: Final = 2**53
+"""Largest integer a trace field may hold: exact as a float and far above any length or group id
+(a larger one is a typo, and would overflow the int64 arrays the requests are built from)."""
+
+
 def _as_int(value: object, source: str, key: str) -> int:
-    number = _as_float(value, source, key) if not isinstance(value, int) else value
-    if isinstance(number, bool) or not float(number).is_integer():
+    if isinstance(value, bool):
         raise ConfigError(source=source, key=key, value=value, rule="must be an integer")
-    return int(number)
+    if isinstance(value, int):
+        number = value
+    else:
+        as_float = _as_float(value, source, key)
+        if not as_float.is_integer():
+            raise ConfigError(source=source, key=key, value=value, rule="must be an integer")
+        number = int(as_float)
+    if abs(number) > _MAX_INT:
+        raise ConfigError(source=source, key=key, value=value, rule=f"must be an integer of at most {_MAX_INT:,}")
+    return number
 
 
 def _as_float(value: object, source: str, key: str) -> float:

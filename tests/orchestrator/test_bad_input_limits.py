@@ -1,0 +1,101 @@
+"""Bad input that used to get past the checks: sizes that exhaust the host, integers that overflow
+arrays, NaN bounds, run flags checked only after the simulation. One `error: ...` line, exit 2."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_bad_input import llama_config, scenario, with_trace
+
+from orchestrator.cli import main
+
+DISAGG = (REPO / "scenarios/llama3_8b-h100-disagg-1p1d.toml").read_text()
+
+
+def disagg(tmp: Path) -> str:
+    (tmp / "d.toml").write_text(DISAGG)
+    return str(tmp / "d.toml")
+
+
+def sweep(tmp: Path, slo: str) -> str:
+    scenario(tmp)
+    (tmp / "sw.toml").write_text(f"""[study]
+name = "a"
+objective = "ttft_p90_s"
+direction = "minimize"
+[slo]
+{slo}
+[base]
+scenario = "s.toml"
+set = {{ "workload.num_prompts" = 10 }}
+[space]
+"engine.max_num_seqs" = {{ choices = [8, 16] }}
+""")
+    return str(tmp / "sw.toml")
+
+
+def fleet(tmp: Path, duration: str) -> str:
+    return scenario(tmp, lambda t: t.replace("request_rate = 10.0", "").replace(
+        "[workload]", f'[workload]\nrequest_rate_profile = "diurnal"\ndiurnal_peak_rate = 2.0\n'
+                      f'diurnal_trough_rate = 1.0\nprofile_duration_s = {duration}'))
+
+
+CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
+    ("data_parallel_size 1e8", lambda t: ["check", scenario(t), "--set", "engine.data_parallel_size=100000000"],
+     ("engine.data_parallel_size=100000000", "must be <= 4,096")),
+    ("pool workers 1e8", lambda t: ["run", disagg(t), "--set", "disaggregation.prefill.num_workers=100000000"],
+     ("disaggregation.prefill.num_workers=100000000", "4,096")),
+    ("pool ranks over the cap", lambda t: ["check", disagg(t), "--set", "disaggregation.decode.num_workers=3000",
+                                           "--set", "engine.data_parallel_size=2"],
+     ("disaggregation.decode.num_workers=3000", "6,000 ranks")),
+    ("profile of 1e12 s", lambda t: ["check", fleet(t, "1e12")], ("workload.profile_duration_s=", "604,800")),
+    ("trace prefix_tokens 10**400", lambda t: ["check", with_trace(
+        t, "input_tokens,output_tokens,prefix_group,prefix_tokens\n100,10,0," + "1" + "0" * 400 + "\n100,10,0,0\n")],
+     ("trace.csv row 1", "prefix_tokens=", "must be a finite number")),
+    ("trace prefix_group 1e20", lambda t: ["check", with_trace(
+        t, "input_tokens,output_tokens,prefix_group,prefix_tokens\n100,10,1e20,0\n100,10,0,0\n")],
+     ("trace.csv row 1", "prefix_group='1e20'", "at most")),
+    ("config torch_dtype []", lambda t: ["check", llama_config(t, torch_dtype=[])],
+     ("config.json", "torch_dtype=[]", "must be one of")),
+    ("config layers 1e30", lambda t: ["check", llama_config(t, num_hidden_layers=10**30)],
+     ("config.json", "num_hidden_layers=", "at most")),
+    ("config layers 1e6", lambda t: ["check", llama_config(t, num_hidden_layers=10**6)],
+     ("config.json", "num_hidden_layers=1000000", "at most 4,096")),
+    ("config sliding_window 1e30", lambda t: ["run", llama_config(t, sliding_window=10**30)],
+     ("config.json", "sliding_window=", "at most 2,147,483,647")),
+    ("sweep slo nan", lambda t: ["check", sweep(t, "ttft_p90_s = nan")],
+     ("sw.toml", "slo.ttft_p90_s=nan", "must be a finite number")),
+    ("sweep slo min nan", lambda t: ["check", sweep(t, "goodput_frac = { min = nan }")],
+     ("sw.toml", "slo.goodput_frac.min=nan", "must be a finite number")),
+    ("negative interval seed", lambda t: ["run", scenario(t), "--intervals", "2", "--interval-seed", "-5"],
+     ("--interval-seed=-5", "must be >= 0")),
+    ("negative intervals", lambda t: ["run", scenario(t), "--intervals", "-1"], ("--intervals=-1", "must be >= 0")),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [pytest.param(a, f, id=i) for i, a, f in CASES])
+def test_bad_input_is_one_clear_error(argv: Callable[[Path], list[str]], fragments: tuple[str, ...],
+                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(argv(tmp_path))
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.startswith("error"), err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_run_flags_are_checked_before_the_simulation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --interval-seed fails before the point run (the progress bar never starts), so no run is lost."""
+    code = main(["run", scenario(tmp_path), "--intervals", "2", "--interval-seed", "-1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
