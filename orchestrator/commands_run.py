@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from orchestrator.commands_sim import overrides_from, warn_missing_price
 from orchestrator.optional import require
+from orchestrator.out_dir import prepare_out_dir
 from orchestrator.progress import ProgressBar
 from orchestrator.render import table
 from sim.api import SimResult, load_scenario, simulate
@@ -96,19 +96,6 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
                              f"{result.num_steps_not_logged} later steps are not in it\n")
 
 
-def _prepare_out(out: Path) -> None:
-    """Create `--out` before the run, so an unwritable directory fails fast instead of after it."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied", str(out))
-    except FileExistsError:
-        raise ConfigError(source=str(out), key="--out", value=str(out),
-                          rule="is a file; give a directory for the Parquet records") from None
-    except OSError as exc:
-        raise file_error(exc, path=out, key="--out", writing=True) from None
-
-
 def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunIntervals:
     """K perturbed runs (sim.uncertainty); their cost goes to stderr."""
     from sim.uncertainty import run_intervals
@@ -135,7 +122,7 @@ def cmd_run(args: Namespace) -> int:
     warn_missing_price(scenario)
     if args.out:
         require("pyarrow")
-        _prepare_out(Path(args.out))
+        prepare_out_dir(Path(args.out), holds="the Parquet records")
     with ProgressBar(scenario.workload.num_prompts, desc="run", unit="request") as bar:
         result = simulate(scenario, progress=bar.update_to,
                           max_step_events=TRACE_MAX_STEP_EVENTS if args.out and args.trace else 0)

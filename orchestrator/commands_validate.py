@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import sys
@@ -23,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.optional import require
+from orchestrator.out_dir import prepare_out_dir
 from orchestrator.progress import ProgressBar
 from orchestrator.validate_pool import Task, run_pool
 from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_widening
-from sim.errors import ConfigError
+from sim.errors import ConfigError, file_error
 from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
 from sim.serde import to_jsonable
@@ -60,8 +62,7 @@ def cmd_validate(args: Namespace) -> int:
     from sim.validation.load import data_sha256, load_rows
 
     start = time.perf_counter()
-    if args.intervals < 0:
-        raise ConfigError(source="validate", key="--intervals", value=args.intervals, rule="must be >= 0")
+    _check_flags(args)
     e2e = _e2e_dir(args.data)
     profiles = _profiles()
     sources: tuple[Source, ...] | None = tuple(args.source) if args.source else None
@@ -70,10 +71,16 @@ def cmd_validate(args: Namespace) -> int:
         rows = [r for r in rows if r.suite == args.suite]
     if args.family:
         rows = [r for r in rows if r.family in args.family]
-    if args.limit:
+    if args.limit is not None:
         rows = _limit(rows, args.limit)
     if args.fit_profiles:
         return _fit_profiles(args, rows, profiles, data_sha256(e2e))
+    # The outputs are checked before the simulation (the cost model's probe runs included), not
+    # found unwritable after it: a full run is about 9 minutes.
+    if args.out is not None:
+        _prepare_out(Path(args.out))
+    if args.e2e_widening_out is not None:
+        _check_widening_out(Path(args.e2e_widening_out))
     if _writes_doc(args):
         require("matplotlib")  # the document's plots: checked before, not after, the simulation
     tiers: list[Tier] = [args.tier] if args.tier else list(TIERS)
@@ -85,7 +92,7 @@ def cmd_validate(args: Namespace) -> int:
     else:
         chosen, deferred = select_rows(rows, tiers_per_row=tiers_per_row, cost=cost, budget_s=args.budget_s,
                                        jobs=args.jobs, max_row_s=args.max_row_s)
-    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
+    out_dir = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="kernelsight-validate-"))
     work = out_dir / "traces"
     tasks = [(r, t, work, None, args.intervals) for r in chosen for t in _tiers_for(r, tiers)]
     sys.stderr.write(f"{len(rows)} rows ({sum(r.skipped for r in rows)} skipped, {len(deferred)} deferred); "
@@ -99,6 +106,55 @@ def cmd_validate(args: Namespace) -> int:
     if args.fit_api_latency:
         _fit_api_latencies(rows, results, profiles)
     return _report(args, rows, results, deferred, tiers, cost, wall, data_sha256(e2e), out_dir)
+
+
+def _check_flags(args: Namespace) -> None:
+    """Refuse bad numbers and flag combinations before anything is loaded or simulated."""
+    def bad(key: str, value: object, rule: str) -> ConfigError:
+        return ConfigError(source="validate", key=key, value=value, rule=rule)
+
+    if args.intervals < 0:
+        raise bad("--intervals", args.intervals, "must be >= 0")
+    # 0 must not read as "no limit": a limit of 0 would then count as a full run and rewrite the doc.
+    if args.limit is not None and args.limit < 1:
+        raise bad("--limit", args.limit, "must be >= 1 (leave it out for every row)")
+    if args.jobs < 1:
+        raise bad("--jobs", args.jobs, "must be >= 1 worker process")
+    # nan compares false with everything: it would defer every row and exit 0.
+    if not math.isfinite(args.budget_s) or args.budget_s < 0:
+        raise bad("--budget-s", args.budget_s, "must be a finite number of seconds >= 0 (0: every row)")
+    if not args.max_row_s >= 0:
+        raise bad("--max-row-s", args.max_row_s, "must be a number of seconds >= 0 (0: no cap)")
+    if args.e2e_widening_out is not None:
+        if not args.intervals:  # the widening is fitted on the intervals: without them nothing is written
+            raise bad("--e2e-widening-out", args.e2e_widening_out, "needs --intervals K with K >= 1")
+        if not args.e2e_widening_out:
+            raise bad("--e2e-widening-out", args.e2e_widening_out, "must be a file path")
+    if args.out is not None and not args.out:
+        raise bad("--out", args.out, "must be a directory path")
+
+
+def _prepare_out(out: Path) -> None:
+    """`--out` created and writable before the run (`prepare_out_dir`), with room for validate.json."""
+    prepare_out_dir(out, holds="validate.json and the traces")
+    if (out / "validate.json").is_dir():
+        raise ConfigError(source=str(out), key="--out", value=str(out),
+                          rule="holds a directory named validate.json; it cannot be written")
+
+
+def _check_widening_out(path: Path) -> None:
+    """`--e2e-widening-out` can be written (its directory is created now, as `save` would later)."""
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory", str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise PermissionError(13, "Permission denied", str(path))
+    except FileExistsError:
+        raise ConfigError(source=str(path), key="--e2e-widening-out", value=str(path),
+                          rule="a parent of it is a file, not a directory") from None
+    except OSError as exc:
+        raise file_error(exc, path=path, key="--e2e-widening-out", writing=True) from None
 
 
 def _fit_api_latencies(rows: list[ValidationRow], results: list[RowResult], profiles: dict[str, EngineProfile]
@@ -143,18 +199,15 @@ def _rows_from(path: Path, rows: list[ValidationRow], tiers_per_row: dict[str, i
 
 def _widening(args: Namespace, rows: list[ValidationRow], results: list[RowResult], sha: str
               ) -> E2EWidening | None:
-    """With --e2e-widening-out: fitted on this run's dev rows (kernel-only bounds) and written;
-    else the shipped widening (None where none ships)."""
-    if not args.e2e_widening_out:
+    """With --e2e-widening-out: fitted on this run's dev rows (kernel-only bounds; `_report` writes it
+    after validate.json); else the shipped widening (None where none ships)."""
+    if args.e2e_widening_out is None:
         return shipped_widening()
     dev = [(tier, metric, lo, hi, meas) for suite, tier, metric, _, meas, lo, hi in interval_samples(rows, results)
            if suite == "dev"]
     widening = fit_widening(dev, source=f"kernelsight validate --intervals {args.intervals} --e2e-widening-out: "
                                         f"dev suite, {len(dev)} row x metric intervals",
                             data_sha256={"e2e": sha})
-    widening.save(Path(args.e2e_widening_out))
-    sys.stderr.write(f"wrote the end-to-end widening fitted on {len(dev)} dev row x metric intervals to "
-                     f"{args.e2e_widening_out}\n")
     return widening
 
 
@@ -197,8 +250,19 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
                "rows": [{**to_jsonable(dataclasses.replace(r, replay=None)), "deferred": deferred.get(r.row_id)}
                         for r in rows],
                "results": to_jsonable(results)}
-    (out_dir / "validate.json").write_text(json.dumps(payload, indent=1))
+    try:
+        (out_dir / "validate.json").write_text(json.dumps(payload, indent=1))
+    except OSError as exc:
+        raise file_error(exc, key="--out", writing=True) from None
     sys.stderr.write(f"results in {out_dir / 'validate.json'} ({wall:.0f} s)\n")
+    if args.e2e_widening_out is not None and widening is not None:  # after validate.json, which holds it too
+        try:
+            widening.save(Path(args.e2e_widening_out))
+        except OSError as exc:
+            raise file_error(exc, path=args.e2e_widening_out, key="--e2e-widening-out", writing=True) from None
+        fitted_on = sum(n for groups_of_tier in widening.rows.values() for n in groups_of_tier.values())
+        sys.stderr.write(f"wrote the end-to-end widening fitted on {fitted_on} dev row x metric intervals "
+                         f"to {args.e2e_widening_out}\n")
     if args.json:
         sys.stdout.write(json.dumps({**result, "groups": to_jsonable(groups)}, indent=1) + "\n")
     else:
@@ -224,7 +288,9 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
 
 def _writes_doc(args: Namespace) -> bool:
     """Whether this run rewrites the document's End-to-end section (a full run, or `--doc`)."""
-    full_run = args.suite == "all" and not args.tier and not args.source and not args.limit and not args.family
+    # `is None`, not falsiness: any --limit is a smoke run, never the full run the document reports.
+    full_run = (args.suite == "all" and not args.tier and not args.source and args.limit is None
+                and not args.family)
     return not args.no_doc and (full_run or args.doc is not None)
 
 

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 from sim.calibration.e2e_widening import load_widening
@@ -162,3 +163,64 @@ def test_every_row_is_the_default_and_a_budget_is_a_quick_run() -> None:
     assert default.budget_s == 0.0  # every row (issue 23: it fits the 10 minutes on 2 cores)
     quick = build_parser().parse_args(["validate", "--budget-s", "120"])
     assert quick.budget_s == 120.0 and quick.max_row_s == 60.0
+
+
+# A single cheap selection: where a bad flag is not refused up front, the old code simulates one row (seconds).
+ONE_ROW = ("--suite", "dev", "--source", "llmservingsim", "--tier", "cross-generation", "--limit", "1",
+           "--jobs", "1", "--no-doc")
+
+
+def test_an_existing_file_as_out_is_refused_before_simulating_naming_out(tmp_path: Path) -> None:
+    taken = tmp_path / "vfile"
+    taken.write_text("mine\n")
+    proc = _run(*ONE_ROW, "--out", str(taken))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--out='{taken}': is a file" in proc.stderr and "<file>" not in proc.stderr
+    assert "simulating" not in proc.stderr  # found before the run, not after it
+    assert taken.read_text() == "mine\n"
+    beneath = _run(*ONE_ROW, "--out", str(taken / "out"))
+    assert beneath.returncode == 2 and "--out=" in beneath.stderr and "simulating" not in beneath.stderr
+
+
+def test_an_unwritable_widening_out_is_refused_before_simulating(tmp_path: Path) -> None:
+    (tmp_path / "wdir").mkdir()
+    (tmp_path / "vfile").write_text("")
+    for bad, rule in ((tmp_path / "wdir", "is a directory"), (tmp_path / "vfile" / "w.json", "is a file")):
+        proc = _run(*ONE_ROW, "--intervals", "2", "--out", str(tmp_path / "out"), "--e2e-widening-out", str(bad))
+        assert proc.returncode == 2, proc.stderr
+        assert f"--e2e-widening-out='{bad}'" in proc.stderr and rule in proc.stderr
+        assert "simulating" not in proc.stderr
+
+
+@pytest.mark.parametrize(("flags", "key"), [
+    (("--limit", "0"), "--limit=0"),  # was "no limit": a full run that rewrote docs/accuracy.md
+    (("--limit", "-1"), "--limit=-1"),
+    (("--jobs", "0"), "--jobs=0"),
+    (("--jobs", "-2"), "--jobs=-2"),
+    (("--budget-s", "nan"), "--budget-s=nan"),
+    (("--budget-s", "-5"), "--budget-s=-5.0"),
+    (("--max-row-s", "nan"), "--max-row-s=nan"),
+    (("--max-row-s", "-1"), "--max-row-s=-1.0"),
+    (("--intervals", "-1"), "--intervals=-1"),
+    (("--e2e-widening-out", "w.json"), "--e2e-widening-out='w.json'"),  # nothing was written, exit 0
+    (("--intervals", "0", "--e2e-widening-out", "w.json"), "--e2e-widening-out='w.json'"),
+])
+def test_bad_numbers_and_combinations_are_refused_up_front(tmp_path: Path, flags: tuple[str, ...], key: str
+                                                           ) -> None:
+    # --data without e2e/ is refused too, after the flags: the flag must be named, and nothing can be simulated.
+    proc = _run(*flags, "--data", str(tmp_path), "--no-doc")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: validate: {key}: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_limited_run_never_rewrites_the_default_document() -> None:
+    from orchestrator.cli import build_parser
+    from orchestrator.commands_validate import _writes_doc
+
+    def writes(*flags: str) -> bool:
+        return _writes_doc(build_parser().parse_args(["validate", *flags]))
+
+    assert writes() and not writes("--no-doc")
+    assert not writes("--limit", "1") and not writes("--limit", "0")
+    assert writes("--limit", "1", "--doc", "mine.md")  # an explicit --doc is still written
