@@ -71,26 +71,36 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def parquet(rows: list[dict[str, Any]], name: str) -> None:
+        path = out / name
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        except OSError as exc:  # pyarrow's errors carry no file name: name it here
+            raise file_error(exc, path=path, key="--out", writing=True) from None
+
     out.mkdir(parents=True, exist_ok=True)
     rows = [dataclasses.asdict(r) for r in result.records]
     for row, rec in zip(rows, result.records, strict=True):
         row.update(ttft_s=rec.ttft_s(), tpot_s=rec.tpot_s(), e2el_s=rec.e2el_s())
-    pq.write_table(pa.Table.from_pylist(rows), out / "requests.parquet")
+    parquet(rows, "requests.parquet")
     breakdown_rows = result.breakdown.rows()
     if result.pool_breakdowns:
         breakdown_rows = [{"pool": name, **row} for name, bd in result.pool_breakdowns for row in bd.rows()]
-    pq.write_table(pa.Table.from_pylist(breakdown_rows), out / "kernel_breakdown.parquet")
+    parquet(breakdown_rows, "kernel_breakdown.parquet")
     if result.steps:
         steps = [dataclasses.asdict(st) for st in result.steps]
         for row in steps:
             row["pool"] = result.replica_pools[row["replica"]] if result.replica_pools else "aggregated"
-        pq.write_table(pa.Table.from_pylist(steps), out / "steps.parquet")
-    pq.write_table(pa.Table.from_pylist([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage]),
-                   out / "kv_usage.parquet")
-    (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
-    if trace:
-        with (out / "trace.json").open("w") as f:
-            write_chrome_trace(f, result.steps, result.records, num_steps_not_logged=result.num_steps_not_logged)
+        parquet(steps, "steps.parquet")
+    parquet([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage], "kv_usage.parquet")
+    try:
+        (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
+        if trace:
+            with (out / "trace.json").open("w") as f:
+                write_chrome_trace(f, result.steps, result.records,
+                                   num_steps_not_logged=result.num_steps_not_logged)
+    except OSError as exc:
+        raise file_error(exc, key="--out", writing=True) from None
         if result.num_steps_not_logged:
             sys.stderr.write(f"warning: trace.json holds the first {len(result.steps)} step events; "
                              f"{result.num_steps_not_logged} later steps are not in it\n")
@@ -118,6 +128,8 @@ def cmd_run(args: Namespace) -> int:
         raise ConfigError(source="run", key="--intervals", value=args.intervals, rule="must be >= 0")
     if args.interval_seed is not None and args.interval_seed < 0:
         raise ConfigError(source="run", key="--interval-seed", value=args.interval_seed, rule="must be >= 0")
+    if args.trace and not args.out:
+        raise ConfigError(source="run", key="--trace", value=True, rule="needs --out DIR (the trace is written there)")
     scenario = load_scenario(args.scenario, overrides_from(args))
     warn_missing_price(scenario)
     if args.out:
@@ -131,11 +143,6 @@ def cmd_run(args: Namespace) -> int:
         sys.stderr.write(f"warning: truncated run: {s.num_completed} of {s.num_requests} requests finished "
                          "(a simulation limit was reached or requests could not be scheduled); "
                          "metrics cover the finished ones\n")
-    if args.out:
-        try:
-            _write_out(result, Path(args.out), args.trace)
-        except OSError as exc:
-            raise file_error(exc, key="--out", writing=True) from None
     payload = result_payload(result)
     rows = [(f.name, _cell(getattr(s, f.name))) for f in dataclasses.fields(s)]
     # TTFT and E2E are the client's: this much of each is the API server's, outside the engine.
@@ -157,7 +164,16 @@ def cmd_run(args: Namespace) -> int:
         rows += [(f"{m} 90% interval", f"[{_cell(iv.lo[m])}, {_cell(iv.hi[m])}]") for m in iv.lo]
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        return 0
+    else:
+        _print_tables(result, rows)
+    if args.out:
+        # Written after the summary is out: a file that cannot be written loses no result.
+        sys.stdout.flush()
+        _write_out(result, Path(args.out), args.trace)
+    return 0
+
+
+def _print_tables(result: SimResult, rows: list[tuple[str, object]]) -> None:
     shares = sorted(result.breakdown.share_by_kind().items(), key=lambda kv: -kv[1])
     sys.stdout.write(table(("metric", "value"), rows) + "\n"
                      + table(("time share", ""), [(k, f"{v:.1%}") for k, v in shares]))
@@ -169,7 +185,6 @@ def cmd_run(args: Namespace) -> int:
     if result.autoscaling is not None:
         sys.stdout.write("\n" + table(("hour", "replicas (max provisioned)", "replica-hours"),
                                        hourly_replicas(result.autoscaling.timeline, result.autoscaling.window_s)))
-    return 0
 
 
 def hourly_replicas(timeline: tuple[tuple[float, int, int, int], ...], end_s: float) -> list[tuple[str, str, str]]:

@@ -19,6 +19,7 @@ scenario (`sim.specs.scenario`). The model, workload, SLOs and kernel tier are s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -72,4 +73,4 @@ class DisaggregationSection:
 
     def __post_init__(self) -> None:
         lat = self.transfer_latency_s
-        require(lat is None or lat >= 0, "transfer_latency_s", lat, "must be >= 0")
+        require(lat is None or 0 <= lat < math.inf, "transfer_latency_s", lat, "must be a finite number >= 0")

@@ -6,6 +6,7 @@ measured link latencies and host overheads live in calibration artifacts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,8 +29,9 @@ class LinkSpec:
     """Per-message fixed cost (alpha) as published with the spec."""
 
     def __post_init__(self) -> None:
-        require(self.bandwidth_bytes_per_s > 0, "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, "must be > 0")
-        require(self.latency_s >= 0, "latency_s", self.latency_s, "must be >= 0")
+        require(0 < self.bandwidth_bytes_per_s < math.inf, "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s,
+                "must be a finite number > 0")
+        require(0 <= self.latency_s < math.inf, "latency_s", self.latency_s, "must be a finite number >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +55,7 @@ class NvlinkSpec:
     def __post_init__(self) -> None:
         require(1 <= self.generation <= 5, "generation", self.generation, "must be 1..5")
         require(self.links_per_gpu > 0, "links_per_gpu", self.links_per_gpu, "must be > 0")
-        require(self.link_bandwidth_bytes_per_s > 0, "link_bandwidth_bytes_per_s",
+        require(0 < self.link_bandwidth_bytes_per_s < math.inf, "link_bandwidth_bytes_per_s",
                 self.link_bandwidth_bytes_per_s, "must be > 0")
         require(0 <= self.switch_generation <= 5, "switch_generation", self.switch_generation,
                 "must be 0 (no switch) .. 5")
@@ -109,7 +111,7 @@ class HardwareSpec:
     def __post_init__(self) -> None:
         for key in ("num_sms", "l2_cache_bytes", "hbm_capacity_bytes", "num_gpus_per_node"):
             value = getattr(self, key)
-            require(value > 0, key, value, "must be > 0")
+            require(0 < value < math.inf, key, value, "must be a finite number > 0")
         domain = self.num_gpus_per_node if self.nvlink_domain_size is None else self.nvlink_domain_size
         object.__setattr__(self, "nvlink_domain_size", domain)
         require(domain >= self.num_gpus_per_node
@@ -134,11 +136,12 @@ class HardwareSpec:
         rates = ("boost_clock_hz", "hbm_bandwidth_bytes_per_s", "power_w", "pcie_bandwidth_bytes_per_s")
         for key in rates:
             value = getattr(self, key)
-            require(value > 0, key, value, "must be > 0")
+            # An infinite rate would price its kernels at zero time: silently wrong, not an error.
+            require(0 < value < math.inf, key, value, "must be a finite number > 0")
         for key, rate in self.peak_flops_per_s.items():
             require(key in PEAK_KEYS, f"peak_flops_per_s.{key}", rate,
                     f"unknown rate class; known: {', '.join(PEAK_KEYS)}")
-            require(rate > 0, f"peak_flops_per_s.{key}", rate, "must be > 0")
+            require(0 < rate < math.inf, f"peak_flops_per_s.{key}", rate, "must be a finite number > 0")
         require("bf16" in self.peak_flops_per_s or "fp16" in self.peak_flops_per_s,
                 "peak_flops_per_s", dict(self.peak_flops_per_s), "must give bf16 or fp16")
         if self.nvlink is not None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from sim.errors import ConfigError
 from sim.specs.workload import DIURNAL, WorkloadSpec
+from sim.workload.traces import check_unique_columns
 
 DAY_S: Final = 86_400.0
 CSV_COLUMN: Final = "requests_per_min"
@@ -71,6 +72,7 @@ def read_rate_csv(path: str) -> npt.NDArray[np.float64]:
                 raise ConfigError(source=path, key="request_rate_profile", value=path,
                                   rule=f"the CSV needs a {CSV_COLUMN!r} column (requests in each minute)")
             values: list[float] = []
+            check_unique_columns(reader.fieldnames, path)
             has_minute = MINUTE_COLUMN in reader.fieldnames
             for row_number, row in enumerate(reader, start=2):
                 # One row a minute: a blank line (which the reader skips) or a gap in `minute` would

@@ -22,7 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -159,11 +159,21 @@ def check_lengths(rows: tuple[TraceRow, ...], max_model_len: int, source: str) -
 _Record = tuple[int, Mapping[str, object]]
 
 
+def check_unique_columns(fieldnames: Sequence[str], source: str) -> None:
+    """A column named twice: the reader would keep the last copy's values without a word."""
+    seen: set[str] = set()
+    for name in fieldnames:
+        if name in seen:
+            raise ConfigError(source=source, key="<header>", value=name, rule="a column appears twice")
+        seen.add(name)
+
+
 def _csv_records(f: Iterator[str], path: Path) -> Iterator[_Record]:
     reader = csv.DictReader(f)
     if reader.fieldnames is None:
         raise ConfigError(source=str(path), key="<header>", value=None,
                           rule="the CSV file is empty")
+    check_unique_columns(reader.fieldnames, str(path))
     for n, record in enumerate(reader, start=1):
         if None in record:
             raise ConfigError(source=f"{path} row {n}", key="<columns>", value=record[None],

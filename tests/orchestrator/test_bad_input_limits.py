@@ -99,3 +99,28 @@ def test_run_flags_are_checked_before_the_simulation(tmp_path: Path, capsys: pyt
     code = main(["run", scenario(tmp_path), "--intervals", "2", "--interval-seed", "-1", "--json"])
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
+
+
+def test_an_output_file_that_cannot_be_written_loses_no_result(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --out` writes its files after the summary is printed, and names the file that failed."""
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "out"
+    (out / "kernel_breakdown.parquet").mkdir(parents=True)
+    code = main(["run", scenario(tmp_path), "--set", "workload.num_prompts=20", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert '"summary"' in captured.out  # the result is on stdout
+    assert "kernel_breakdown.parquet" in captured.err and "Traceback" not in captured.err
+
+
+def test_trace_without_out_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", scenario(tmp_path), "--trace"]) == 2
+    assert "--trace" in capsys.readouterr().err
+
+
+def test_a_trace_with_a_column_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = with_trace(tmp_path, "input_tokens,output_tokens,input_tokens\n100,10,5\n100,10,5\n")
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err
+    assert "trace.csv" in err and "'input_tokens'" in err and "a column appears twice" in err

@@ -172,3 +172,10 @@ def test_a_rate_csv_may_end_with_blank_lines_and_go_without_minutes(tmp_path: Pa
     path = tmp_path / "rates.csv"
     path.write_text("requests_per_min\n600\n1200\n\n")
     assert rate_per_s(WorkloadSpec(num_prompts=100, request_rate_profile=str(path))).size == 120
+
+
+def test_a_rate_csv_with_a_column_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rates.csv"
+    path.write_text("requests_per_min,requests_per_min\n600,1\n")
+    with pytest.raises(ConfigError, match="appears twice"):
+        rate_per_s(WorkloadSpec(num_prompts=100, request_rate_profile=str(path)))
