@@ -98,6 +98,12 @@ def _read_header(src: Path) -> list[str]:
         header = next(csv.reader(f), None)
     if not header or "kernel" not in header:
         raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
+    # With two copies of a column, the model would read one and the output copy the other.
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise ConfigError(source=str(src), key=name, value=name, rule="column appears twice in the header")
+        seen.add(name)
     return header
 
 
@@ -109,8 +115,6 @@ def _read_fast(src: Path, header: list[str]) -> tuple[dict[str, Any], dict[str, 
         import pyarrow.compute as pc
         import pyarrow.csv as pacsv
     except ImportError:
-        return None
-    if len(set(header)) != len(header):
         return None
     try:
         table = pacsv.read_csv(
@@ -180,7 +184,10 @@ def _validate_rows(src: Path) -> tuple[list[str], list[list[str]]]:
         header = next(reader, None) or []
         rows = list(reader)
     for number, row in enumerate(rows, start=1):
-        row_to_work(dict(zip(header, row, strict=False)), number=number, source=str(src))
+        if len(row) != len(header):  # a short or long row would shift or drop cells
+            raise ConfigError(source=f"{src} row {number}", key="<columns>", value=len(row),
+                              rule=f"has {len(row)} fields, the header has {len(header)}")
+        row_to_work(dict(zip(header, row, strict=True)), number=number, source=str(src))
     return header, rows
 
 

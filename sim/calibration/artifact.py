@@ -12,6 +12,7 @@ Loading rejects unknown keys and wrong types. Never pickled.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,11 @@ def _floats(source: str, key: str, value: object) -> tuple[float, ...]:
     if not _PLAIN_NUMBERS.issuperset(map(type, value)) and not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in value):
         raise _fail(source, key, value, "must be a list of numbers")
+    # json reads NaN and Infinity; a fit on bad tables wrote them, and they would price every kernel as NaN.
+    # A finite sum proves every value finite (the fast path); an overflowing one is checked value by value.
+    if not math.isfinite(sum(value)) and not all(map(math.isfinite, value)):
+        bad = next(v for v in value if not math.isfinite(v))
+        raise _fail(source, key, bad, "must be finite numbers (refit the artifact)")
     return tuple(map(float, value))
 
 
@@ -158,6 +164,8 @@ def _correction(source: str, key: str, value: object) -> CorrectionParams:
         if len(gkey) != len(cats) or len(points) != len(alpha) or any(len(p) != len(coords) for p in points) \
                 or not isinstance(offset, int | float):
             raise _fail(source, gk, None, "key, points, alpha and offset must match the coordinates")
+        if not math.isfinite(offset):
+            raise _fail(source, f"{gk}.offset", offset, "must be a finite number (refit the artifact)")
         groups.append(CorrectionGroup(key=gkey, offset=float(offset), points=points, alpha=alpha))
     num = c.get("num_points", 0)
     if not isinstance(num, int) or num < 0:

@@ -26,6 +26,7 @@ from sim.perf.table_kernels import (
     table_batch,
 )
 from sim.specs.catalog import load_hardware
+from sim.specs.engine import routing_alpha
 
 BASE_COLUMNS: Final[tuple[str, ...]] = (
     "kernel", "backend", "backend_version", "kernel_source", "dtype", "m", "n", "k", "batch_size",
@@ -193,17 +194,16 @@ _REFERENCE_HW: Final = "h100_sxm"
 catalog spec to read them (its roofline times are not used here)."""
 
 
-DISTRIBUTION_RULE: Final = "must be balanced, uniform or power_law_<alpha>"
+DISTRIBUTION_RULE: Final = ("must be balanced, uniform or power_law_<alpha>[_eplb] with alpha >= 0 and "
+                             "alpha != 1 (as engine.moe_routing)")
 
 
 def valid_distribution(dist: str) -> bool:
-    """Whether a table row's `distribution` is one the collector writes (blank: balanced)."""
+    """Whether a table row's `distribution` is one the collector writes (blank: balanced): a power
+    law takes the exponents the scenario's `engine.moe_routing` takes (a NaN, infinite or negative
+    alpha prices nonsense, e.g. a negative latency)."""
     if dist.startswith("power_law_"):
-        try:
-            float(dist.removeprefix("power_law_").removesuffix("_eplb"))
-        except ValueError:
-            return False
-        return True
+        return routing_alpha(dist.removesuffix("_eplb")) is not False
     return dist in ("", "balanced", "uniform")
 
 

@@ -13,7 +13,10 @@ Fitting-time only (pandas).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import lzma
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -21,9 +24,9 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, decode_error, file_error
 from sim.measured import read_text_bytes, resolve, table_name
-from sim.perf.table_kernels import TABLE_COLUMNS, TABLE_FAMILY
+from sim.perf.table_kernels import NUMERIC, REQUIRED, TABLE_COLUMNS, TABLE_FAMILY
 
 NEW_TABLE_FILES: Final[tuple[str, ...]] = (
     "moe.csv.gz", "wideep_moe.csv.gz", "wideep_mlp.csv", "mla_context.csv.gz", "mla_generation.csv.gz",
@@ -63,6 +66,24 @@ UNIT_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
 }
 """Columns that make a table-keyed row's unit (the model configuration the target-measured score
 holds out whole: MoE expert shape, MLA heads per GPU, all-to-all layout)."""
+
+_ATTENTION_COLUMNS: Final = ("backend", "backend_version", "kernel_source", "attn_dtype", "kv_cache_dtype",
+                             "batch_size", "num_heads", "num_kv_heads", "head_dim", "window_size", "latency_ms")
+REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "gemm": ("backend", "backend_version", "kernel_source", "dtype", "m", "n", "k", "latency_ms"),
+    "context_attention": (*_ATTENTION_COLUMNS, "seq_len"),
+    "generation_attention": (*_ATTENTION_COLUMNS, "kv_len"),
+    "nccl": ("nccl_version", "op", "nccl_dtype", "num_gpus", "message_elems", "latency_ms"),
+    "custom_allreduce": ("backend", "backend_version", "kernel_source", "variant", "message_elems", "num_gpus",
+                         "latency_ms"),
+    "pointwise": POINTWISE_COLUMNS,
+    **{t: tuple(dict.fromkeys((*REQUIRED[t], *UNIT_COLUMNS[t], *(() if t.startswith("deepep") else ("latency_ms",)))))
+       for t in TABLE_COLUMNS},
+}
+"""Columns each table's reader uses unconditionally (DeepEP's latency is the sum of its `*_ms` columns)."""
+NUMERIC_COLUMNS: Final = frozenset({"m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads",
+                                    "head_dim", "window_size", "num_gpus", "message_elems", *NUMERIC})
+"""Shape columns that must be numbers wherever a table has them (the latency columns are checked cell by cell)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,14 +174,57 @@ def read_table_keyed(df: pd.DataFrame, name: str, system: str, excl: list[Exclus
     return out.reset_index(drop=True)
 
 
+def _read_table(path: Path) -> pd.DataFrame:
+    """One table file, its read errors as `ConfigError`s naming it (pandas' own do not)."""
+    try:
+        return pd.read_csv(path)
+    except (gzip.BadGzipFile, lzma.LZMAError, zlib.error, EOFError) as exc:
+        raise ConfigError(source=str(path), key="<file>", value=str(path),
+                          rule=f"corrupt or truncated compressed file ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise file_error(exc, path=path) from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(exc, path=path, what="microbenchmark table") from None
+    except pd.errors.EmptyDataError:
+        raise ConfigError(source=str(path), key="<file>", value=str(path),
+                          rule="empty file: a table needs a header row") from None
+    except pd.errors.ParserError as exc:
+        raise ConfigError(source=str(path), key="<file>", value=str(path), rule=f"malformed CSV: {exc}") from None
+
+
+def _check_table(df: pd.DataFrame, path: Path, name: str) -> None:
+    """Refuse a table whose columns or latencies the fit cannot use, naming the file, row and column:
+    a non-finite or non-positive latency would otherwise be dropped unreported (<= 0, NaN) or turn the
+    fitted artifact into NaN (inf)."""
+    missing = [c for c in REQUIRED_COLUMNS[name] if c not in df]
+    if missing:
+        raise ConfigError(source=str(path), key=missing[0], value=None, rule="column is required")
+    ms = [c for c in df.columns if c.endswith("_ms")] if name.startswith("deepep") else ["latency_ms"]
+    numeric = [c for c in df.columns if c in NUMERIC_COLUMNS or c in ms]
+    for c in numeric:
+        values = pd.to_numeric(df[c], errors="coerce")
+        bad = (values.isna() & df[c].notna()).to_numpy()
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ConfigError(source=f"{path} row {row + 1}", key=c, value=df[c].iloc[row], rule="must be a number")
+        df[c] = values
+    latency = df[ms].sum(axis=1, min_count=len(ms)).to_numpy(dtype=float) if ms else np.zeros(len(df))
+    bad = ~(np.isfinite(latency) & (latency > 0))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ConfigError(source=f"{path} row {row + 1}", key="+".join(ms) or "<*_ms>",
+                          value=float(latency[row]), rule="must be a finite number of milliseconds > 0")
+
+
 def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, list[Exclusion], str]:
     """All rows found in `directory`, the exclusions applied, and the SHA-256 of the files read."""
     parts: list[pd.DataFrame] = []
     excl: list[Exclusion] = []
     found = [resolve(directory / f) for f in TABLE_FILES if resolve(directory / f).is_file()]
     for path in found:
-        df = pd.read_csv(path)
+        df = _read_table(path)
         name = path.name.split(".")[0]
+        _check_table(df, path, name)
         if name == "gemm":
             other = ~df.dtype.isin(GEMM_DTYPES)
             if other.any():
@@ -185,9 +249,6 @@ def read_microbench_dir(directory: Path, system: str) -> tuple[pd.DataFrame, lis
         elif name in TABLE_COLUMNS:
             parts.append(read_table_keyed(df, name, system, excl))
         elif name == "pointwise":
-            missing = [c for c in POINTWISE_COLUMNS if c not in df]
-            if missing:
-                raise ConfigError(source=str(path), key=missing[0], value=None, rule="column is required")
             bad = ~df.kernel.isin(["norm", "elementwise", "embedding", "sampling"])
             if bad.any():
                 row = int(np.flatnonzero(bad.to_numpy())[0])

@@ -48,6 +48,37 @@ def rows(tmp: Path, text: str | bytes) -> list[str]:
     return ["predict-kernels", "--hardware", "h100_sxm", "--in", str(path), "--out", str(tmp / "pred.csv")]
 
 
+GEMM_TABLE = ("backend,backend_version,kernel_source,dtype,m,n,k,latency_ms\n"
+              + "".join(f"torch,2.11.0,torch_matmul,bfloat16,{m},4096,4096,{0.01 * (i + 1)}\n"
+                        for i, m in enumerate((1, 16, 64, 256))))
+
+
+def microbench(tmp: Path, text: str | bytes, name: str = "gemm.csv") -> list[str]:
+    """`calibrate` on a microbenchmark directory holding one table file."""
+    d = tmp / "mb"
+    d.mkdir(exist_ok=True)
+    if isinstance(text, bytes):
+        (d / name).write_bytes(text)
+    else:
+        (d / name).write_text(text)
+    return ["calibrate", "--hardware", "h100_sxm", "--microbench", str(d), "--out", str(tmp / "cal.json")]
+
+
+def first_latency(value: str) -> str:
+    """GEMM_TABLE with the first row's latency_ms cell replaced."""
+    lines = GEMM_TABLE.splitlines(keepends=True)
+    lines[1] = lines[1].rsplit(",", 1)[0] + f",{value}\n"
+    return "".join(lines)
+
+
+def nan_calibration(tmp: Path) -> str:
+    """The shipped H100 calibration with one NaN coefficient (what a fit on an inf latency wrote)."""
+    data = json.loads((REPO / "sim/data/calibration/h100_sxm.json").read_text())
+    next(iter(data["families"].values()))["coef"][0] = float("nan")
+    (tmp / "nan.json").write_text(json.dumps(data))
+    return str(tmp / "nan.json")
+
+
 def with_trace(tmp: Path, trace: str) -> str:
     (tmp / "trace.csv").write_text(trace)
     return scenario(tmp, lambda t: t.replace("num_prompts = 1000", "num_prompts = 2").replace(
@@ -139,6 +170,32 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
      ("--out=", "cannot be written")),
     ("missing calibration flag", lambda t: [*rows(t, GOOD_ROWS), "--tier", "target-measured",
                                             "--calibration", str(t / "cal.json")], ("cal.json", "file not found")),
+    ("short row", lambda t: rows(t, "kernel,dtype,m,n,k,variant\ngemm,bf16,128,4096,4096\n"),
+     ("rows.csv row 1", "has 5 fields, the header has 6")),
+    ("long row", lambda t: rows(t, "kernel,dtype,m,n,k\ngemm,bf16,128,4096,4096\ngemm,bf16,128,4096,4096,x\n"),
+     ("rows.csv row 2", "has 6 fields, the header has 5")),
+    ("duplicated column", lambda t: rows(t, "kernel,dtype,m,n,k,m\ngemm,bf16,128,4096,4096,1\n"),
+     ("rows.csv", "m='m'", "column appears twice")),
+    *[(f"routing {alpha}", lambda t, alpha=alpha: rows(
+        t, "kernel,moe_dtype,num_tokens,hidden_size,inter_size,topk,num_experts,moe_tp_size,moe_ep_size,distribution\n"
+           f"moe,bfloat16,128,4096,14336,2,8,1,1,power_law_{alpha}\n"),
+       ("rows.csv row 1", f"distribution='power_law_{alpha}'", "alpha >= 0"))
+      for alpha in ("nan", "-3", "inf")],
+    ("NaN calibration", lambda t: [*rows(t, GOOD_ROWS), "--tier", "target-measured", "--calibration",
+                                   nan_calibration(t)], ("nan.json", "coef=nan", "must be finite")),
+    # calibrate tables.
+    *[(f"latency {value!r}", lambda t, value=value: microbench(t, first_latency(value)),
+       ("gemm.csv row 1", "latency_ms=", "must be a finite number of milliseconds > 0"))
+      for value in ("inf", "nan", "-1", "0", "")],
+    ("text latency", lambda t: microbench(t, first_latency("abc")),
+     ("gemm.csv row 1", "latency_ms='abc'", "must be a number")),
+    ("text size", lambda t: microbench(t, GEMM_TABLE.replace(",16,", ",x,")),
+     ("gemm.csv row 2", "m='x'", "must be a number")),
+    ("no latency column", lambda t: microbench(t, GEMM_TABLE.replace(",latency_ms", "")),
+     ("gemm.csv", "latency_ms=None", "column is required")),
+    ("empty table", lambda t: microbench(t, ""), ("gemm.csv", "empty file")),
+    ("corrupt gzip table", lambda t: microbench(t, b"not gzip", "gemm.csv.gz"),
+     ("gemm.csv.gz", "corrupt or truncated compressed file")),
     # step batches.
     ("prefill over max_model_len", lambda t: ["step", scenario(t), "--prefill", "100000"],
      ("s.toml", "--prefill=100000", "exceeds engine.max_model_len=8192")),

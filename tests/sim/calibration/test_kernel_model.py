@@ -149,6 +149,21 @@ def test_artifact_rejects_unknown_keys() -> None:
         from_json(data, "t")
 
 
+@pytest.mark.parametrize("where", ["coef", "alpha", "offset"])
+def test_artifact_rejects_non_finite_numbers(where: str) -> None:
+    """NaN or Infinity (json reads both) would price every kernel of the family as NaN."""
+    data = json.loads((CALIBRATION_DIR / "h100_sxm.json").read_text())
+    fam = next(p for p in data["families"].values() if p["correction"] is not None)
+    if where == "coef":
+        fam["coef"][0] = float("nan")
+    elif where == "alpha":
+        fam["correction"]["groups"][0]["alpha"][-1] = float("inf")
+    else:
+        fam["correction"]["groups"][0]["offset"] = float("-inf")
+    with pytest.raises(ConfigError, match="finite number"):
+        from_json(json.loads(json.dumps(data)), "t")
+
+
 def test_cross_generation_tier_refuses_target_measurements(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="never reads target"):
         load_for_tier(H100, "cross-generation", str(CALIBRATION_DIR / "h100_sxm.json"))

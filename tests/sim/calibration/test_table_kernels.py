@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli import main
 from sim.calibration.batch import family_batches
-from sim.calibration.rows import BASE_COLUMNS, PREDICTION_COLUMNS, row_to_work
+from sim.calibration.rows import BASE_COLUMNS, PREDICTION_COLUMNS, row_to_work, valid_distribution
 from sim.calibration.select import efficiency_model_for
 from sim.calibration.tables import read_microbench_dir
 from sim.dtypes import DType
@@ -175,7 +175,8 @@ def test_predict_kernels_names_missing_table_column(tmp_path: Path, capsys: pyte
     assert "row 2" in err and column in err
 
 
-@pytest.mark.parametrize("value", ["served:power_law_1.01", "zipf", "power_law_x"])
+@pytest.mark.parametrize("value", ["served:power_law_1.01", "zipf", "power_law_x", "power_law_nan", "power_law_-3",
+                                   "power_law_inf", "power_law_1", "power_law_nan_eplb"])
 def test_predict_kernels_rejects_a_routing_the_tables_do_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                    value: str) -> None:
     """`served:` keys are the simulator's own (its MoE nodes' routing); a query row is a measured
@@ -187,6 +188,12 @@ def test_predict_kernels_rejects_a_routing_the_tables_do_not_write(tmp_path: Pat
                  "--out", str(tmp_path / "p.csv")]) == 2
     err = capsys.readouterr().err
     assert "row 2" in err and "distribution" in err and value in err and "power_law_<alpha>" in err
+
+
+@pytest.mark.parametrize("value", ["", "balanced", "uniform", "power_law_0", "power_law_1.2", "power_law_1.01_eplb"])
+def test_distribution_accepts_what_the_collector_writes(value: str) -> None:
+    """The same exponents `engine.moe_routing` accepts (every one in the shipped tables)."""
+    assert valid_distribution(value)
 
 
 def test_row_to_work_follows_the_shape_contract() -> None:
