@@ -18,7 +18,7 @@ from argparse import Namespace
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.spec import SweepSpec
@@ -61,6 +61,7 @@ def cmd_sweep(args: Namespace) -> int:
     from orchestrator.sweep.resume_hint import STORAGE_ENV
 
     check_storage_url(args.storage or os.environ.get(STORAGE_ENV) or None)  # before Ray starts
+    check_tracking_uri(args.tracking_uri)
     from orchestrator.sweep.ray_env import prepare_ray_env
 
     prepare_ray_env(args.ray_address)  # before Ray is imported
@@ -112,6 +113,23 @@ def check_storage_url(url: str | None) -> None:
     except (ArgumentError, NoSuchModuleError, ValueError) as exc:
         raise ConfigError(source="sweep", key="--storage", value=url,
                           rule=f"must be a SQLAlchemy database URL such as {STORAGE_SCHEMES} ({exc})") from None
+
+
+TRACKING_SCHEMES: Final = frozenset({"file", "http", "https", "databricks", "sqlite", "postgresql", "mysql", "mssql"})
+"""Schemes of MLflow's tracking stores (a database scheme may name its driver, e.g. postgresql+psycopg2)."""
+
+
+def check_tracking_uri(uri: str | None) -> None:
+    """`--tracking-uri` must be a local path or a URI of a store MLflow has (checked before Ray starts:
+    the MLflow child would find `foo://x` only after it)."""
+    if uri is None:
+        return
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if scheme and scheme.split("+")[0] not in TRACKING_SCHEMES:
+        raise ConfigError(source="sweep", key="--tracking-uri", value=uri,
+                          rule=f"must be a directory or a URI of scheme {', '.join(sorted(TRACKING_SCHEMES))}")
 
 
 def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Callable[[str], None]) -> int:

@@ -40,7 +40,7 @@ from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, resolve_precision
 from sim.specs.slo import SloSpec
 from sim.specs.speculative import draft_model_spec
-from sim.specs.workload import DIURNAL, FLEET_DAY_KEYS, WorkloadSpec
+from sim.specs.workload import DIURNAL, FLEET_DAY_KEYS, WorkloadSpec, length_bounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -535,7 +535,16 @@ def _check_combination(
     if engine.max_num_batched_tokens < engine.max_num_seqs:
         fail("engine.max_num_batched_tokens", engine.max_num_batched_tokens,
              f"must be >= max_num_seqs={engine.max_num_seqs}")
-    if workload.dataset_name in ("random", "fixed"):
+    if workload.classes:
+        # Each class's own lengths: the random_* keys do not apply to class traffic.
+        for i, c in enumerate(workload.classes):
+            longest = (length_bounds(c.input_len, c.range_ratio, min_tokens=1)[1]
+                       + length_bounds(c.output_len, c.range_ratio, min_tokens=1)[1])
+            if longest > engine.max_model_len:
+                fail(f"workload.classes[{i}].input_len", c.input_len,
+                     f"class {c.name!r}: prompt plus output can reach {longest} tokens, over "
+                     f"max_model_len={engine.max_model_len}")
+    elif workload.dataset_name in ("random", "fixed"):
         longest = workload.max_input_tokens() + workload.max_output_tokens()
         if longest > engine.max_model_len:
             fail("workload.random_input_len", workload.random_input_len,

@@ -124,3 +124,21 @@ def test_a_trace_with_a_column_twice_is_refused(tmp_path: Path, capsys: pytest.C
     assert main(["check", path]) == 2
     err = capsys.readouterr().err
     assert "trace.csv" in err and "'input_tokens'" in err and "a column appears twice" in err
+
+
+def test_an_unknown_tracking_uri_scheme_is_refused_before_ray_starts(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    path = sweep(tmp_path, "ttft_p90_s = 1.0")
+    assert main(["sweep", path, "--tracking-uri", "foo://bar", "--study-dir", str(tmp_path / "st"),
+                 "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--tracking-uri='foo://bar'" in err and "Traceback" not in err
+    assert not (tmp_path / "st").exists()  # nothing started
+
+
+def test_tracking_uris_of_mlflows_stores_pass_the_check() -> None:
+    from orchestrator.sweep.command import check_tracking_uri
+    for uri in (None, "runs/mlruns", "file:///tmp/x", "sqlite:///m.db", "postgresql+psycopg2://u@h/db",
+                "http://127.0.0.1:5000"):
+        check_tracking_uri(uri)

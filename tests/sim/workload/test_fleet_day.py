@@ -179,3 +179,14 @@ def test_a_rate_csv_with_a_column_twice_is_refused(tmp_path: Path) -> None:
     path.write_text("requests_per_min,requests_per_min\n600,1\n")
     with pytest.raises(ConfigError, match="appears twice"):
         rate_per_s(WorkloadSpec(num_prompts=100, request_rate_profile=str(path)))
+
+
+def test_a_class_too_long_for_max_model_len_is_named_by_its_own_keys() -> None:
+    """The error names the class's key (the random_* lengths do not apply to class traffic)."""
+    classes = [{"name": "chat", "share": 0.5, "input_len": 100, "output_len": 10},
+               {"name": "rag", "share": 0.5, "input_len": 9000, "output_len": 10}]
+    with pytest.raises(ConfigError) as err:
+        load_scenario(SCENARIO, {"workload.request_rate_profile": "diurnal", "workload.request_rate": None,
+                                 "workload.diurnal_peak_rate": 1.0, "workload.diurnal_trough_rate": 0.5,
+                                 "workload.classes": classes})
+    assert err.value.key == "workload.classes[1].input_len" and err.value.value == 9000
