@@ -505,8 +505,11 @@ class StepPricer:
             comm += p.comm_s
             gap += p.short_kernel_gap_s
             launches += p.num_launches
+        # A decode-only step's graph is chosen by its tokens: 1 + k per verifying decode.
+        graph_tokens = n + num_decode * (1 + self._k)
         if not launches_eagerly(params=self._host, mode=self._mode, is_decode_only=not prefills,
-                                num_seqs=n + num_decode, max_cudagraph_capture_size=self._capture_size):
+                                num_seqs=n + num_decode, max_cudagraph_capture_size=self._capture_size,
+                                num_tokens=graph_tokens):
             launches, gap = 0, 0.0  # only eager launches cost per kernel
         # The host samples and processes outputs per request (a verification's k + 1 rows are one).
         host_key = (n + num_decode, num_seqs_sampling, not prefills, launches, gap)
@@ -516,6 +519,7 @@ class StepPricer:
                 params=self._host, mode=self._mode, num_seqs=host_key[0], num_sampled=num_seqs_sampling,
                 is_decode_only=not prefills, max_cudagraph_capture_size=self._capture_size,
                 num_launches=launches, num_layers=self._sc.model.num_layers, short_kernel_gap_s=gap,
+                num_tokens=graph_tokens,
             )
             if self._ngram_s:
                 host = self._host_costs[host_key] = replace(host, cpu_s=host.cpu_s + self._ngram_s * num_seqs_sampling)

@@ -80,17 +80,21 @@ class HostCost:
     """Extra GPU idle time when eager launches are slower than kernels."""
 
 
-def _captured(is_decode_only: bool, num_seqs: int, max_cudagraph_capture_size: int) -> bool:
-    """A decode-only batch within the largest capture replays one full CUDA graph."""
-    return is_decode_only and num_seqs <= max_cudagraph_capture_size
+def _captured(is_decode_only: bool, num_tokens: int, max_cudagraph_capture_size: int) -> bool:
+    """A decode-only batch within the largest capture replays one full CUDA graph. Graphs are captured
+    by scheduled tokens (vLLM v1's dispatcher pads the batch's tokens to a capture size): a decode
+    verifying k drafts is 1 + k of them."""
+    return is_decode_only and num_tokens <= max_cudagraph_capture_size
 
 
 def launches_eagerly(*, params: HostOverheadParams, mode: LaunchMode, is_decode_only: bool, num_seqs: int,
-                     max_cudagraph_capture_size: int) -> bool:
-    """Whether a step launches its kernels one by one (each `eager_launch_s` of CPU time)."""
+                     max_cudagraph_capture_size: int, num_tokens: int | None = None) -> bool:
+    """Whether a step launches its kernels one by one (each `eager_launch_s` of CPU time); `num_tokens`
+    (default `num_seqs`: one token each) is what the capture sizes bound."""
     if mode != "cuda_graph":
         return mode == "eager"
-    return (not _captured(is_decode_only, num_seqs, max_cudagraph_capture_size)
+    tokens = num_seqs if num_tokens is None else num_tokens
+    return (not _captured(is_decode_only, tokens, max_cudagraph_capture_size)
             and params.uncaptured_launch == "eager")
 
 
@@ -105,14 +109,17 @@ def host_cost(
     num_launches: int,
     num_layers: int,
     short_kernel_gap_s: float,
+    num_tokens: int | None = None,
 ) -> HostCost:
-    """CPU cost of a step. `short_kernel_gap_s` = sum over launches of max(0, launch - kernel)."""
+    """CPU cost of a step. `short_kernel_gap_s` = sum over launches of max(0, launch - kernel);
+    `num_tokens` (default `num_seqs`) the scheduled tokens the CUDA-graph capture sizes bound."""
     cpu = (params.schedule.at(num_seqs) + params.prepare_inputs.at(num_seqs)
            + params.sampler.at(num_sampled) + params.process_outputs.at(num_seqs))
+    tokens = num_seqs if num_tokens is None else num_tokens
     if launches_eagerly(params=params, mode=mode, is_decode_only=is_decode_only, num_seqs=num_seqs,
-                        max_cudagraph_capture_size=max_cudagraph_capture_size):
+                        max_cudagraph_capture_size=max_cudagraph_capture_size, num_tokens=tokens):
         return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
-    if mode == "cuda_graph" and not _captured(is_decode_only, num_seqs, max_cudagraph_capture_size):
+    if mode == "cuda_graph" and not _captured(is_decode_only, tokens, max_cudagraph_capture_size):
         # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
         return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
     return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)

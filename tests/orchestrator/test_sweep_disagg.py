@@ -66,7 +66,7 @@ def test_pool_keys_have_their_fields_types() -> None:
     (('"disaggregation.decode.engine.max_num_seqs"', '"disaggregation.decode.engine.max_num_seqz"'),
      'space."disaggregation.decode.engine.max_num_seqz"', "did you mean"),
     (('choices = [2], when', 'choices = [0], when'),
-     'space."disaggregation.prefill.num_workers".choices[0]', "must be >= 1"),
+     'space."disaggregation.prefill.num_workers".choices[0]', "must be in [1, 4,096]"),
     (('max_num_seqs" = { choices = [32]', 'block_size" = { choices = [48]'),
      'space."disaggregation.decode.engine.block_size".choices[0]', "block_size"),
     (('["aggregated", "disaggregated"]', '["aggregated", "hybrid"]'),

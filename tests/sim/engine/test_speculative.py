@@ -313,3 +313,20 @@ def test_lookahead_slots_follow_the_method_and_the_engine() -> None:
     assert vllm_lookahead_tokens(_scenario({"method": "ngram", "num_speculative_tokens": 3})) == 0
     assert vllm_lookahead_tokens(_scenario(eagle3, engine={"backend": "sglang"})) == 0
     assert vllm_lookahead_tokens(_scenario(None)) == 0
+
+
+def test_a_verification_steps_cuda_graph_is_chosen_by_its_tokens() -> None:
+    """vLLM v1 captures graphs by scheduled tokens: 200 decodes verifying 3 drafts are 800 tokens,
+    over a 512-token capture, so the step runs piecewise graphs (before 0.6.2 it was priced as one
+    full-graph replay because 200 requests fit); 100 decodes (400 tokens) still replay one graph."""
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    sc = _scenario(eagle3, engine={"max_cudagraph_capture_size": 512})
+    host = load_host_params("vllm")
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), host)
+    launch_s = {}
+    for n in (100, 200):
+        key = ((), n, 512)
+        pricer.step_s(key)
+        launch_s[n] = pricer._key_parts[key][1].launch_s
+    assert launch_s[100] == pytest.approx(host.graph_launch_s)
+    assert launch_s[200] == pytest.approx(2 * sc.model.num_layers * host.graph_launch_s)
