@@ -228,6 +228,10 @@ def table_row_work(r: _Row, kernel: str) -> KernelWork:
         raise r.fail("kv_cache_dtype", "must be bfloat16 or fp8")
     if not valid_distribution(r.text("distribution")):
         raise r.fail("distribution", DISTRIBUTION_RULE)
+    if "topk" in TABLE_COLUMNS[kernel] and r.text("topk") and r.text("num_experts") \
+            and float(r.text("topk")) > float(r.text("num_experts")):
+        # A token cannot be routed to more experts than there are: the priced layer would be nonsense.
+        raise r.fail("topk", f"must be <= num_experts={r.text('num_experts')}")
     cols = {c: np.array([r.text(c)], dtype=object) for c in (*TABLE_COLUMNS[kernel], "kernel")}
     tb = table_batch(kernel, cols, np.arange(1), load_hardware(_REFERENCE_HW))
     kind = _KIND_OF_TABLE[kernel]

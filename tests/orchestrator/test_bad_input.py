@@ -181,6 +181,10 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
            f"moe,bfloat16,128,4096,14336,2,8,1,1,power_law_{alpha}\n"),
        ("rows.csv row 1", f"distribution='power_law_{alpha}'", "alpha >= 0"))
       for alpha in ("nan", "-3", "inf")],
+    ("topk over the experts", lambda t: rows(
+        t, "kernel,moe_dtype,num_tokens,hidden_size,inter_size,topk,num_experts,moe_tp_size,moe_ep_size,distribution\n"
+           "moe,bfloat16,128,4096,14336,16,8,1,1,balanced\n"),
+     ("rows.csv row 1", "topk='16'", "must be <= num_experts=8")),
     ("NaN calibration", lambda t: [*rows(t, GOOD_ROWS), "--tier", "target-measured", "--calibration",
                                    nan_calibration(t)], ("nan.json", "coef=nan", "must be finite")),
     # calibrate tables.
