@@ -156,6 +156,9 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
     dist = cols.get("distribution")
     if dist is not None and not all(valid_distribution(str(d)) for d in set(dist.tolist())):
         return False  # the row-by-row reader names the cell
+    topk, experts = cols.get("topk"), cols.get("num_experts")
+    if topk is not None and experts is not None and np.any(topk > experts):  # (NaN: blank, compares false)
+        return False
     for c in _NUMERIC:
         v = cols.get(c)
         if v is None:
