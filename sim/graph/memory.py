@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.dtypes import DType
 from sim.graph.linear_attention import state_bytes_per_request
 from sim.graph.mla import indexer_cache_bytes_per_token
 from sim.specs.engine import EngineParams
@@ -126,8 +127,10 @@ def attention_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
             attn = (h * m.q_lora_rank + m.q_lora_rank * heads * qk) * lin + m.q_lora_rank * act
         attn += h * m.latent_width() * lin + m.kv_lora_rank * act
         kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
-        # vLLM keeps kv_b_proj for prefill and W_UK / W_UV in the activation dtype for absorbed decode.
-        attn += kv_b * (lin + act) + heads * m.v_head_dim * h * lin
+        # vLLM keeps kv_b_proj for prefill and, when it is quantized, a dequantised copy as W_UK / W_UV
+        # for absorbed decode; an unquantized kv_b_proj's W_UK / W_UV are views of its weight.
+        dequantised = act if precision.linear_weight_dtype != precision.activation_dtype else 0.0
+        attn += kv_b * (lin + dequantised) + heads * m.v_head_dim * h * lin
         if model.dsa is not None:
             d = model.dsa
             attn += ((m.q_lora_rank or h) * d.index_n_heads * d.index_head_dim + h * d.index_head_dim) * lin
@@ -153,6 +156,8 @@ def moe_block_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     act = precision.activation_dtype.bytes_per_element()
     lin = precision.linear_weight_dtype.bytes_per_element()
     ew = precision.expert_weight_dtype.bytes_per_element()
+    if precision.expert_weight_dtype is DType.INT4_WO and model.int4_group_size:
+        ew += 2.0 / model.int4_group_size  # one 16-bit scale per group (vLLM's w13 / w2 weight scales)
     local = engine.physical_experts(moe.num_experts) // engine.expert_parallel_size()  # EPLB copies too
     width = moe.expert_intermediate_size // engine.moe_tp_size()
     experts = local * 3 * h * width * ew
@@ -276,6 +281,9 @@ def draft_memory_bytes(model: ModelSpec, draft: ModelSpec, engine: EngineParams,
     weights = weight_bytes_per_gpu(draft, flat, precision) - ends
     fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * h
     weights += fc * h * act + (vocab if config.method == "eagle3" else 0)
+    if config.method == "eagle3":
+        # vLLM's llama_eagle3 layer attends over [embedding, fc(hidden states)]: its QKV input is 2h wide.
+        weights += h * _qkv_width(draft, tp) * precision.linear_weight_dtype.bytes_per_element()
     return int(weights), kv_bytes_per_token(draft, flat, precision)
 
 

@@ -189,6 +189,8 @@ class ModelSpec:
     """Checkpoint quantization from `quantization_config`."""
     quantize_experts_only: bool = False
     """The checkpoint quantizes only the expert weights (gpt-oss mxfp4, Kimi-K2.5 int4)."""
+    int4_group_size: int = 0
+    """Weight-only int4: weights per 16-bit scale (compressed-tensors `group_size`; 0 otherwise)."""
     mla: MLASpec | None = None
     """Multi-head latent attention; None = GQA/MHA with `num_kv_heads` x `head_dim` K and V."""
     dsa: DSASpec | None = None
@@ -459,6 +461,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
     if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
         reader.fail("torch_dtype", dtype_name, f"must be one of {', '.join(_DTYPES)}")
     quant, experts_only = _quantization(reader)
+    group = _int4_group_size(reader) if quant == "int4_wo" else 0
     mla = _mla(reader)
     linear, linear_layers = _linear_attention(reader, model_type, num_layers)
     return ModelSpec(
@@ -484,6 +487,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
         torch_dtype=_DTYPES[dtype_name],
         weight_quantization=quant,
         quantize_experts_only=experts_only,
+        int4_group_size=group,
         mla=mla,
         dsa=_dsa(reader, mla),
         num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", default=0),
@@ -627,6 +631,17 @@ def _compressed_tensors(reader: _ConfigReader, qc: Mapping[str, Any]) -> tuple[W
     ignored = " ".join(str(m) for m in qc.get("ignore", ()))
     # Kimi-K2.5 keeps attention, shared experts, dense MLPs and the LM head in bf16.
     return "int4_wo", "self_attn" in ignored
+
+
+def _int4_group_size(reader: _ConfigReader) -> int:
+    """The int4 group's `group_size` (weights per scale; vLLM's WNA16 MoE keeps the scales in 16 bits)."""
+    groups = (reader.get("quantization_config") or {}).get("config_groups") or {}
+    weights = next(iter(groups.values())).get("weights") or {}
+    size = weights.get("group_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        reader.fail("quantization_config.config_groups.weights.group_size", size, "must be an integer >= 1")
+    assert isinstance(size, int)
+    return size
 
 
 def _layer_windows(reader: _ConfigReader, model_type: str, num_layers: int) -> tuple[int, ...]:

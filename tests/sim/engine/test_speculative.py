@@ -192,9 +192,11 @@ def test_drafter_memory_takes_kv_blocks() -> None:
     sc = _scenario(EAGLE3_K2)
     h, v = sc.model.hidden_size, 32_000
     assert on.kv_bytes_per_token == off.kv_bytes_per_token * 33 // 32  # one more layer of KV
-    # One Llama layer (attention + MLP), the 3h -> h fc and the 32k-vocabulary head, in BF16.
+    # One Llama layer (attention + MLP), the 3h -> h fc and the 32k-vocabulary head, in BF16; the
+    # layer's QKV takes a 2h-wide input (vLLM's llama_eagle3), h x (q + 2 kv) more than a Llama layer.
     m = sc.model
-    params = m.attention_params() + m.dense_mlp_params() + 2 * h + 3 * h * h + v * h
+    qkv = (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+    params = m.attention_params() + m.dense_mlp_params() + 2 * h + 3 * h * h + v * h + h * qkv
     assert on.weight_bytes - off.weight_bytes == pytest.approx(2 * params, rel=1e-6)
     assert on.num_kv_blocks < off.num_kv_blocks
 
