@@ -81,6 +81,18 @@ def layers_per_stage(model: ModelSpec, engine: EngineParams) -> int:
     return math.ceil(model.num_layers / engine.pipeline_parallel_size)
 
 
+def stage_layer_ranges(num_layers: int, pp: int, backend: str) -> list[range]:
+    """Each pipeline stage's contiguous layers. vLLM and SGLang (`get_pp_indices`): num_layers // pp
+    each, the remainder one more each to the stages before the last (61 layers on 2 stages: 31, 30);
+    TensorRT-LLM (`Mapping.pp_layers`, a tensor_split): the remainder to the first stages."""
+    sizes = [num_layers // pp] * pp
+    extra = num_layers % pp
+    for i in (range(extra) if backend == "trtllm" else range(pp - 1 - extra, pp - 1)):
+        sizes[i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
 def token_mixer_weight_bytes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec) -> float:
     """Attention (and, in a hybrid model, Gated DeltaNet) weights of one layer on one attention-TP
     rank, averaged over the layers."""
@@ -178,13 +190,22 @@ def weight_bytes_per_gpu(model: ModelSpec, engine: EngineParams, precision: Prec
     attn = token_mixer_weight_bytes(model, engine, precision)
     dense = model.dense_mlp_matrices() * h * (model.intermediate_size // tp) * lin
     stage_layers = layers_per_stage(model, engine)
-    # Stages take contiguous layer ranges; the fraction of MoE layers is assumed uniform.
+    vocab = -(-model.vocab_size // tp) * h * act
+    if model.moe is not None and pp > 1:
+        # An MoE stack's most loaded stage of the engine's split: its own layers' MLPs (DeepSeek's
+        # dense first layers sit in the first stage), the embedding on the first, the LM head on the last.
+        moe = moe_block_weight_bytes(model, engine, precision)
+        stages = stage_layer_ranges(model.num_layers, pp, engine.backend)
+        loads = [len(r) * attn + sum(moe if model.is_moe_layer(i) else dense for i in r)
+                 + (vocab if k in (0, pp - 1) else 0.0) for k, r in enumerate(stages)]
+        return int(max(loads) + h * act)
+    # A uniform stack: ceil(layers / pp) layers and the embedding bound every stage (exact for
+    # TensorRT-LLM's split; by at most one layer over where vLLM gives the remainder to middle stages).
     moe_frac = model.num_moe_layers() / model.num_layers
     if model.moe is not None:
         per_layer_total = attn + moe_frac * moe_block_weight_bytes(model, engine, precision) + (1 - moe_frac) * dense
     else:
         per_layer_total = attn + dense
-    vocab = -(-model.vocab_size // tp) * h * act
     ends = vocab * (1 if model.tie_word_embeddings else 2)
     if pp > 1:
         ends = vocab  # first stage holds the embedding, last the LM head

@@ -5,10 +5,18 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import MEASURED_DATA, scenario_dict
+from conftest import MEASURED_DATA, REPO, scenario_dict
 
-from sim.graph.memory import memory_breakdown
+from sim.api import load_scenario
+from sim.graph.memory import (
+    attention_weight_bytes,
+    memory_breakdown,
+    moe_block_weight_bytes,
+    stage_layer_ranges,
+    weight_bytes_per_gpu,
+)
 from sim.measured import open_text
+from sim.serde import parse_override
 from sim.specs.scenario import scenario_from_dict
 
 
@@ -43,3 +51,29 @@ def test_fp8_kv_cache_halves_bytes_per_token() -> None:
     a = memory_breakdown(auto.model, auto.engine, auto.precision, auto.hardware)
     b = memory_breakdown(fp8.model, fp8.engine, fp8.precision, fp8.hardware)
     assert b.kv_bytes_per_token * 2 == a.kv_bytes_per_token
+
+
+def test_pipeline_stages_split_layers_as_each_engine_does() -> None:
+    def sizes(n: int, pp: int, backend: str) -> list[int]:
+        ranges = stage_layer_ranges(n, pp, backend)
+        assert [r.start for r in ranges[1:]] == [r.stop for r in ranges[:-1]] and ranges[-1].stop == n
+        return [len(r) for r in ranges]
+
+    assert sizes(61, 2, "vllm") == [31, 30] and sizes(32, 3, "sglang") == [11, 11, 10]
+    assert sizes(94, 4, "vllm") == [23, 24, 24, 23] and sizes(94, 4, "trtllm") == [24, 24, 23, 23]
+    assert sizes(80, 4, "vllm") == [20] * 4
+
+
+def test_the_most_loaded_pipeline_stage_of_deepseek_holds_its_moe_layers() -> None:
+    """DeepSeek-R1 at TP 4 x PP 2 under vLLM: stage 0 holds the three dense layers and 28 MoE layers
+    with the embedding, stage 1 30 MoE layers with the LM head, the heavier one (before 0.6.2 the MoE
+    layers were spread evenly: 1.18 GiB short)."""
+    sc = load_scenario(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml",
+                       dict(parse_override(s) for s in ["engine.tensor_parallel_size=4",
+                                                        "engine.pipeline_parallel_size=2"]))
+    m, e, p = sc.model, sc.engine, sc.precision
+    attn = attention_weight_bytes(m, e, p)
+    moe = moe_block_weight_bytes(m, e, p)
+    vocab = -(-m.vocab_size // 4) * m.hidden_size * p.activation_dtype.bytes_per_element()
+    stage1 = 30 * attn + 30 * moe + vocab + m.hidden_size * p.activation_dtype.bytes_per_element()
+    assert weight_bytes_per_gpu(m, e, p) == int(stage1)
