@@ -31,6 +31,7 @@ from sim.perf.fitted import FittedEfficiency
 from sim.perf.table_kernels import NUMERIC as TABLE_NUMERIC
 from sim.perf.table_kernels import REQUIRED as TABLE_REQUIRED
 from sim.provenance import Provenance
+from sim.serde import check_unique_columns
 from sim.specs.catalog import load_hardware
 from sim.specs.hardware import HardwareSpec
 
@@ -98,12 +99,7 @@ def _read_header(src: Path) -> list[str]:
         header = next(csv.reader(f), None)
     if not header or "kernel" not in header:
         raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
-    # With two copies of a column, the model would read one and the output copy the other.
-    seen: set[str] = set()
-    for name in header:
-        if name in seen:
-            raise ConfigError(source=str(src), key=name, value=name, rule="column appears twice in the header")
-        seen.add(name)
+    check_unique_columns(header, str(src))  # the model would read one copy and the output copy the other
     return header
 
 

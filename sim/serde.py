@@ -18,7 +18,7 @@ import math
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -240,3 +240,12 @@ def apply_overrides(
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def check_unique_columns(header: Sequence[str], source: str) -> None:
+    """A CSV header naming a column twice: readers would keep one copy's values without a word."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise ConfigError(source=source, key=name, value=name, rule="column appears twice in the header")
+        seen.add(name)

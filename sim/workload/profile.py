@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sim.errors import ConfigError
+from sim.serde import check_unique_columns
 from sim.specs.workload import DIURNAL, WorkloadSpec
-from sim.workload.traces import check_unique_columns
 
 DAY_S: Final = 86_400.0
 CSV_COLUMN: Final = "requests_per_min"

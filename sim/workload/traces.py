@@ -22,7 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -30,7 +30,7 @@ from typing import Final
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.serde import FieldError, require
+from sim.serde import FieldError, check_unique_columns, require
 from sim.specs.workload import WorkloadSpec
 from sim.workload.arrivals import sample_arrivals_s
 from sim.workload.requests import RequestSpec, build_requests
@@ -157,15 +157,6 @@ def check_lengths(rows: tuple[TraceRow, ...], max_model_len: int, source: str) -
 
 
 _Record = tuple[int, Mapping[str, object]]
-
-
-def check_unique_columns(fieldnames: Sequence[str], source: str) -> None:
-    """A column named twice: the reader would keep the last copy's values without a word."""
-    seen: set[str] = set()
-    for name in fieldnames:
-        if name in seen:
-            raise ConfigError(source=source, key="<header>", value=name, rule="a column appears twice")
-        seen.add(name)
 
 
 def _csv_records(f: Iterator[str], path: Path) -> Iterator[_Record]:

@@ -236,6 +236,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
 @pytest.mark.parametrize(("argv", "fragments"), [pytest.param(a, f, id=i) for i, a, f in CASES])
 def test_bad_input_is_one_clear_error(argv: Callable[[Path], list[str]], fragments: tuple[str, ...],
                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_clear_error(argv, fragments, tmp_path, capsys)
+
+
+def assert_one_clear_error(argv: Callable[[Path], list[str]], fragments: tuple[str, ...], tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI on `argv(tmp_path)`, run from tmp_path, exits 2 with one error line holding `fragments`."""
     cwd = os.getcwd()
     os.chdir(tmp_path)  # relative paths in the cases resolve inside tmp_path
     try:
