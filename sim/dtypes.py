@@ -8,7 +8,11 @@ hardware spec's `[peak_flops_per_s]` table that the format runs at.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal
+
+Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
+"""vLLM's `--quantization` methods the simulator prices (`[engine] quantization`, and the draft's
+`speculative_config.quantization`)."""
 
 
 class DType(StrEnum):

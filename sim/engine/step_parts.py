@@ -35,6 +35,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from sim.dtypes import DType
 from sim.engine.block_pricing import BlockPricer, BuiltNodes, NodeList, NodeTemplate, PolynomialNodes, Rebuild
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, KernelWork, gemm_work
@@ -47,7 +48,7 @@ from sim.graph.transformer import (
     verify_attention_nodes,
 )
 from sim.perf.step import StepCostModel
-from sim.specs.precision import resolve_precision
+from sim.specs.precision import draft_input_projection_dtype, resolve_draft_precision
 from sim.specs.scenario import Scenario
 
 PartFamily = tuple[object, ...]
@@ -58,26 +59,28 @@ class PartNodes:
     pricer, so the pricer's memos are freed by reference counting)."""
 
     def __init__(self, scenario: Scenario, *, name_prefix: str = "", fc_input_width: int = 0,
-                 fc_every_pass: bool = True) -> None:
+                 fc_weight_dtype: DType | None = None, fc_every_pass: bool = True) -> None:
         """`name_prefix`, `fc_input_width` and `fc_every_pass` are for the drafter's nodes (`draft`): a
         prefix on every kernel name, the width of the EAGLE `fc` / MTP `eh_proj` input projection (0:
-        none), and whether later draft passes run it too (EAGLE and MTP fuse the token embedding with
+        none) and its weight format (default: the scenario's linear weights), and whether later draft
+        passes run it too (EAGLE and MTP fuse the token embedding with
         the previous hidden state every pass; EAGLE-3 fuses the target's three layers once)."""
         self._sc = scenario
         self._prefix = name_prefix
         self._fc = fc_input_width
         self._fc_every_pass = fc_every_pass
+        self._fc_dtype = fc_weight_dtype or scenario.precision.linear_weight_dtype
         self.draft: PartNodes | None = None
         """The drafter's parts (speculative decoding with a draft model or head), else None."""
         config = scenario.engine.speculative_config
         if config is not None and scenario.draft_model is not None:
             draft = scenario.draft_model
             engine = dataclasses.replace(scenario.engine, pipeline_parallel_size=1, speculative_config=None)
-            # A draft model runs in its own checkpoint's formats; heads and MTP in the target's.
-            precision = resolve_precision(draft, engine) if config.method == "draft_model" else scenario.precision
+            precision = resolve_draft_precision(draft, scenario.engine, scenario.precision)
             fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * scenario.model.hidden_size
             self.draft = PartNodes(dataclasses.replace(scenario, model=draft, engine=engine, precision=precision,
                                                        draft_model=None), name_prefix="draft:", fc_input_width=fc,
+                                   fc_weight_dtype=draft_input_projection_dtype(config.method, precision),
                                    fc_every_pass=config.method != "eagle3")
 
     def _named(self, nodes: NodeList) -> NodeList:
@@ -97,7 +100,7 @@ class PartNodes:
         nodes = [(n.work, n.repeat) for n in graph.nodes if not is_attention_work(n.work)]
         if self._fc:
             # EAGLE's fc (2h or, EAGLE-3, 3 fused target layers -> h) or DeepSeek MTP's eh_proj (2h -> h).
-            w = sc.precision.linear_weight_dtype
+            w = self._fc_dtype
             nodes.insert(1, (gemm_work("fc", num_tokens, sc.model.hidden_size, self._fc, weight_dtype=w,
                                        act_dtype=sc.precision.activation_dtype,
                                        compute_dtype=sc.precision.gemm_compute_dtype(w, sc.hardware)), 1))

@@ -35,7 +35,7 @@ from sim.graph.mla import indexer_cache_bytes_per_token
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
-from sim.specs.precision import PrecisionSpec, resolve_precision
+from sim.specs.precision import PrecisionSpec, draft_input_projection_dtype, resolve_draft_precision
 
 _MIB = 1 << 20
 
@@ -291,21 +291,22 @@ def draft_memory_bytes(model: ModelSpec, draft: ModelSpec, engine: EngineParams,
                         moe_tensor_parallel_size=engine.moe_tensor_parallel_size,
                         moe_expert_parallel_size=engine.moe_expert_parallel_size,
                         dtype=engine.dtype, kv_cache_dtype=engine.kv_cache_dtype, quantization=engine.quantization)
+    own = resolve_draft_precision(draft, engine, precision)
     if config.method == "draft_model":
-        draft_precision = resolve_precision(draft, flat)
-        return weight_bytes_per_gpu(draft, flat, draft_precision), kv_bytes_per_token(draft, flat, draft_precision)
+        return weight_bytes_per_gpu(draft, flat, own), kv_bytes_per_token(draft, flat, own)
     tp = engine.tensor_parallel_size
-    act = precision.activation_dtype.bytes_per_element()
+    act = own.activation_dtype.bytes_per_element()
     h = draft.hidden_size
     vocab = -(-draft.vocab_size // tp) * h * act
     ends = vocab * (1 if draft.tie_word_embeddings else 2) + h * act
-    weights = weight_bytes_per_gpu(draft, flat, precision) - ends
+    weights = weight_bytes_per_gpu(draft, flat, own) - ends
     fc = {"eagle": 2, "mtp": 2, "eagle3": 3}.get(config.method, 0) * h
-    weights += fc * h * act + (vocab if config.method == "eagle3" else 0)
+    fc_bytes = draft_input_projection_dtype(config.method, own).bytes_per_element()
+    weights += fc * h * fc_bytes + (vocab if config.method == "eagle3" else 0)
     if config.method == "eagle3":
         # vLLM's llama_eagle3 layer attends over [embedding, fc(hidden states)]: its QKV input is 2h wide.
-        weights += h * _qkv_width(draft, tp) * precision.linear_weight_dtype.bytes_per_element()
-    return int(weights), kv_bytes_per_token(draft, flat, precision)
+        weights += h * _qkv_width(draft, tp) * own.linear_weight_dtype.bytes_per_element()
+    return int(weights), kv_bytes_per_token(draft, flat, own)
 
 
 def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,

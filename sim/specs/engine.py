@@ -13,11 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from sim.dtypes import Quantization
 from sim.serde import require
 from sim.specs.speculative import SpeculativeConfig
 
 KvCacheDType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-Quantization = Literal["fp8", "fp8_block", "mxfp4", "nvfp4"]
 ModelDType = Literal["auto", "bfloat16", "float16"]
 LaunchMode = Literal["auto", "eager", "cuda_graph", "megakernel"]
 SchedulerName = Literal["vllm_v1"]

@@ -9,10 +9,11 @@ Marlin-style, on older parts: weights move as FP8, math runs at the 16-bit rate)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sim.dtypes import DType
-from sim.specs.engine import EngineParams
+from sim.specs.engine import EngineParams, ModelDType
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
 
@@ -57,3 +58,22 @@ def resolve_precision(model: ModelSpec, engine: EngineParams) -> PrecisionSpec:
         lm_head_dtype=act,
         kv_cache_dtype=kv,
     )
+
+
+def resolve_draft_precision(draft: ModelSpec, engine: EngineParams, target: PrecisionSpec) -> PrecisionSpec:
+    """The speculative drafter's formats, as vLLM loads it: the target's dtype (the draft's model config
+    takes it) and KV-cache dtype (one cache config); weights as `speculative_config.quantization`
+    says, else an MTP layer in the target's `quantization` (it is the target's checkpoint), else what
+    the draft's own checkpoint declares (`draft.weight_quantization`; None for an EAGLE head)."""
+    config = engine.speculative_config
+    assert config is not None
+    quant = config.quantization or (engine.quantization if config.method == "mtp" else None)
+    dtype: ModelDType = "float16" if target.activation_dtype is DType.FLOAT16 else "bfloat16"
+    return resolve_precision(draft, dataclasses.replace(engine, dtype=dtype, quantization=quant))
+
+
+def draft_input_projection_dtype(method: str, draft: PrecisionSpec) -> DType:
+    """Weight format of the drafter's input projection: EAGLE's `fc` is a linear layer under the head's
+    quantization; an MTP layer's `eh_proj` is a plain `nn.Linear` in the model dtype (vLLM's and
+    SGLang's DeepSeek MTP modules), whatever the checkpoint's quantization."""
+    return draft.activation_dtype if method == "mtp" else draft.linear_weight_dtype

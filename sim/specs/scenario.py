@@ -204,6 +204,11 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
 a scenario's hash leaves each out while it holds its default, so scenarios written before it existed
 keep their hashes. A new key with a default joins this list."""
 
+LATER_NESTED_KEYS: Final[dict[tuple[str, str], tuple[str, ...]]] = {
+    ("engine", "speculative_config"): ("quantization",),
+}
+"""The same for keys of a table inside a section (each left out of the hash while it is None)."""
+
 
 def ranks_in_lockstep(model: ModelSpec, engine: EngineParams) -> bool:
     """An MoE model's data-parallel ranks are one engine that meets at every MoE layer (lockstep
@@ -222,6 +227,10 @@ def stable_identity(section: str, value: Any) -> Any:
     if "nvlink_domain_size" in defaults:  # resolved on load: the default domain is one node
         defaults["nvlink_domain_size"] = value.num_gpus_per_node
     out = {k: v for k, v in data.items() if k not in defaults or v != to_jsonable(defaults[k])}
+    for (owner, table), keys in LATER_NESTED_KEYS.items():
+        inner = out.get(table)
+        if owner == section and isinstance(inner, dict):
+            out[table] = {k: v for k, v in inner.items() if k not in keys or v is not None}
     if section == "hardware" and value.tables_pcie_peer_group_size in (None, value.pcie_peer_group_size):
         # Wired as its tables' host (or the whole node): priced as before the keys existed.
         out.pop("pcie_peer_group_size", None)

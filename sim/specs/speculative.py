@@ -15,6 +15,10 @@ an EAGLE head checkpoint, or for `draft_model` a model from the catalog), `promp
 - `draft_model`: a whole smaller model from the catalog (`model`), run at the target's parallelism.
 - `ngram`: prompt lookup on the host; no GPU drafting.
 
+Formats (`sim.specs.precision.resolve_draft_precision`): the drafter computes in the target's dtype
+and writes the target's KV-cache dtype; its weights are an MTP layer's in the target's format, a head's
+or draft model's in their own checkpoint's (`quantization` overrides, as vLLM's key does).
+
 Acceptance: per draft position i (1..k), the conditional probability that the draft token i is
 accepted given that tokens 1..i-1 were (EAGLE's "n-alpha"). A step of one request emits 1 + a tokens
 where a, the accepted drafts, has P(a >= j) = r_1 x ... x r_j. A list shorter than k repeats its last
@@ -30,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from sim.dtypes import Quantization
 from sim.serde import require
 from sim.specs.model import ModelSpec
 
@@ -73,6 +78,10 @@ class SpeculativeConfig:
     """ngram: longest n-gram matched (vLLM's key; the host cost does not depend on it)."""
     prompt_lookup_min: int | None = None
     """ngram: shortest n-gram matched."""
+    quantization: Quantization | None = None
+    """vLLM's key: how the draft's weights are quantized. None: `mtp` takes the target's `quantization`
+    on the target's own checkpoint (vLLM aligns them); `draft_model` what its checkpoint declares; an
+    EAGLE / EAGLE-3 head is unquantized (published heads ship bf16; their config is not read)."""
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -85,6 +94,8 @@ class SpeculativeConfig:
             value = getattr(self, key)
             require(value is None or self.method == "ngram", key, value, "applies to method='ngram' only")
             require(value is None or value >= 1, key, value, "must be >= 1")
+        require(self.quantization is None or self.method != "ngram", "quantization", self.quantization,
+                "method='ngram' has no draft weights")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         require(lo is None or hi is None or lo <= hi, "prompt_lookup_min", lo, f"must be <= prompt_lookup_max={hi}")
 
@@ -140,8 +151,11 @@ def draft_model_spec(target: ModelSpec, config: SpeculativeConfig,
         vocab = min(vocab, EAGLE3_DRAFT_VOCAB)
     # A Llama decoder layer of the target's width (EAGLE heads are dense GQA layers, MoE or MLA target
     # or not).
+    # The head is its own checkpoint: unquantized unless `quantization` says otherwise
+    # (`sim.specs.precision.resolve_draft_precision`).
     return dataclasses.replace(
         target, name=f"{target.name} ({config.method} head)", model_type="llama", vocab_size=vocab,
+        weight_quantization=None, quantize_experts_only=False, int4_group_size=0,
         moe=None, mla=None, dsa=None, qk_norm=False, attention_bias=False, num_layers=1, layer_window_tokens=(0,),
         linear_attention=None, linear_layers=(), attn_output_gate=False, mlp_gated=True, mlp_bias=False,
         parallel_attention=False, layer_norms_per_layer=2, num_nextn_predict_layers=0)

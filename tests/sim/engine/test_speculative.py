@@ -332,3 +332,71 @@ def test_a_verification_steps_cuda_graph_is_chosen_by_its_tokens() -> None:
         launch_s[n] = pricer._key_parts[key][1].launch_s
     assert launch_s[100] == pytest.approx(host.graph_launch_s)
     assert launch_s[200] == pytest.approx(2 * sc.model.num_layers * host.graph_launch_s)
+
+
+# -- the drafter's number formats (vLLM loads the draft from its own checkpoint) ----------------------
+
+
+def _gemm_weight_bytes_per_element(nodes: list[tuple[Any, int]]) -> dict[str, float]:
+    return {w.name: w.weight_bytes / (w.shape[1] * w.shape[2]) for w, _ in nodes if w.kind is KernelKind.GEMM}
+
+
+def _target_and_draft_gemms(sc: Scenario) -> tuple[dict[str, float], dict[str, float]]:
+    """Weight bytes per element of each GEMM of an 8-token decode batch: the target's, the drafter's."""
+    from sim.engine.step_parts import PartNodes
+    nodes = PartNodes(sc)
+    assert nodes.draft is not None
+    return (_gemm_weight_bytes_per_element(nodes.token(8, decode_only=True)),
+            _gemm_weight_bytes_per_element(nodes.draft.token(8, decode_only=True)))
+
+
+def _draft_gemms(sc: Scenario) -> dict[str, float]:
+    return _target_and_draft_gemms(sc)[1]
+
+
+def test_eagle_head_of_an_fp8_target_is_unquantized_unless_its_quantization_says() -> None:
+    fp8 = {"quantization": "fp8"}
+    bf16_head = _scenario(EAGLE3_K2, engine=fp8)
+    target, head = _target_and_draft_gemms(bf16_head)
+    assert target["qkv_proj"] == 1.0  # the target runs FP8 ...
+    assert head["draft:qkv_proj"] == head["draft:fc"] == 2.0  # ... its published head is bf16
+    fp8_head = _scenario({**EAGLE3_K2, "quantization": "fp8"}, engine=fp8)
+    assert set(_draft_gemms(fp8_head).values()) == {1.0}
+    # Memory: the bf16 head adds the same bytes as it does beside a bf16 target; an FP8 head about half.
+    plain = scenario_memory(_scenario(EAGLE3_K2)).weight_bytes - scenario_memory(_scenario(None)).weight_bytes
+    off = scenario_memory(_scenario(None, engine=fp8)).weight_bytes
+    assert scenario_memory(bf16_head).weight_bytes - off == plain
+    fp8_added = scenario_memory(fp8_head).weight_bytes - off
+    assert 0.5 * plain < fp8_added < 0.8 * plain  # layer and fc halve; the 32k-vocabulary head stays bf16
+
+
+def test_mtp_layer_takes_the_targets_format_and_eh_proj_stays_in_the_model_dtype() -> None:
+    sc = _scenario({"method": "mtp", "num_speculative_tokens": 1},
+                   model={"name": "deepseek-ai/DeepSeek-R1"}, hardware={"name": "h200_sxm"},
+                   engine={"tensor_parallel_size": 8, "max_model_len": 4096})
+    target, head = _target_and_draft_gemms(sc)
+    assert head["draft:fc"] == 2.0  # vLLM's DeepSeekMultiTokenPredictorLayer.eh_proj is an nn.Linear
+    quantized = {name for name, b in target.items() if b == 1.0}
+    assert quantized and all(head["draft:" + name] == 1.0 for name in quantized if "draft:" + name in head)
+
+
+def test_draft_model_ignores_the_targets_quantization_flag() -> None:
+    spec = {"method": "draft_model", "num_speculative_tokens": 2, "model": "meta-llama/Llama-3.1-8B"}
+    sc = _scenario(spec, model={"name": "meta-llama/Llama-3.1-70B"},
+                   engine={"quantization": "fp8", "tensor_parallel_size": 4})
+    assert set(_draft_gemms(sc).values()) == {2.0}  # vLLM passes speculative_config.quantization, not --quantization
+    fp8 = _scenario({**spec, "quantization": "fp8"}, model={"name": "meta-llama/Llama-3.1-70B"},
+                    engine={"quantization": "fp8", "tensor_parallel_size": 4})
+    assert set(_draft_gemms(fp8).values()) - {2.0} == {1.0}  # the LM head stays bf16
+
+
+def test_ngram_refuses_a_draft_quantization() -> None:
+    with pytest.raises(ConfigError, match="no draft weights"):
+        _scenario({"method": "ngram", "num_speculative_tokens": 2, "quantization": "fp8"})
+
+
+def test_draft_quantization_key_keeps_the_hash_of_scenarios_written_before_it() -> None:
+    from sim.specs.scenario import stable_identity
+    sc = _scenario(EAGLE3_K2)
+    assert "quantization" not in stable_identity("engine", sc.engine)["speculative_config"]
+    assert sc.scenario_hash() != _scenario({**EAGLE3_K2, "quantization": "fp8"}).scenario_hash()
