@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--decode", action="append", metavar="COUNTxCONTEXT",
                       help="decoding requests and their cached context, e.g. 64x1024")
     step.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
+    step.add_argument("--pool", choices=("prefill", "decode"),
+                      help="disaggregated scenario: the pool whose workers run the step (default: decode "
+                           "for a decode-only batch, else prefill)")
     step.add_argument("--json", action="store_true", help="JSON on stdout")
     step.set_defaults(func=sim_cmds.cmd_step)
 

@@ -94,9 +94,25 @@ def check_batch_fits(batch: BatchShape, max_model_len: int, source: str) -> None
                                    f"engine.max_model_len={max_model_len}")
 
 
+def step_scenario(scenario: Scenario, batch: BatchShape, pool: str | None) -> tuple[Scenario, str | None]:
+    """The scenario whose hardware and engine run the step, and its pool's name: a disaggregated
+    scenario's top-level `[engine]` / `[hardware]` run nothing, its pools do (`--pool`; default the
+    decode pool for a decode-only batch, else the prefill pool)."""
+    disaggregation = scenario.disaggregation
+    if disaggregation is None:
+        if pool is not None:
+            raise ConfigError(source=scenario.source, key="--pool", value=pool,
+                              rule="applies to disaggregated scenarios only (this one has no [disaggregation])")
+        return scenario, None
+    name = pool or ("decode" if not batch.prefills else "prefill")
+    chosen = disaggregation.decode if name == "decode" else disaggregation.prefill
+    return chosen.scenario, name
+
+
 def cmd_step(args: Namespace) -> int:
-    scenario = load_scenario(args.scenario, overrides_from(args))
+    loaded = load_scenario(args.scenario, overrides_from(args))
     batch = parse_batch(args.prefill or [], args.decode or [])
+    scenario, pool = step_scenario(loaded, batch, args.pool)
     assert scenario.engine.max_model_len is not None
     check_batch_fits(batch, scenario.engine.max_model_len, scenario.source)
     timing = predict_step(scenario, batch)
@@ -104,7 +120,8 @@ def cmd_step(args: Namespace) -> int:
     sources = _kernel_sources(scenario.engine.backend)
     if args.json:
         payload = {
-            "scenario": scenario.source,
+            "scenario": loaded.source,
+            "pool": pool,
             "hardware": scenario.hardware.name,
             "model": scenario.model.name,
             "kernel_sources": sources,
@@ -135,8 +152,15 @@ def cmd_step(args: Namespace) -> int:
          k.estimate.provenance.label())
         for k in timing.kernels
     ]
-    out = [f"{scenario.model.name} on {scenario.hardware.name}, TP{scenario.engine.tensor_parallel_size} "
-           f"PP{scenario.engine.pipeline_parallel_size}: {batch.num_tokens()} tokens, {batch.num_sampled()} sampled\n",
+    where = "" if pool is None else f" ({pool} pool)"
+    engine = scenario.engine
+    layout = f"TP{engine.tensor_parallel_size} PP{engine.pipeline_parallel_size}"
+    if engine.data_parallel_size > 1:
+        layout += f" DP{engine.data_parallel_size}"
+    if scenario.model.moe is not None and engine.expert_parallel_size() > 1:
+        layout += f" EP{engine.expert_parallel_size()}"
+    out = [f"{scenario.model.name} on {scenario.hardware.name}{where}, {layout}: {batch.num_tokens()} tokens, "
+           f"{batch.num_sampled()} sampled\n",
            table(("kernel", "kind", "shape", "x", "flops", "bytes", "bound", "us/launch", "us total",
                   "provenance"), rows),
            "\n",

@@ -175,3 +175,23 @@ def test_step_names_the_profiles_kernel_sources(capsys: pytest.CaptureFixture[st
     assert "kernel sources" not in capsys.readouterr().out
     assert main(["step", scenario, "--decode", "4x1024", "--set", "engine.backend=sglang"]) == 0
     assert "mla_prefill=trtllm, mla_decode=trtllm" in capsys.readouterr().out
+
+
+def test_step_on_a_disaggregated_scenario_prices_the_pool_that_runs_it(capsys: pytest.CaptureFixture[str]) -> None:
+    disagg = str(REPO / "scenarios/deepseek_r1-h200-disagg-4p8d.toml")
+
+    def step_s(path: str, *args: str) -> tuple[float, str | None]:
+        assert main(["step", path, *args, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["step_time_s"], out.get("pool")
+
+    # A decode batch runs on the decode pool (DP8 + EP8 there, as in the aggregated DP8 EP8 scenario);
+    # the top-level [engine] of a disaggregated file runs nothing.
+    decode, pool = step_s(disagg, "--decode", "64x1000")
+    assert pool == "decode"
+    assert decode == pytest.approx(step_s(str(REPO / "scenarios/deepseek_r1-h200-dp8ep8.toml"), "--decode", "64x1000")[0])
+    prefill, pool = step_s(disagg, "--prefill", "2048")
+    assert pool == "prefill"
+    assert step_s(disagg, "--prefill", "2048", "--pool", "decode") != (prefill, "prefill")
+    assert main(["step", str(REPO / "scenarios/llama3_8b-h100.toml"), "--decode", "4x100", "--pool", "decode"]) == 2
+    assert "applies to disaggregated scenarios only" in capsys.readouterr().err
