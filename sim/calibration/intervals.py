@@ -159,8 +159,9 @@ class IntervalTable:
 
     def architecture(self, tier: str, sm_version: int | None) -> str | None:
         """The architecture class (`SEEN` / `NEW`) whose table `tier` takes for a GPU of
-        `sm_version`; None where the unstratified tier serves (no version, no class tables)."""
-        if sm_version is None or not self.seen_sm_versions:
+        `sm_version` (a GPU with none, such as a non-NVIDIA part, is `NEW`: no dev GPU is of its
+        kind); None where the unstratified tier serves (no class tables)."""
+        if not self.seen_sm_versions:
             return None
         cls = architecture_class(sm_version, self.seen_sm_versions)
         return cls if class_tier(tier, cls) in self.tiers else None
