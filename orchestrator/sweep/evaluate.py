@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 
-from orchestrator.sweep.metrics import autoscaling_metrics, trial_metrics
+from orchestrator.sweep.metrics import autoscaling_metrics, interval_metrics, trial_metrics
 from orchestrator.sweep.results import Breakdown, TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.serving import scenario_overrides
 from orchestrator.sweep.spec import ParamValue
@@ -23,7 +23,7 @@ from sim.engine.part_prices import PriceCache
 from sim.errors import ConfigError, InfeasibleScenario
 from sim.metrics.summary import SimSummary
 from sim.specs.scenario import Scenario
-from sim.uncertainty import PerturbedModels, bounds_of, run_intervals
+from sim.uncertainty import PerturbedModels, run_intervals
 
 
 def build_scenario(base: Scenario, params: Mapping[str, ParamValue]) -> Scenario:
@@ -53,10 +53,11 @@ class TrialEvaluator:
         models per pricing identity do not evict the point runs' parts."""
 
     def _bounds(self, scenario: Scenario, point: SimSummary, trial: TrialInput) -> dict[str, float]:
-        """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs (sim.uncertainty)."""
+        """`<metric>_lo` / `_hi` of every metric from `trial.interval_runs` perturbed runs and the shipped
+        end-to-end widening, as `kernelsight run --intervals` (`metrics.interval_metrics`)."""
         iv = run_intervals(scenario, point, trial.interval_runs, prices=self._perturbed_prices,
                            models=self._perturbed, confidence=trial.slo_confidence, efficiency_models=self._models)
-        return bounds_of(trial_metrics(point), [trial_metrics(s) for s in iv.samples], iv.alpha)
+        return interval_metrics(point, iv)
 
     def evaluate(self, trial: TrialInput) -> TrialResult:
         start_s = time.perf_counter()

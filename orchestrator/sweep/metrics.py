@@ -14,6 +14,7 @@ from typing import Final
 from sim.metrics.autoscaling import AutoscalingSummary
 from sim.metrics.summary import SimSummary
 from sim.suggest import did_you_mean
+from sim.uncertainty import INTERVAL_METRICS, RunIntervals, bounds_of
 
 DERIVED_METRICS: Final[dict[str, str]] = {
     "goodput_frac": "fraction of completed requests that meet every per-request [slo] target of the scenario",
@@ -47,6 +48,28 @@ def trial_metrics(summary: SimSummary) -> dict[str, float]:
         summary.output_throughput_tokens_per_s / summary.num_gpus if summary.num_gpus else math.nan)
     tpot = summary.tpot_median_s
     out["output_tokens_per_s_per_user"] = 1.0 / tpot if tpot > 0 and math.isfinite(tpot) else math.nan
+    return out
+
+
+def interval_metrics(point: SimSummary, intervals: RunIntervals) -> dict[str, float]:
+    """`<metric>_lo` / `_hi` of every trial metric: the run's intervals as `kernelsight run --intervals`
+    gives them (the kernel draws stretched by the shipped end-to-end widening) for `INTERVAL_METRICS`,
+    the metrics derived from them from their ends (per GPU, per user = 1 / median TPOT), and the
+    other metrics from the perturbed runs alone (`bounds_of`; e.g. `goodput_frac`, a ratio of two
+    widened metrics)."""
+    out = bounds_of(trial_metrics(point), [trial_metrics(s) for s in intervals.samples], intervals.alpha)
+    for name in INTERVAL_METRICS:
+        lo, hi = intervals.lo.get(name), intervals.hi.get(name)
+        if lo is not None and hi is not None and f"{name}_lo" in out:
+            out[f"{name}_lo"], out[f"{name}_hi"] = _number(lo), _number(hi)
+    if point.num_gpus:
+        for end in ("lo", "hi"):
+            out[f"output_throughput_tokens_per_s_per_gpu_{end}"] = (
+                out[f"output_throughput_tokens_per_s_{end}"] / point.num_gpus)
+    tpot_lo, tpot_hi = out["tpot_median_s_lo"], out["tpot_median_s_hi"]
+    if tpot_lo > 0 and math.isfinite(tpot_hi):
+        out["output_tokens_per_s_per_user_lo"] = 1.0 / tpot_hi
+        out["output_tokens_per_s_per_user_hi"] = 1.0 / tpot_lo
     return out
 
 

@@ -17,8 +17,10 @@ from orchestrator.cli import main
 from orchestrator.sweep.evaluate import TrialEvaluator
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.results import TrialInput
+from sim.api import simulate
 from sim.calibration.e2e_widening import shipped_widening
 from sim.errors import ConfigError
+from sim.uncertainty import run_intervals
 
 SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
 SMALL = ["--set", "workload.num_prompts=12", "--set", "workload.random_input_len=256",
@@ -134,6 +136,27 @@ def test_slo_confidence_is_checked(tmp_path: Path) -> None:
     assert plain.trial_interval_runs() == 0
     base = plain.load_base()
     assert spec.identity(base) != plain.identity(base)
+
+
+def test_sweep_trial_intervals_are_the_runs_widened_intervals(tmp_path: Path) -> None:
+    """A robust trial's `_lo` / `_hi` are `kernelsight run --intervals`'s: the kernel draws stretched by
+    the shipped end-to-end widening (before 2026-12-02 the sweep dropped the widening), and the
+    per-user and per-GPU rates follow from those ends."""
+    spec = load_sweep(_sweep(tmp_path, "probe", 1.0, "slo_confidence = 0.9\ninterval_runs = 3"))
+    base = spec.load_base()
+    result = TrialEvaluator(base, render_artifacts=False).evaluate(
+        TrialInput(number=0, params={"engine.max_num_seqs": 64}, interval_runs=3, slo_confidence=0.9))
+    scenario = base.with_overrides({"engine.max_num_seqs": 64})
+    point = simulate(scenario).summary
+    widened = run_intervals(scenario, point, 3, confidence=0.9)
+    kernel_only = run_intervals(scenario, point, 3, confidence=0.9, kernel_only=True)
+    m = result.metrics
+    for name in ("ttft_mean_s", "tpot_p90_s", "cost_per_million_output_tokens_usd"):
+        assert (m[f"{name}_lo"], m[f"{name}_hi"]) == pytest.approx((widened.lo[name], widened.hi[name]))
+    assert m["ttft_mean_s_hi"] > kernel_only.hi["ttft_mean_s"] * 1.01
+    assert m["output_tokens_per_s_per_user_lo"] == pytest.approx(1.0 / widened.hi["tpot_median_s"])
+    assert m["output_throughput_tokens_per_s_per_gpu_hi"] == pytest.approx(
+        widened.hi["output_throughput_tokens_per_s"] / point.num_gpus)
 
 
 @pytest.mark.ray
