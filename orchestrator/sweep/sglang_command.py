@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import shlex
 
+from orchestrator.sweep.vllm_command import QUANTIZATION_FLAG
 from sim.graph.moe import uses_expert_all_to_all
 from sim.specs.catalog import serve_model_id
 from sim.specs.scenario import Scenario
 
-_QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8", "mxfp4": "mxfp4", "nvfp4": "modelopt_fp4"}
-"""`[engine] quantization` -> SGLang `--quantization` (block-scaled FP8 checkpoints load as `fp8`)."""
+_SPECULATIVE_ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "draft_model": "STANDALONE",
+                          "ngram": "NGRAM"}
+"""vLLM's `speculative_config.method` -> SGLang's `--speculative-algorithm` (NEXTN: the model's own MTP
+layer; STANDALONE: a separate draft model)."""
 
 
 def sglang_launch_command(scenario: Scenario) -> str:
@@ -59,7 +62,7 @@ def sglang_launch_command(scenario: Scenario) -> str:
     if not engine.enable_prefix_caching:
         args.append("--disable-radix-cache")
     if engine.quantization is not None:
-        args += ["--quantization", _QUANTIZATION[engine.quantization]]
+        args += ["--quantization", QUANTIZATION_FLAG[engine.quantization]]
     if engine.kv_cache_dtype.startswith("fp8"):
         args += ["--kv-cache-dtype", "fp8_e4m3" if engine.kv_cache_dtype in ("fp8", "fp8_e4m3") else "fp8_e5m2"]
     args += ["--mem-fraction-static", f"{engine.gpu_memory_utilization:g}"]
@@ -68,6 +71,18 @@ def sglang_launch_command(scenario: Scenario) -> str:
         args += ["--mamba-full-memory-ratio", f"{engine.mamba_full_memory_ratio:g}"]
     if engine.enforce_eager:
         args.append("--disable-cuda-graph")
+    spec = engine.speculative_config
+    if spec is not None:
+        # A chain of k drafts (top-k 1), verified as k + 1 tokens, as the simulator prices it.
+        k = spec.num_speculative_tokens
+        args += ["--speculative-algorithm", _SPECULATIVE_ALGORITHM[spec.method]]
+        if spec.model is not None:
+            args += ["--speculative-draft-model-path", serve_model_id(spec.model)]
+        if spec.quantization is not None:
+            args += ["--speculative-draft-model-quantization", QUANTIZATION_FLAG[spec.quantization]]
+        if spec.method != "ngram":
+            args += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+        args += ["--speculative-num-draft-tokens", str(k + 1)]
     return shlex.join(args)
 
 

@@ -10,6 +10,7 @@ no vLLM flag and are left out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Mapping
@@ -18,6 +19,11 @@ from typing import Any, Final
 from sim.specs.catalog import serve_model_id
 from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario
+
+QUANTIZATION_FLAG: Final[dict[str, str]] = {"fp8": "fp8", "fp8_block": "fp8", "mxfp4": "mxfp4",
+                                             "nvfp4": "modelopt_fp4"}
+"""`[engine] quantization` -> the `--quantization` method of vLLM and SGLang: block-scaled FP8
+checkpoints load through `fp8` (the block size is in their config), NVFP4 is ModelOpt's `modelopt_fp4`."""
 
 _FLAGS: Final[tuple[tuple[str, str], ...]] = (
     ("pipeline_parallel_size", "--pipeline-parallel-size"),
@@ -56,8 +62,19 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
             continue
         if isinstance(value, bool):
             args.append(flag if value else f"--no-{flag[2:]}")
+        elif field == "quantization":
+            args += [flag, QUANTIZATION_FLAG[str(value)]]
         else:
             args += [flag, str(value)]
+    spec = engine.speculative_config
+    if spec is not None:
+        # vLLM's `--speculative-config` JSON: the keys the scenario set, in vLLM's spelling.
+        config = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if getattr(spec, f.name) is not None}
+        if "model" in config:
+            config["model"] = serve_model_id(config["model"])
+        if "quantization" in config:
+            config["quantization"] = QUANTIZATION_FLAG[config["quantization"]]
+        args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     redundant = asked.get("num_redundant_experts", 0)
     if redundant:
         args += ["--eplb-config", json.dumps({"num_redundant_experts": redundant})]

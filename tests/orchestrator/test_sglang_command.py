@@ -58,3 +58,31 @@ def test_dense_model_data_parallel_is_replication() -> None:
     f = _flags(sglang_launch_command(sc))
     assert (f["--tp-size"], f["--dp-size"]) == ("1", "2")
     assert "--enable-dp-attention" not in f and "--disable-radix-cache" in f
+
+
+def test_launch_lines_carry_speculation_and_vllm_quantization_names() -> None:
+    """A best trial's launch lines deploy what was simulated: the speculative config (vLLM's JSON,
+    SGLang's chain flags) and quantization methods the engines accept (vLLM has no `nvfp4` or
+    `fp8_block` method: ModelOpt's `modelopt_fp4`, block FP8 through `fp8`)."""
+    import json
+
+    from orchestrator.sweep.vllm_command import vllm_serve_command
+    eagle = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    sc = load_scenario(REPO / "scenarios" / "llama3_8b-h100.toml",
+                       {"engine.speculative_config": eagle, "engine.quantization": "fp8_block"})
+    v = _flags(vllm_serve_command(sc))
+    assert json.loads(str(v["--speculative-config"])) == eagle and v["--quantization"] == "fp8"
+    s = _flags(sglang_launch_command(sc))
+    assert (s["--speculative-algorithm"], s["--speculative-draft-model-path"]) == (
+        "EAGLE3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert (s["--speculative-num-steps"], s["--speculative-eagle-topk"], s["--speculative-num-draft-tokens"]) == (
+        "3", "1", "4")
+    mtp = load_scenario(REPO / "scenarios" / "deepseek_r1-h200-tp8.toml",
+                        {"engine.speculative_config": {"method": "mtp", "num_speculative_tokens": 1}})
+    assert json.loads(str(_flags(vllm_serve_command(mtp))["--speculative-config"])) == {
+        "method": "mtp", "num_speculative_tokens": 1}
+    assert _flags(sglang_launch_command(mtp))["--speculative-algorithm"] == "NEXTN"
+    fp4 = load_scenario(REPO / "scenarios" / "llama3_8b-h100.toml",
+                        {"hardware.name": "b200_sxm", "engine.quantization": "nvfp4"})
+    assert _flags(vllm_serve_command(fp4))["--quantization"] == "modelopt_fp4"
+    assert "--speculative-config" not in _flags(vllm_serve_command(fp4))
