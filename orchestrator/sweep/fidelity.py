@@ -84,9 +84,28 @@ class FidelityPruner:
 
     def __init__(self, spec: SweepSpec, *, max_requests: int) -> None:
         self._spec = spec
-        self._study = optuna.create_study(direction="minimize", pruner=make_pruner(spec.search, max_requests),
+        # A fixed name and companion numbers equal to the sweep's trial numbers: Hyperband puts a trial
+        # in the bracket crc32(f"{study_name}_{number}") picks, so its pruning follows the seed alone
+        # (an unnamed study is named by a fresh UUID, and companions asked in rung-completion order
+        # are numbered by timing).
+        self._study = optuna.create_study(study_name=f"{spec.name}-fidelity", direction="minimize",
+                                          pruner=make_pruner(spec.search, max_requests),
                                           sampler=optuna.samplers.RandomSampler(seed=spec.seed))
         self._trials: dict[int, optuna.Trial] = {}
+        """Companions of trials judged on a rung and not finished."""
+        self._asked: dict[int, optuna.Trial] = {}
+        """Companions asked ahead (numbers below a judged trial's) and not judged yet."""
+
+    def _companion(self, number: int) -> optuna.Trial:
+        """Sweep trial `number`'s companion, companion trial `number` (asked up to it on first use)."""
+        trial = self._trials.get(number)
+        if trial is not None:
+            return trial
+        while len(self._study.trials) <= number:
+            asked = self._study.ask()
+            self._asked[asked.number] = asked
+        trial = self._trials[number] = self._asked.pop(number)
+        return trial
 
     def first_requests(self, full_requests: int) -> int:
         """Requests of the first rung of a trial whose workload has `full_requests` (that, if no smaller rung)."""
@@ -94,9 +113,7 @@ class FidelityPruner:
 
     def judge(self, number: int, metrics: Mapping[str, float], requests: int, full_requests: int) -> RungDecision:
         """After a rung below the full workload: the next rung's requests, or 0 to prune."""
-        trial = self._trials.get(number)
-        if trial is None:
-            trial = self._trials[number] = self._study.ask()
+        trial = self._companion(number)
         score = rung_score(metrics, self._spec)
         trial.report(score if math.isfinite(score) else 1e300, step=requests)
         if trial.should_prune():

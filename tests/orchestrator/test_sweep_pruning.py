@@ -13,7 +13,7 @@ import ray
 from conftest import REPO
 
 from orchestrator.sweep.driver import SweepDriver
-from orchestrator.sweep.fidelity import rung_requests, rung_score
+from orchestrator.sweep.fidelity import FidelityPruner, rung_requests, rung_score
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.pool import ShardPool
 from orchestrator.sweep.report import report_files
@@ -91,6 +91,29 @@ def test_rung_score_ranks_slo_violation_then_the_metric(tmp_path: Path) -> None:
     by_cost = load_sweep(_sweep(tmp_path, ON + 'pruning_metric = "cost_per_million_output_tokens_usd"\n'))
     assert rung_score({"ttft_p90_s": 0.2, "cost_per_million_output_tokens_usd": 4.0}, by_cost) == 4.0
     assert math.isinf(rung_score({"ttft_p90_s": 0.6, "cost_per_million_output_tokens_usd": 4.0}, by_cost))
+
+
+def test_hyperband_prunes_by_the_seed_alone(tmp_path: Path) -> None:
+    """Hyperband puts each trial in a bracket by a hash of the study name and trial number: the
+    companion study has a fixed name and the sweep's trial numbers (whatever order trials reach their
+    first rung in), so the same rung results give the same decisions in every run (before 2026-12-02
+    the companion was named by a fresh UUID: three runs of one sweep pruned {3, 4, 5, 6},
+    {2, 3, 4, 5, 6, 9}, {1, 5, 6})."""
+    spec = load_sweep(_sweep(tmp_path, '[search]\npruner = "hyperband"\nmin_fidelity_requests = 3\n'
+                                       'reduction_factor = 3\n', n_trials=12))
+    ttft = {n: 0.05 * (1 + (7 * n) % 12) for n in range(12)}  # rung results, an arbitrary order
+    order = [5, 0, 11, 3, 1, 2, 4, 6, 7, 8, 9, 10]
+
+    def decisions() -> dict[int, bool]:
+        pruner = FidelityPruner(spec, max_requests=27)
+        out = {n: pruner.judge(n, {"ttft_p90_s": ttft[n]}, 3, 27).pruned for n in order}
+        assert [t.number for t in pruner._study.trials] == list(range(12))
+        assert pruner._study.study_name == "prune-fidelity"
+        return out
+
+    first = decisions()
+    assert all(decisions() == first for _ in range(3))
+    assert any(first.values()) and not all(first.values())
 
 
 @pytest.mark.ray
