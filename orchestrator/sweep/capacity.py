@@ -73,7 +73,8 @@ class _Chain:
 class CandidatePlan:
     params: Mapping[str, ParamValue]
     status: str
-    """ok, slo_unreachable, too_many_replicas, infeasible, invalid or failed."""
+    """ok, slo_unreachable, too_many_replicas, fleet_misses_slo (verified fleets never met the SLOs),
+    infeasible, invalid or failed."""
     capacity_rate_per_replica: float = math.nan
     saturation_rate_per_replica: float = math.nan
     replicas: int = 0
@@ -154,7 +155,8 @@ class CapacityReport:
         if both:
             out += "\n" + "".join(self._serving_line(mode) for mode in ("aggregated", "disaggregated"))
         if self.chosen is None:
-            return out + "\nno candidate meets the SLOs at the target rate\n"
+            return (out + "\nno candidate meets the SLOs at the target rate\n"
+                    + "".join(f"note: {n}\n" for n in self.notes))
         c = self.candidates[self.chosen]
         out += (f"\ncheapest: {c.replicas} x {c.gpus_per_replica} GPU(s) ({c.num_gpus()} GPUs), "
                 f"${c.cost_per_hour_usd:.2f}/hour, {c.capacity_rate_per_replica:.3g} requests/s per replica\n")
@@ -240,8 +242,30 @@ class CapacityPlanner:
         verified: TrialResult | None = None
         notes: list[str] = []
         if chosen is not None and self.cap.verify_fleet:
-            plans, verified, notes = self._verify(plans, chosen)
+            plans, chosen, verified, notes = self._verify_cheapest(plans, chosen)
         return plans, chosen, verified, notes
+
+    def _verify_cheapest(self, plans: tuple[CandidatePlan, ...], chosen: int
+                         ) -> tuple[tuple[CandidatePlan, ...], int | None, TrialResult | None, list[str]]:
+        """Verify the cheapest candidate's fleet; when the fleet needed replicas that make another
+        candidate cheaper, or never met the SLOs (its status then says so), verify the next cheapest,
+        each candidate at most once. The choice is the cheapest candidate whose fleet met the SLOs."""
+        results: dict[int, TrialResult | None] = {}
+        notes: list[str] = []
+        current: int | None = chosen
+        while current is not None and current not in results:
+            before = plans[current].replicas
+            plans, results[current], step_notes, met = self._verify(plans, current)
+            notes += step_notes
+            if not met:
+                plans = tuple(replace(p, status="fleet_misses_slo", reason="; ".join(step_notes) or p.reason)
+                              if i == current else p for i, p in enumerate(plans))
+            following = self._choose(plans)
+            if following is not None and following != current and met:
+                notes.append(f"candidate {current} needs {plans[current].replicas} replicas as a fleet "
+                             f"(planned {before}): candidate {following} is now cheaper, verifying it")
+            current = following
+        return plans, current, None if current is None else results.get(current), notes
 
     def _probe(self, chain: _Chain, rate: float, replicas: int = 1, *, autoscaled: bool = False) -> None:
         """Simulate the candidate with `replicas` replicas at `rate`; `autoscaled` keeps the base's
@@ -333,7 +357,11 @@ class CapacityPlanner:
                                       -plans[i].capacity_rate_per_replica, i))
 
     def _verify(self, plans: tuple[CandidatePlan, ...], chosen: int
-                ) -> tuple[tuple[CandidatePlan, ...], TrialResult | None, list[str]]:
+                ) -> tuple[tuple[CandidatePlan, ...], TrialResult | None, list[str], bool]:
+        """Simulate candidate `chosen`'s fleet at the target rate, adding a replica after each miss
+        (at most `_MAX_VERIFY_STEPS` fleets, never over `max_replicas`); the plans with its replica
+        count and cost updated to the last fleet simulated, that fleet's result, notes, and whether
+        it met the SLOs."""
         plan = plans[chosen]
         chain = _Chain(index=chosen, params=dict(plan.params))
         notes: list[str] = []
@@ -342,7 +370,8 @@ class CapacityPlanner:
         autoscaled = self.base.autoscaling is not None and not is_disaggregated(plan.params, self.base.sections())
         if self.base.autoscaling is not None and not autoscaled:
             notes.append("[autoscaling] scales aggregated fleets only: the disaggregated fleet is simulated fixed")
-        for _ in range(_MAX_VERIFY_STEPS):
+        met = False
+        for attempt in range(_MAX_VERIFY_STEPS):
             self._probe(chain, self.cap.target_request_rate, replicas=replicas, autoscaled=autoscaled)
             result = None
             while result is None:
@@ -350,9 +379,14 @@ class CapacityPlanner:
                     self._owner.pop(r.number)
                     result = r
             if result.status is TrialStatus.OK and meets_slo(result.metrics, self.spec.slo):
+                met = True
                 break
             if result.status is not TrialStatus.OK:
                 notes.append(f"fleet simulation with {replicas} replicas did not run: {result.reason.splitlines()[0]}")
+                break
+            if attempt + 1 == _MAX_VERIFY_STEPS or replicas + 1 > self.cap.max_replicas:
+                notes.append(f"{replicas} replicas miss the SLOs as a fleet after {attempt + 1} fleet "
+                             f"simulation(s) (up to {_MAX_VERIFY_STEPS}, at most max_replicas)")
                 break
             notes.append(f"{replicas} replicas miss the SLOs as a fleet (routing imbalance); trying {replicas + 1}")
             replicas += 1
@@ -367,7 +401,7 @@ class CapacityPlanner:
                            "max_replicas_cost_per_hour_usd": plans[chosen].cost_per_hour_usd}
             plans = tuple(replace(p, cost_per_hour_usd=m["cost_per_hour_usd"], autoscaled=provisioned)
                           if i == chosen else p for i, p in enumerate(plans))
-        return plans, result, notes
+        return plans, result, notes, met
 
 
 def _one_replica(base: Scenario, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:

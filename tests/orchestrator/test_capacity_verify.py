@@ -1,0 +1,60 @@
+"""Capacity planning's fleet verification: a fleet that never meets the SLOs is not reported as
+the plan, and a fleet that needed more replicas than planned hands the choice to a candidate that is
+then cheaper (real local Ray actors simulate every fleet)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import REPO
+
+from orchestrator.sweep.capacity import _MAX_VERIFY_STEPS, CandidatePlan, CapacityPlanner
+from orchestrator.sweep.objective import meets_slo
+from orchestrator.sweep.parse import load_sweep
+from orchestrator.sweep.pool import ShardPool
+
+SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
+
+
+@pytest.mark.ray
+def test_a_fleet_that_misses_hands_the_choice_to_the_next_cheapest(ray_address: str, tmp_path: Path) -> None:
+    path = tmp_path / "cap.toml"
+    path.write_text(f"""
+[study]
+name = "capverify"
+[capacity]
+target_request_rate = 40.0
+max_replicas = 16
+[slo]
+ttft_p90_s = 0.5
+[base]
+scenario = "{SCENARIO}"
+set = {{ "workload.num_prompts" = 60, "workload.random_input_len" = 512, "workload.random_output_len" = 16 }}
+[space]
+"hardware.name" = {{ choices = ["l4", "h100_sxm"] }}
+""")
+    spec = load_sweep(path)
+    base = spec.load_base()
+    pool = ShardPool(ray.put(base), num_actors=1, render_artifacts=False, name_prefix="test-capverify")
+    try:
+        planner = CapacityPlanner(spec, base, pool)
+        # Candidate 0 claims an L4 replica takes 40 requests/s alone (it does not: every fleet of up
+        # to _MAX_VERIFY_STEPS L4s misses), at the lowest price; candidate 1 is an honest H100 plan.
+        l4 = CandidatePlan(params={"hardware.name": "l4"}, status="ok", capacity_rate_per_replica=40.0,
+                           replicas=1, gpus_per_replica=1, cost_per_hour_usd=0.5)
+        h100 = CandidatePlan(params={"hardware.name": "h100_sxm"}, status="ok", capacity_rate_per_replica=20.0,
+                             replicas=2, gpus_per_replica=1, cost_per_hour_usd=6.0)
+        plans, chosen, verified, notes = planner._verify_cheapest((l4, h100), 0)
+    finally:
+        pool.close()
+    assert plans[0].status == "fleet_misses_slo"
+    # The plan keeps the last fleet it simulated, not one more (before 2026-12-02: 1 + _MAX_VERIFY_STEPS).
+    assert plans[0].replicas == _MAX_VERIFY_STEPS
+    assert plans[0].cost_per_hour_usd == pytest.approx(0.5 * _MAX_VERIFY_STEPS)
+    assert chosen == 1 and verified is not None and meets_slo(verified.metrics, spec.slo)
+    assert plans[1].replicas >= 2 and math.isfinite(plans[1].cost_per_hour_usd)
+    assert any("after 4 fleet simulation(s)" in n for n in notes)
+
