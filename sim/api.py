@@ -117,7 +117,10 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
             rule=(f"the linear-attention state pool holds no request: one request's state is "
                   f"{mem.state_bytes_per_request / _GIB:.3f} GiB per GPU; raise gpu_memory_utilization, "
                   "parallelism or mamba_full_memory_ratio"))
-    if mem.kv_capacity_tokens() < min(engine.max_model_len, _longest_request(scenario)):
+    # With speculation the last verification of the longest request also holds its drafts' and
+    # lookahead slots (both stop at max_model_len, `VllmV1Scheduler`).
+    extra = engine.num_speculative_tokens() + vllm_lookahead_tokens(scenario)
+    if mem.kv_capacity_tokens() < min(engine.max_model_len, _longest_request(scenario) + extra):
         raise InfeasibleScenario(
             source=scenario.source, key="engine.max_model_len", value=engine.max_model_len,
             rule=(f"the KV cache holds {mem.kv_capacity_tokens()} tokens per GPU "
@@ -445,6 +448,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
             context_chunk_unit=unit, num_lookahead_tokens=vllm_lookahead_tokens(scenario),
+            max_model_len=engine.max_model_len,
         )
         for _ in range(num_ranks)
     ]

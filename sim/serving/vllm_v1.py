@@ -121,7 +121,7 @@ class VllmV1Scheduler:
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
                  speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
-                 micro_batches: int = 1, num_lookahead_tokens: int = 0) -> None:
+                 micro_batches: int = 1, num_lookahead_tokens: int = 0, max_model_len: int | None = None) -> None:
         """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
         multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
         `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
@@ -130,8 +130,12 @@ class VllmV1Scheduler:
         beside its share of the running requests (`_set_micro_batch_room`). `num_lookahead_tokens`:
         KV slots a running request's step allocates past the tokens it schedules (vLLM v1 sets them
         to k for the drafter methods, whose draft writes its own KV in the step: `allocate_slots(...,
-        num_lookahead_tokens)`; a waiting request that has computed nothing allocates none)."""
+        num_lookahead_tokens)`; a waiting request that has computed nothing allocates none).
+        `max_model_len`: with speculation, a verification's drafts stop at the position max_model_len - 1
+        and its slots (lookahead included) at max_model_len, as vLLM's scheduler and `allocate_slots`
+        cut them, so a cache that holds one max_model_len request always runs it (None: no cap)."""
         self._kv = kv
+        self._max_len = max_model_len if max_model_len is not None else 1 << 62
         self._lookahead = num_lookahead_tokens if speculation is not None else 0
         self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
@@ -626,7 +630,8 @@ class VllmV1Scheduler:
             req = running[i]
             drafts = 0
             if k and req.num_pending() == 1 and req.num_computed >= req.prompt_tokens:
-                drafts = min(k, budget - 1)  # a decode verifies its drafts (vLLM cuts them to the budget)
+                # A decode verifies its drafts (vLLM cuts them to the budget and to max_model_len - 1).
+                drafts = max(0, min(k, budget - 1, self._max_len - 2 - req.num_computed))
                 num_new = 1 + drafts
             else:
                 num_new = self._cap(req.num_pending(), budget)
@@ -634,7 +639,8 @@ class VllmV1Scheduler:
                     i += 1
                     continue
             fits = True
-            while not self._kv.allocate(req.request_id, num_tokens=req.num_computed + num_new + self._lookahead,
+            slots = min(req.num_computed + num_new + self._lookahead, max(self._max_len, req.num_computed + num_new))
+            while not self._kv.allocate(req.request_id, num_tokens=slots,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
                 # Requests before index i are already scheduled; the victim is the last one.
                 victim = running.pop()
@@ -664,7 +670,9 @@ class VllmV1Scheduler:
         """Blocks a request holds at most (`reserve_full_output`): its prompt and output, and with
         speculation the lookahead slots of its last verification (its last output token's step
         allocates prompt + output - 1 + k slots)."""
-        return -(-(req.prompt_tokens + req.output_tokens + max(self._k - 1, 0)) // self._block_size)
+        full = min(req.prompt_tokens + req.output_tokens + max(self._k - 1, 0),
+                   max(self._max_len, req.prompt_tokens + req.output_tokens))
+        return -(-full // self._block_size)
 
     def _no_room_reserved(self, req: RequestState) -> bool:
         """With `reserve_full_output`: the request's full-length blocks do not fit the reservations."""
@@ -738,8 +746,8 @@ class VllmV1Scheduler:
             if not num_new:
                 break  # cut to nothing (`context_chunk_unit`): FCFS, it and those behind it wait
             lookahead = self._lookahead if remote else 0  # vLLM: none for a request with nothing computed
-            if not kv.allocate(req.request_id, num_tokens=remote + hit + num_new + lookahead, keys=req.keys,
-                               num_computed_tokens=hit):
+            slots = min(remote + hit + num_new + lookahead, max(self._max_len, remote + hit + num_new))
+            if not kv.allocate(req.request_id, num_tokens=slots, keys=req.keys, num_computed_tokens=hit):
                 break
             self._waiting.popleft()
             if self._reserve_full_output:

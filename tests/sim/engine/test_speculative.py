@@ -17,7 +17,7 @@ from sim.api import (
     vllm_lookahead_tokens,
 )
 from sim.engine.pricer import NGRAM_LOOKUP_S_PER_REQUEST, StepPricer
-from sim.errors import ConfigError
+from sim.errors import ConfigError, InfeasibleScenario
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.kernels import KernelKind, gemm_work
 from sim.graph.mla import verify_nodes
@@ -400,3 +400,26 @@ def test_draft_quantization_key_keeps_the_hash_of_scenarios_written_before_it() 
     sc = _scenario(EAGLE3_K2)
     assert "quantization" not in stable_identity("engine", sc.engine)["speculative_config"]
     assert sc.scenario_hash() != _scenario({**EAGLE3_K2, "quantization": "fp8"}).scenario_hash()
+
+
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 4}, EAGLE3_K2])
+def test_a_request_as_long_as_the_cache_and_max_model_len_finishes(spec: dict[str, Any]) -> None:
+    """vLLM cuts a verification's drafts at position max_model_len - 1 and its slots (lookahead
+    included) at max_model_len, so a cache that holds one max_model_len request runs it (before
+    2026-12-02 the request preempted itself at its last tokens and the run ended truncated)."""
+    from sim.api import check_feasible
+    engine = {"gpu_memory_utilization": 0.25, "max_model_len": 4096, "speculative_config": spec}
+    workload = {"dataset_name": "fixed", "num_prompts": 1, "random_input_len": 1000, "random_output_len": 100}
+    probe = scenario_from_dict(scenario_dict(engine=engine, workload=workload, perf={"tier": "roofline"}), source="t")
+    cap = check_feasible(probe).kv_capacity_tokens()
+    sc = scenario_from_dict(scenario_dict(engine={**engine, "max_model_len": cap},
+                                          workload={**workload, "random_input_len": cap - 100},
+                                          perf={"tier": "roofline"}), source="t")
+    s = simulate(sc).summary
+    assert (s.num_completed, s.truncated, s.num_preemptions) == (1, False, 0)
+    # With max_model_len above the cache, the longest request's drafts and lookahead must fit as well.
+    longer = scenario_from_dict(scenario_dict(engine={**engine, "max_model_len": cap + 64},
+                                              workload={**workload, "random_input_len": cap - 100},
+                                              perf={"tier": "roofline"}), source="t")
+    with pytest.raises(InfeasibleScenario, match="less than one request needs"):
+        check_feasible(longer)
