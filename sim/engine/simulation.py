@@ -179,8 +179,11 @@ class Simulation:
         self._limits = limits
         self._inline = limits.bulk_decode
         self._run_ahead = (self.RUN_AHEAD and limits.bulk_decode and step_log is None and len(replicas) > 1
-                           and router != "prefix_aware")
-        """Replicas run their decode-only steps ahead of other replicas' events (see `_start_run`)."""
+                           and router != "prefix_aware" and limits.max_num_steps >= SimLimits().max_num_steps)
+        """Replicas run their decode-only steps ahead of other replicas' events (see `_start_run`). Off
+        under a step limit below the default: a run queued ahead counts all its steps against the
+        limit before they start, so a limit that binds would stop the fleet early (the steps the
+        run-ahead loop counts as in flight are the reference path's future steps)."""
         if self._run_ahead:
             for p in self._pricers:
                 p.first_s = {}

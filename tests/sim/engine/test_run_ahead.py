@@ -126,14 +126,14 @@ def test_an_autoscaler_reading_kv_usage_sees_the_blocks_of_steps_run_ahead(monke
 
 
 @pytest.mark.parametrize("limit", [97, 500, 2_000])
-def test_a_step_limit_holds_with_runs_ahead_on_other_replicas(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`SimLimits.max_num_steps` counts the steps other replicas' runs have started ahead, so the
-    run stops at the limit as the event-by-event loop does (before, each replica's run was bounded
-    by the steps counted so far only, and four replicas overshot it by their runs' lengths)."""
+def test_a_step_limit_stops_a_fleet_where_the_reference_path_stops(limit: int) -> None:
+    """Under a step limit a fleet runs no steps ahead: it stops at the limit with the records and
+    summary of the request-by-request reference path (queued runs counted all their steps, future
+    ones too: two replicas stopped at 112 steps of a 137-step limit, and with 4 replicas before
+    simulator 0.6.2 runs overshot it)."""
     sc = _scenario(FLEETS["light-round-robin"])
-    ahead = simulate(sc, limits=SimLimits(max_num_steps=limit))
-    monkeypatch.setattr(Simulation, "RUN_AHEAD", False)
-    reference = simulate(sc, limits=SimLimits(max_num_steps=limit))
-    assert ahead.summary.truncated and reference.summary.truncated
-    assert reference.summary.num_steps <= limit
-    assert ahead.summary.num_steps <= limit
+    bulk = simulate(sc, limits=SimLimits(max_num_steps=limit))
+    reference = simulate(sc, limits=SimLimits(max_num_steps=limit, bulk_decode=False))
+    assert bulk.summary.truncated and reference.summary.truncated
+    assert bulk.summary.num_steps == reference.summary.num_steps == limit
+    assert bulk.records == reference.records
