@@ -37,8 +37,8 @@ Departures from vLLM:
   blocks inside one segment shares one digest per eight blocks.
 - Blocks are registered when the caller calls `commit`. vLLM registers, at allocation time, the
   blocks that the scheduled tokens will fill. Calling `commit(rid, context + new tokens, keys)`
-  right after a successful `allocate` reproduces vLLM's behaviour, including a hit by a request
-  scheduled later in the same step.
+  after a successful `allocate` and before the next lookup reproduces vLLM's behaviour, including a
+  hit by a request scheduled later in the same step (`VllmV1Scheduler._admit` does so).
 - There is one KV-cache group (full attention) and no sliding window, speculative lookahead,
   KV events, connectors or admission watermark.
 

@@ -731,6 +731,13 @@ class VllmV1Scheduler:
             return hits, budget
         if self._batch_wait and self._waiting and self._holds_waiting(chunks, budget):
             return hits, budget
+        if self._waiting and kv.enable_prefix_caching:
+            # vLLM's `allocate_slots` registers the full blocks a step's tokens will fill as it
+            # schedules them (`cache_blocks`), so a request admitted later in the same step hits the
+            # prompt chunks scheduled before it.
+            for c in chunks:
+                if c.request.keys and not c.is_decode():
+                    kv.commit(c.request.request_id, c.num_context_tokens + c.num_new_tokens, c.request.keys)
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
             req = self._waiting[0]
             if self._no_room_reserved(req):
@@ -752,6 +759,8 @@ class VllmV1Scheduler:
             self._waiting.popleft()
             if self._reserve_full_output:
                 self._reserved_blocks += self._full_blocks(req)
+            if req.keys and not remote and kv.enable_prefix_caching:
+                kv.commit(req.request_id, hit + num_new, req.keys)  # as above, for those admitted after it
             if not remote and req.num_preemptions == 0 and req.first_scheduled_s is None:
                 kv.record_prefix_query(req.prompt_tokens, hit)
                 req.prefix_hit_tokens = hit

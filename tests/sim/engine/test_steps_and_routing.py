@@ -243,3 +243,33 @@ def test_preemption_by_hand(bulk: bool) -> None:
     assert (a.num_preemptions, a.recomputed_tokens) == (0, 0)
     assert (b.num_preemptions, b.recomputed_tokens) == (1, 8)
     assert sched.num_preemptions == 1 and sched.kv.num_free_blocks() == 4
+
+
+def test_a_request_admitted_after_another_in_the_same_step_hits_its_prefix() -> None:
+    """vLLM registers the full blocks a step will fill when it allocates them (`allocate_slots` ->
+    `cache_blocks`), so a request admitted later in the same step hits a prompt scheduled before it
+    (before 2026-12-02 blocks were indexed at the step's end and such a request recomputed them)."""
+    from sim.engine.simulation import request_states
+    from sim.workload.requests import UNIQUE_CONTENT_BASE, RequestSpec, Segment, prefix_content_id
+
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=True)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=1000, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0)
+    specs = [RequestSpec(request_id=i, arrival_s=0.0, prompt_tokens=80, output_tokens=2, prefix_group=0,
+                         segments=(Segment(content_id=prefix_content_id(0), num_tokens=64),
+                                   Segment(content_id=UNIQUE_CONTENT_BASE + i, num_tokens=16))) for i in range(3)]
+    for state in request_states(specs, kv):
+        sched.add(state)
+    plan = sched.schedule()
+    assert plan is not None
+    assert [(c.num_new_tokens, c.num_context_tokens) for c in plan.chunks] == [(80, 0), (16, 64), (16, 64)]
+    assert plan.num_prefix_hit_tokens == 128
+    # A whole run: 16 requests at once over 8 prefix groups; the second of each group hits.
+    sc = scenario_from_dict(scenario_dict(workload={
+        "num_prompts": 16, "request_rate": float("inf"), "random_input_len": 64, "random_output_len": 4,
+        "random_range_ratio": 0.0, "random_prefix_len": 256, "num_prefix_groups": 8},
+        perf={"tier": "roofline"}), source="test")
+    records = sorted(simulate(sc).records, key=lambda r: r.request_id)
+    assert [r.prefix_hit_tokens for r in records] == [0] * 8 + [256] * 8
+    reference = simulate(sc, limits=SimLimits(bulk_decode=False))
+    assert sorted(reference.records, key=lambda r: r.request_id) == records
