@@ -64,13 +64,15 @@ def _columns(rows: list[list[str]], header: list[str]) -> dict[str, np.ndarray]:
 
 
 def predict_columns(cols: dict[str, np.ndarray], hw: HardwareSpec, tier: str,
-                    calibration: str | None) -> tuple[np.ndarray, np.ndarray]:
+                    calibration: str | None) -> tuple[np.ndarray, np.ndarray, frozenset[str]]:
+    """(latency s, provenance codes, families the model prices without a target-measured correction)."""
     if resolved_tier(hw, tier, calibration) != tier:
         sys.stderr.write(f"no calibration for {hw.name}: target-measured falls back to cross-generation\n")
         tier = "cross-generation"
     art = load_for_tier(hw, tier, calibration)  # type: ignore[arg-type]
     model = None if art is None else FittedEfficiency(art.families)
-    return predict_latency_s(cols, hw, model)
+    latency, prov = predict_latency_s(cols, hw, model)
+    return latency, prov, frozenset() if model is None else model.uncorrected_families()
 
 
 def resolved_tier(hw: HardwareSpec, tier: str, calibration: str | None) -> str:
@@ -80,10 +82,14 @@ def resolved_tier(hw: HardwareSpec, tier: str, calibration: str | None) -> str:
     return tier
 
 
-def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: str, sm_version: int | None = None
+def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: str, sm_version: int | None = None,
+                     plain_families: frozenset[str] = frozenset(), prov: np.ndarray | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) seconds: the shipped split-conformal interval of each row's family in `tier` on a GPU
-    of `sm_version` (its architecture class) (lo = hi = the prediction when no interval table ships)."""
+    of `sm_version` (its architecture class) (lo = hi = the prediction when no interval table ships).
+    A target-measured row the correction did not reach (its family in `plain_families`, none for
+    this GPU, or provenance `transferred`: its key is not a corrected one) is a cross-generation
+    prediction and takes that tier's interval."""
     from sim.calibration.intervals import shipped_intervals
     from sim.calibration.tables import FAMILY_OF_KERNEL
 
@@ -91,7 +97,10 @@ def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: s
     if table is None:
         return latency_s.copy(), latency_s.copy()
     families = np.array([FAMILY_OF_KERNEL.get(str(k), "") for k in cols["kernel"]], dtype=object)
-    return table.bounds(tier, families, latency_s, sm_version)
+    uncorrected = np.isin(families.astype(str), sorted(plain_families))
+    if prov is not None:
+        uncorrected |= prov == int(Provenance.TRANSFERRED)
+    return table.bounds(tier, families, latency_s, sm_version, uncorrected)
 
 
 def _read_header(src: Path) -> list[str]:
@@ -239,13 +248,14 @@ def cmd_predict_kernels(args: Namespace) -> int:
     except csv.Error as exc:
         raise ConfigError(source=str(src), key="--in", value=str(src), rule=f"malformed CSV: {exc}") from None
     try:
-        latency_s, prov = predict_columns(cols, hw, args.tier, args.calibration)
+        latency_s, prov, plain_families = predict_columns(cols, hw, args.tier, args.calibration)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
         _validate_rows(src)
         raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
-    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration), hw.sm_version)
+    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration), hw.sm_version,
+                              plain_families, prov)
     out = Path(args.out)
     try:
         _write_predictions(out, fast is not None, text if fast is not None else {}, header, rows, n,
@@ -300,7 +310,7 @@ def cmd_calibrate(args: Namespace) -> int:
 def _plan_latency(hw: HardwareSpec) -> Any:
     def latency(rows: list[dict[str, str]]) -> list[float]:
         cols = {c: np.array([r[c] for r in rows], dtype=object) for c in ROW_COLUMNS}
-        t, _ = predict_columns(cols, hw, "cross-generation", None)
+        t, _, _ = predict_columns(cols, hw, "cross-generation", None)
         return [float(v) for v in t]
     return latency
 

@@ -66,14 +66,21 @@ def _own_tier(scenario: Scenario) -> str:
     return tier
 
 
-def draw_log_factors(table: IntervalTable, tier: str, k: int, seed: int, sm_version: int | None = None
-                     ) -> list[dict[str, float]]:
+def draw_log_factors(table: IntervalTable, tier: str, k: int, seed: int, sm_version: int | None = None,
+                     uncorrected: frozenset[str] = frozenset()) -> list[dict[str, float]]:
     """K dicts family -> log latency factor on a GPU of `sm_version` (its architecture class's
-    intervals; draw i from SeedSequence([seed, 21, i]))."""
+    intervals; `uncorrected` families of a target-measured model draw from the cross-generation
+    tier, `interval_tier`; draw i from SeedSequence([seed, 21, i]))."""
     fams = sorted(set(SIM_FAMILY.values()))
     return [sample_log_factors(table, tier, fams, np.random.default_rng(np.random.SeedSequence([seed, _STREAM, i])),
-                               sm_version)
+                               sm_version, uncorrected)
             for i in range(k)]
+
+
+def uncorrected_families(model: EfficiencyModel) -> frozenset[str]:
+    """The families `model` prices without a target-measured correction (none known: empty)."""
+    families = getattr(model, "uncorrected_families", None)
+    return families() if callable(families) else frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +138,8 @@ class PerturbedModels:
         hit = self._models.get(key)
         if hit is not None and hit[0] is base:
             return hit[1]
-        models = [PerturbedEfficiency(base, f) for f in draw_log_factors(table, tier, k, seed, sm_version)]
+        models = [PerturbedEfficiency(base, f)
+                  for f in draw_log_factors(table, tier, k, seed, sm_version, uncorrected_families(base))]
         self._models[key] = (base, models)
         return models
 

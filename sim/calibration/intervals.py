@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -173,17 +173,23 @@ class IntervalTable:
         cls = self.architecture(tier, sm_version)
         return lookup(self.tiers.get(class_tier(tier, cls), {}) if cls else {}, self.tiers.get(tier, {}), family)
 
-    def bounds(self, tier: str, families: np.ndarray, latency: np.ndarray, sm_version: int | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def bounds(self, tier: str, families: np.ndarray, latency: np.ndarray, sm_version: int | None = None,
+               uncorrected: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of point predictions `latency` whose families are `families` (object array) on a
-        GPU of `sm_version`; a tier without intervals gives lo = hi = latency."""
+        GPU of `sm_version`; a tier without intervals gives lo = hi = latency. `uncorrected` (a row
+        mask): target-measured rows the calibration did not correct, which take the cross-generation
+        interval (`interval_tier`)."""
         lo_log = np.zeros(len(latency))
         hi_log = np.zeros(len(latency))
+        plain = np.zeros(len(latency), dtype=bool) if uncorrected is None else np.asarray(uncorrected, dtype=bool)
         for fam in np.unique(families.astype(str)) if len(families) else ():
-            fi = self.family(tier, str(fam), sm_version)
-            if fi is not None:
-                sel = families == fam
-                lo_log[sel], hi_log[sel] = fi.lo_log, fi.hi_log
+            for cross in (False, True):
+                sel = (families == fam) & (plain == cross)
+                if not sel.any():
+                    continue
+                fi = self.family(interval_tier(tier, str(fam), {str(fam)} if cross else ()), str(fam), sm_version)
+                if fi is not None:
+                    lo_log[sel], hi_log[sel] = fi.lo_log, fi.hi_log
         return latency * np.exp(lo_log), latency * np.exp(hi_log)
 
     def to_json(self) -> dict[str, Any]:
@@ -267,16 +273,24 @@ def shipped_intervals() -> IntervalTable | None:
     return load_intervals(path) if path.is_file() else None
 
 
+def interval_tier(tier: str, family: str, uncorrected: Collection[str]) -> str:
+    """The tier whose residuals describe a `tier` prediction of `family`: a target-measured
+    prediction of a family the target's calibration does not correct (`uncorrected`; e.g. pointwise
+    kernels on a GPU without pointwise tables) is the cross-generation one, so it takes that
+    tier's interval; the target-measured residuals come from GPUs whose family was corrected."""
+    return "cross-generation" if tier == "target-measured" and family in uncorrected else tier
+
+
 def sample_log_factors(table: IntervalTable, tier: str, families: Sequence[str], rng: np.random.Generator,
-                       sm_version: int | None = None) -> dict[str, float]:
+                       sm_version: int | None = None, uncorrected: Collection[str] = ()) -> dict[str, float]:
     """One log latency factor per family, drawn from the family's residual distribution on a GPU of
-    `sm_version` (`IntervalTable.family`) between its interval ends: inverse-CDF on the stored
-    quantiles, the tails clamped to the ends. Families in sorted order, one uniform each, so the
-    same generator state gives the same factors anywhere."""
+    `sm_version` (`IntervalTable.family`, the tier `interval_tier` names) between its interval ends:
+    inverse-CDF on the stored quantiles, the tails clamped to the ends. Families in sorted order,
+    one uniform each, so the same generator state gives the same factors anywhere."""
     out: dict[str, float] = {}
     for fam in sorted(set(families)):
         u = float(rng.random())
-        f = table.family(tier, fam, sm_version)
+        f = table.family(interval_tier(tier, fam, uncorrected), fam, sm_version)
         out[fam] = 0.0 if f is None else float(np.interp(u, f.levels, f.values))
     return out
 

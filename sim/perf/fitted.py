@@ -172,6 +172,11 @@ class FittedEfficiency:
     def families(self) -> Mapping[str, FamilyParams]:
         return self._families
 
+    def uncorrected_families(self) -> frozenset[str]:
+        """Families this model prices without a target-measured correction (all of them in the
+        cross-generation tier; in the target-measured tier those the target's tables do not cover)."""
+        return frozenset(f for f, p in self._families.items() if p.correction is None)
+
     # -- single kernel -------------------------------------------------------------------------
     def efficiency(self, work: KernelWork, hw: HardwareSpec) -> Efficiency:
         if work.kind is KernelKind.SEND_RECV and work.group_size > hw.nvlink_domain():

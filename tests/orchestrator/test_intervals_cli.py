@@ -63,6 +63,39 @@ def test_predict_kernels_interval_follows_the_architecture_class(tmp_path: Path)
     assert width["h100_sxm"] < width["b200_sxm"]
 
 
+def test_a_target_measured_prediction_the_calibration_does_not_correct_takes_cross_generation_intervals(
+        tmp_path: Path) -> None:
+    """h200_sxm's calibration has no pointwise correction (no pointwise tables for it): its
+    target-measured norm prediction is the cross-generation one and gets that tier's interval, while
+    a corrected GEMM gets the narrower target-measured one; `run --intervals` draws the same way."""
+    import numpy as np
+
+    from sim.calibration.intervals import shipped_intervals
+    from sim.uncertainty import draw_log_factors
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("kernel,dtype,m,n,k,variant,backend\nnorm,bfloat16,1024,8192,,rms_norm,vllm\n"
+                    "gemm,bfloat16,4096,4096,4096,,vllm\n")
+    ratio = {}
+    for tier in ("cross-generation", "target-measured"):
+        out = tmp_path / f"{tier}.csv"
+        assert main(["predict-kernels", "--hardware", "h200_sxm", "--tier", tier, "--in", str(rows),
+                     "--out", str(out)]) == 0
+        with out.open() as f:
+            ratio[tier] = [(float(p["predicted_latency_lo_ms"]) / float(p["predicted_latency_ms"]),
+                            float(p["predicted_latency_hi_ms"]) / float(p["predicted_latency_ms"]))
+                           for p in csv.DictReader(f)]
+    assert ratio["target-measured"][0] == pytest.approx(ratio["cross-generation"][0])  # norm: uncorrected
+    tm_gemm, cg_gemm = ratio["target-measured"][1], ratio["cross-generation"][1]
+    assert tm_gemm[1] - tm_gemm[0] < cg_gemm[1] - cg_gemm[0]
+    table = shipped_intervals()
+    assert table is not None
+    draws = draw_log_factors(table, "target-measured", 40, 3, 90, frozenset({"pointwise"}))
+    cross = draw_log_factors(table, "cross-generation", 40, 3, 90)
+    assert [d["pointwise"] for d in draws] == [d["pointwise"] for d in cross]
+    assert np.ptp([d["gemm"] for d in draws]) < np.ptp([d["gemm"] for d in cross])
+
+
 def _run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
     assert main(["run", str(SCENARIO), *SMALL, "--json", *extra]) == 0
     out: dict[str, object] = json.loads(capsys.readouterr().out)
