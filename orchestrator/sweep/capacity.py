@@ -1,7 +1,8 @@
 """Capacity planning: the cheapest fleet (GPU type x TP x replicas) that serves a request rate within SLOs.
 
 For every candidate (each combination of the `[space]` choices), one replica's capacity is found
-by bisection on `workload.request_rate` with `engine.data_parallel_size = 1`:
+by bisection on `workload.request_rate` with `engine.data_parallel_size = 1` (an MoE candidate's
+replica keeps its DP: its ranks are one lockstep engine):
 
 1. a closed-loop probe (`request_rate = inf`) measures the replica's saturated throughput, the
    upper end of the bracket;
@@ -17,9 +18,10 @@ chosen plan then reports its peak replicas, provisioned GPU-hours and SLO attain
 cost is the provisioned GPU-hours' (`sim.metrics.autoscaling`). The cheapest feasible candidate
 wins (fewer GPUs on ties). With
 `verify_fleet`, the winner is simulated as a whole fleet at the target rate (`data_parallel_size`
-replicas behind the scenario's router, `num_prompts` scaled by the replica count) and gains
-replicas until it passes. Bisection assumes that meeting the SLOs is monotone in the rate,
-which holds for queueing latency but is an assumption, not a check.
+replicas behind the scenario's router, `num_prompts` scaled by the replica count; an MoE fleet as one
+engine at 1/replicas of the rate) and gains replicas until it passes. Bisection assumes that
+meeting the SLOs is monotone in the rate, which holds for queueing latency but is an assumption,
+not a check.
 
 All probes of all candidates run concurrently on the actor pool, one bisection chain per candidate.
 """
@@ -272,11 +274,16 @@ class CapacityPlanner:
         `[autoscaling]` with `max_replicas = replicas` (the verified fleet), else it is removed."""
         number = next(self._ids)
         sections = self.base.sections()
+        lockstep = _lockstep_engine(self.base, chain.params)
         if is_disaggregated(chain.params, sections):  # a replica is the candidate's xPyD unit
             params = {**scale_workers(chain.params, sections, replicas), "workload.request_rate": rate}
+        elif lockstep:
+            # An MoE engine's DP ranks are one lockstep engine (its own DP stays): N engines behind a
+            # router are simulated as one engine taking 1/N of the rate.
+            params = {**chain.params, "workload.request_rate": rate / replicas}
         else:
             params = {**chain.params, "engine.data_parallel_size": replicas, "workload.request_rate": rate}
-        if replicas > 1:
+        if replicas > 1 and not lockstep:
             params["workload.num_prompts"] = self.base.workload.num_prompts * replicas
         scaling = self.base.autoscaling
         if scaling is not None and autoscaled:
@@ -367,9 +374,16 @@ class CapacityPlanner:
         notes: list[str] = []
         replicas = plan.replicas
         result: TrialResult | None = None
-        autoscaled = self.base.autoscaling is not None and not is_disaggregated(plan.params, self.base.sections())
+        lockstep = _lockstep_engine(self.base, plan.params)
+        autoscaled = (self.base.autoscaling is not None and not is_disaggregated(plan.params, self.base.sections())
+                      and not lockstep)
         if self.base.autoscaling is not None and not autoscaled:
-            notes.append("[autoscaling] scales aggregated fleets only: the disaggregated fleet is simulated fixed")
+            notes.append("[autoscaling] scales replicas of dense aggregated engines only: the "
+                         + ("MoE" if lockstep else "disaggregated") + " fleet is simulated fixed")
+        if lockstep and replicas > 1:
+            notes.append(f"an MoE engine's data-parallel ranks run in lockstep: the fleet of {replicas} engines "
+                         "is simulated as one engine at 1/replicas of the target rate (routing imbalance "
+                         "between engines is not simulated)")
         met = False
         for attempt in range(_MAX_VERIFY_STEPS):
             self._probe(chain, self.cap.target_request_rate, replicas=replicas, autoscaled=autoscaled)
@@ -405,10 +419,34 @@ class CapacityPlanner:
 
 
 def _one_replica(base: Scenario, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:
+    """One replica of the candidate: a dense engine at `data_parallel_size = 1` (the fleet's DP ranks
+    are its replicas); an MoE engine (or a disaggregated unit) as the candidate gives it, its
+    data-parallel ranks being one lockstep engine (expert parallelism over TP x DP)."""
     fixed: dict[str, ParamValue] = {"autoscaling": None} if base.autoscaling is not None else {}
-    if is_disaggregated(params, base.sections()):
+    if is_disaggregated(params, base.sections()) or _lockstep_engine(base, params):
         return {**params, **fixed}
     return {**params, "engine.data_parallel_size": 1, **fixed}
+
+
+def _lockstep_engine(base: Scenario, params: Mapping[str, ParamValue]) -> bool:
+    """An aggregated MoE candidate: its data-parallel ranks meet at every MoE layer (one engine), so
+    replicas are whole engines, not DP ranks (`sim.specs.scenario.ranks_in_lockstep`)."""
+    if is_disaggregated(params, base.sections()):
+        return False
+    model = params.get("model.name", base.sections()["model"]["name"])
+    key = (str(model), str(base.sections()["model"]))
+    hit = _MOE_MODELS.get(key)
+    if hit is None:
+        try:
+            hit = _MOE_MODELS[key] = build_scenario(base, {k: v for k, v in params.items()
+                                                           if k.startswith("model.")}).model.moe is not None
+        except ConfigError:
+            hit = False
+    return hit
+
+
+_MOE_MODELS: dict[tuple[str, str], bool] = {}
+"""Whether a candidate's model is MoE, by model name and base model section (built once)."""
 
 
 def _replica_gpus(scenario: Scenario) -> int:
@@ -438,7 +476,8 @@ def serve_command(base: Scenario, plan: CandidatePlan) -> str:
     if plan.replicas <= 1:
         return cmd
     per_node = scenario.hardware.num_gpus_per_node
-    one_node = plan.num_gpus() <= per_node
+    # vLLM's --data-parallel-size joins an MoE model's ranks into one expert-parallel engine.
+    one_node = plan.num_gpus() <= per_node and not _lockstep_engine(base, plan.params)
     hint = (f"run {plan.replicas} replicas behind a load balancer"
             + (f", or on one {per_node}-GPU node: add --data-parallel-size {plan.replicas}" if one_node else ""))
     return f"{cmd}\n# {hint}"

@@ -58,3 +58,41 @@ set = {{ "workload.num_prompts" = 60, "workload.random_input_len" = 512, "worklo
     assert plans[1].replicas >= 2 and math.isfinite(plans[1].cost_per_hour_usd)
     assert any("after 4 fleet simulation(s)" in n for n in notes)
 
+
+
+@pytest.mark.ray
+def test_an_moe_replica_is_a_whole_lockstep_engine(ray_address: str, tracking_uri: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """An MoE model's data-parallel ranks are one engine (experts over TP x DP): a capacity plan keeps
+    the base's DP inside a replica, and a fleet of N replicas is N such engines, never one engine
+    with N times the DP (before 2026-12-02 the plan dropped the base's DP 4 and verified a fleet of 2
+    TP 2 replicas as one lockstep DP 2 engine with EP 4)."""
+    from orchestrator.cli import main
+
+    path = tmp_path / "capmoe.toml"
+    path.write_text(f"""
+[study]
+name = "capmoe"
+[capacity]
+target_request_rate = 8.0
+rate_rel_tol = 0.2
+[slo]
+ttft_p90_s = 1.0
+tpot_p90_s = 0.05
+[base]
+scenario = "{REPO / 'scenarios' / 'mixtral_8x7b-h100-tp2.toml'}"
+set = {{ "workload.num_prompts" = 60, "engine.data_parallel_size" = 2, "engine.enable_expert_parallel" = true }}
+[space]
+"hardware.name" = {{ choices = ["h100_sxm"] }}
+""")
+    assert main(["sweep", str(path), "--actors", "1", "--study-dir", str(tmp_path / "study"), "--tracking-uri",
+                 tracking_uri, "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    chosen = out["chosen"]
+    assert chosen["gpus_per_replica"] == 4  # TP 2 x DP 2: one engine
+    assert "--data-parallel-size 2" in out["vllm_serve"] and "add --data-parallel-size" not in out["vllm_serve"]
+    verified = out["verified_fleet_metrics"]
+    assert verified is not None and verified["num_gpus"] == 4  # one engine of the fleet, at its share
+    if chosen["replicas"] > 1:
+        assert any("lockstep" in n for n in out["notes"])
