@@ -101,9 +101,9 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
                                    num_steps_not_logged=result.num_steps_not_logged)
     except OSError as exc:
         raise file_error(exc, key="--out", writing=True) from None
-        if result.num_steps_not_logged:
-            sys.stderr.write(f"warning: trace.json holds the first {len(result.steps)} step events; "
-                             f"{result.num_steps_not_logged} later steps are not in it\n")
+    if trace and result.num_steps_not_logged:
+        sys.stderr.write(f"warning: trace.json holds the first {len(result.steps)} step events; "
+                         f"{result.num_steps_not_logged} later steps are not in it\n")
 
 
 def _intervals(scenario: Scenario, result: SimResult, args: Namespace) -> RunIntervals:

@@ -265,7 +265,7 @@ def cmd_check(args: Namespace) -> int:
     try:
         overrides = overrides_from(args)
     except ConfigError as exc:
-        sys.stderr.write(f"error {exc}\n")
+        sys.stderr.write(f"error: {exc}\n")
         return 2
     failed = 0
     for name in args.files:
@@ -273,10 +273,10 @@ def cmd_check(args: Namespace) -> int:
             sys.stdout.write(f"ok    {name}: {check_file(Path(name), overrides)}\n")
         except ConfigError as exc:
             failed += 1
-            sys.stderr.write(f"error {exc}\n")
+            sys.stderr.write(f"error: {exc}\n")
         except OSError as exc:  # a file the checked one names (dataset, calibration) cannot be read
             failed += 1
-            sys.stderr.write(f"error {file_error(exc)}\n")
+            sys.stderr.write(f"error: {file_error(exc)}\n")
     return 2 if failed else 0
 
 

@@ -251,7 +251,7 @@ def assert_one_clear_error(argv: Callable[[Path], list[str]], fragments: tuple[s
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
-    assert err.startswith("error"), err
+    assert err.startswith("error: "), err  # the contract: `error: <file>: <key>=<value>: <rule>`
     for fragment in fragments:
         assert fragment in err, (fragment, err)
 

@@ -22,6 +22,23 @@ def test_run_each_shipped_scenario(scenario: str, capsys: pytest.CaptureFixture[
     assert out["api_server_latency_s"] > 0  # every shipped scenario is served through an API server
 
 
+def test_a_trace_cut_at_its_event_cap_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the trace's step-event cap the later steps are counted, not kept, and stderr warns
+    (the warning sat after a `raise` and was never printed before 2026-12-02)."""
+    from orchestrator import commands_run
+
+    monkeypatch.setattr(commands_run, "TRACE_MAX_STEP_EVENTS", 5)
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "scenarios/llama3_8b-h100.toml"), "--set", "workload.num_prompts=20",
+                 "--out", str(out), "--trace"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: trace.json holds the first 5 step events;" in err
+    trace = json.loads((out / "trace.json").read_text())
+    assert len([e for e in trace["traceEvents"] if e.get("cat") == "step"]) == 5
+    assert trace["otherData"]["num_steps_not_logged"] > 0
+
+
 def test_run_out_writes_parquet(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert main(["run", str(REPO / "scenarios/llama3_8b-h100.toml"), "--set", "workload.num_prompts=20",
