@@ -170,7 +170,8 @@ def moe_block_weight_bytes(model: ModelSpec, engine: EngineParams, precision: Pr
     ew = precision.expert_weight_dtype.bytes_per_element()
     if precision.expert_weight_dtype is DType.INT4_WO and model.int4_group_size:
         ew += 2.0 / model.int4_group_size  # one 16-bit scale per group (vLLM's w13 / w2 weight scales)
-    local = engine.physical_experts(moe.num_experts) // engine.expert_parallel_size()  # EPLB copies too
+    # EPLB copies too; the first E % EP ranks hold one expert more (vLLM's `determine_expert_map`).
+    local = -(-engine.physical_experts(moe.num_experts) // engine.expert_parallel_size())
     width = moe.expert_intermediate_size // engine.moe_tp_size()
     experts = local * 3 * h * width * ew
     if moe.expert_bias:

@@ -113,7 +113,7 @@ def _power_law_counts_of(tokens: Sequence[int], experts: int, topk: int, ep: int
     orders = np.argsort(keys, axis=2)
     delta = target[:, None] - counts.sum(2)
     _settle(counts, keys, orders, delta, experts)
-    group = max(experts // max(ep, 1), 1)
+    group = _rank0_experts(experts, ep)
     usable = group * (experts // group)
     grouped = counts[:, :, :usable].reshape(m, draws, -1, group)
     heavy = grouped.sum(3).argmax(2)
@@ -278,11 +278,11 @@ def moe_rank0_loads(keys: Sequence[LoadKey]) -> list[tuple[float, float, float]]
         if distribution.startswith("power_law_"):
             todo.setdefault((experts, topk_n, ep, distribution), {}).setdefault(tokens_n, []).append(key)
         else:
-            local = max(experts // max(ep, 1), 1)
+            local = _rank0_experts(experts, ep)
             c = _balanced_counts(tokens_n, experts, topk_n)[:local]
             found[key] = (float(c.sum()), float((c > 0).sum()), float(c.max()))
     for (experts, topk, ep, distribution), by_tokens in todo.items():
-        local = max(experts // max(ep, 1), 1)
+        local = _rank0_experts(experts, ep)
         alpha = _alpha(distribution)
         pending = list(by_tokens)
         for start in range(0, len(pending), _BATCH):
@@ -316,10 +316,16 @@ def _served_load(tokens: int, experts: int, topk: int, ep: int, distribution: st
     rng = _generator(tokens, experts, topk, ep, SERVED + distribution)
     places = np.argsort(rng.random((POWER_LAW_DRAWS, SERVED_SHUFFLES, experts)), axis=2)
     placed = counts[np.arange(POWER_LAW_DRAWS)[:, None, None], places]
-    group = max(experts // max(ep, 1), 1)
+    group = _rank0_experts(experts, ep)
     grouped = placed[:, :, :group * (experts // group)].reshape(POWER_LAW_DRAWS * SERVED_SHUFFLES, -1, group)
     busiest = grouped[np.arange(len(grouped)), grouped.sum(2).argmax(1)]
     return (float(busiest.sum(1).mean()), float((busiest > 0).sum(1).mean()), float(busiest.max(1).mean()))
+
+
+def _rank0_experts(experts: int, ep: int) -> int:
+    """Experts EP rank 0 holds: ceil(experts / ep), as vLLM's `determine_expert_map` gives the first
+    experts % ep ranks one more than the rest (the busiest rank holds most)."""
+    return max(-(-experts // max(ep, 1)), 1)
 
 
 def _alpha(distribution: str) -> float:
@@ -336,7 +342,7 @@ def rank0_expert_counts(tokens: int, experts: int, topk: int, ep: int, distribut
     """Tokens per local expert of EP rank 0 in one routing (integers): the balanced counts, or the
     first draw of the power-law generator `moe_rank0_load` averages over (same seed). What a
     microbenchmark of the rank's fused MoE kernel feeds it (`orchestrator.microbench.table_kernels`)."""
-    local = max(experts // max(ep, 1), 1)
+    local = _rank0_experts(experts, ep)
     tokens, topk = max(int(tokens), 1), max(min(int(topk), experts), 1)
     if distribution.startswith("power_law_"):
         counts = _power_law_counts(tokens, experts, topk, ep, _alpha(distribution),

@@ -68,7 +68,8 @@ class ShardedShapes:
         if moe is None:
             local_experts = expert_width = shared_width = 0
         else:
-            local_experts, expert_width = moe.num_experts // ep, moe.expert_intermediate_size // moe_tp
+            # EP rank 0 holds ceil(E / EP) experts (vLLM's `determine_expert_map`): the busiest rank.
+            local_experts, expert_width = -(-moe.num_experts // ep), moe.expert_intermediate_size // moe_tp
             shared_width = moe.shared_expert_intermediate_size // tp
         return ShardedShapes(
             tp=tp,

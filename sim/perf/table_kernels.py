@@ -206,7 +206,7 @@ def moe_batch(cols: Mapping[str, np.ndarray], idx: np.ndarray, hw: HardwareSpec)
     flops = 2.0 * gated * routed * h * width
     nbytes = active * gated * h * width * wbytes + 4.0 * t * h + routed * (2.0 * h + gated * width) * 2.0
     tc, tm = flops / peak, nbytes / hw.hbm_bandwidth_bytes_per_s
-    local = np.maximum(np.floor(slots / ep), 1.0)
+    local = np.maximum(np.ceil(slots / ep), 1.0)  # EP rank 0's experts (every measured row divides)
     per_expert = routed / np.maximum(active, 1.0)
     prims = {"compute_s": tc, "memory_s": tm, "bytes": nbytes, "tokens": t, "per_expert": per_expert,
              "skew": np.maximum(heavy / np.maximum(per_expert, 1e-9), 1.0), "active": np.maximum(active, 1.0),

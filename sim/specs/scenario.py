@@ -517,10 +517,11 @@ def _check_combination(
             fail("engine.num_redundant_experts", engine.num_redundant_experts,
                  f"num_experts={model.moe.num_experts} + num_redundant_experts={engine.num_redundant_experts} "
                  f"= {slots} expert slots must divide over the {ep} expert-parallel ranks")
-        if model.moe.num_experts % ep and not engine.enable_eplb:
+        if ep > model.moe.num_experts:
             fail(key, engine.moe_expert_parallel_size or True,
                  f"expert-parallel size {ep} (TP x DP = {tp} x {engine.data_parallel_size} with expert "
-                 f"parallelism, or moe_expert_parallel_size) must divide num_experts={model.moe.num_experts}")
+                 f"parallelism, or moe_expert_parallel_size) must be <= num_experts={model.moe.num_experts}: "
+                 "a rank without an expert")
         if model.moe.expert_intermediate_size % moe_tp:
             fail("engine.moe_tensor_parallel_size", moe_tp,
                  f"MoE tensor-parallel size {moe_tp} (TP x DP without expert parallelism, or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from typing import Any
 
 import pytest
 from conftest import MEASURED_DATA, REPO, scenario_dict
@@ -77,3 +78,25 @@ def test_the_most_loaded_pipeline_stage_of_deepseek_holds_its_moe_layers() -> No
     vocab = -(-m.vocab_size // 4) * m.hidden_size * p.activation_dtype.bytes_per_element()
     stage1 = 30 * attn + 30 * moe + vocab + m.hidden_size * p.activation_dtype.bytes_per_element()
     assert weight_bytes_per_gpu(m, e, p) == int(stage1)
+
+
+def test_an_expert_parallel_size_that_does_not_divide_the_experts_prices_the_busiest_rank() -> None:
+    """vLLM's `determine_expert_map` gives the first E % EP ranks one expert more: Mixtral's 8
+    experts over EP 3 put 3 on rank 0, which is sized and priced (before simulator 0.6.3 such a layout
+    was refused)."""
+    from sim.api import load_scenario, predict_step, scenario_memory
+    from sim.graph.batch import BatchShape
+
+    def scenario(dp: int) -> Any:
+        return load_scenario(REPO / "scenarios" / "mixtral_8x7b-h100-tp2.toml", {
+            "engine.tensor_parallel_size": 1, "engine.data_parallel_size": dp, "engine.enable_expert_parallel": True,
+            "perf.tier": "roofline"})
+
+    expert = 3 * 4096 * 14336 * 2  # one Mixtral expert, bf16
+    by_dp = {dp: scenario_memory(scenario(dp)).weight_bytes for dp in (2, 3, 4)}
+    assert by_dp[2] - by_dp[3] == pytest.approx(32 * expert, rel=1e-9)  # 4 -> 3 experts a rank, 32 layers
+    assert by_dp[3] - by_dp[4] == pytest.approx(32 * expert, rel=1e-9)  # 3 -> 2
+    batch = BatchShape(decode_context_tokens=(1000,) * 64)
+    moe_s = {dp: sum(k.total_s() for k in predict_step(scenario(dp), batch).kernels if k.estimate.work.kind.value == "moe")
+             for dp in (2, 3, 4)}
+    assert moe_s[2] > moe_s[3] > moe_s[4]
