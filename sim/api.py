@@ -385,13 +385,13 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
     )
 
 
-def arrival_span_s(scenario: Scenario) -> float:
-    """Time from the first to the last arrival of the scenario's workload (as `simulate` draws it;
-    0 when every request arrives at once). No run lasts less, so a run's request rate is at most
-    num_completed / this."""
+def last_arrival_s(scenario: Scenario) -> float:
+    """Time of the last arrival of the scenario's workload (as `simulate` draws it, from the run's
+    start; 0 when every request arrives at once). No run lasts less (its duration runs from the
+    start to the last finish), so a run's request rate is at most num_completed / this."""
     (workload_seq,) = np.random.SeedSequence(scenario.seed).spawn(1)
     specs, _ = _draw_workload(scenario, workload_seq, scenario.engine.max_model_len, None)
-    return float(specs[-1].arrival_s - specs[0].arrival_s) if specs else 0.0
+    return float(specs[-1].arrival_s) if specs else 0.0
 
 
 def _draw_workload(scenario: Scenario, workload_seq: np.random.SeedSequence, max_model_len: int | None,

@@ -24,7 +24,7 @@ from typing import Final
 
 import numpy as np
 
-from sim.api import arrival_span_s, scenario_efficiency, simulate
+from sim.api import last_arrival_s, scenario_efficiency, simulate
 from sim.calibration.e2e_widening import E2EWidening, shipped_widening
 from sim.calibration.intervals import IntervalTable, sample_log_factors, shipped_intervals
 from sim.calibration.select import EfficiencyModels, shipped_calibration
@@ -202,7 +202,7 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
             if p is not None and low is not None and high is not None:
                 lo[m], hi[m] = wide.widen(tier, m, float(p), low, high)
     if wide is not None:
-        _clamp_to_arrivals(lo, hi, point, arrival_span_s(scenario))
+        _clamp_to_arrivals(lo, hi, point, last_arrival_s(scenario))
     widths = dict(wide.log_widths.get(tier, {})) if wide else {}
     # A disaggregated run whose pools are of two classes names both (prefill first).
     classes = [c for c in dict.fromkeys(table.architecture(kernel_tier(sc), sc.hardware.sm_version)
@@ -218,14 +218,14 @@ RATE_METRICS: Final = ("request_throughput_per_s", "output_throughput_tokens_per
 
 
 def _clamp_to_arrivals(lo: dict[str, float | None], hi: dict[str, float | None], point: SimSummary,
-                       span_s: float) -> None:
-    """Keep the widened ends possible: a run lasts at least its arrivals' span, so each rate is at
-    most its point value x point duration / span (and cost per output token at least the point's
-    / that factor). The end-to-end widening is fitted on saturated rows and would otherwise promise
-    an arrival-bound run more throughput than is offered."""
-    if not span_s > 0 or not point.duration_s > 0:
+                       last_arrival: float) -> None:
+    """Keep the widened ends possible: a run lasts at least until its last arrival, so each rate is
+    at most its point value x point duration / last arrival (and cost per output token at least the
+    point's / that factor). The end-to-end widening is fitted on saturated rows and would otherwise
+    promise an arrival-bound run more throughput than is offered."""
+    if not last_arrival > 0 or not point.duration_s > 0:
         return
-    factor = max(1.0, point.duration_s / span_s)
+    factor = max(1.0, point.duration_s / last_arrival)
     for m in RATE_METRICS:
         p, high = getattr(point, m), hi.get(m)
         if p is not None and high is not None:

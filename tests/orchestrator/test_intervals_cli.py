@@ -132,13 +132,13 @@ def test_run_intervals_fields_seeded_and_bracketing(capsys: pytest.CaptureFixtur
 def test_widened_rates_stay_within_the_offered_load(capsys: pytest.CaptureFixture[str]) -> None:
     """An arrival-bound run (60 requests at 10 req/s, far below saturation) cannot finish its
     requests faster than they arrive: the widened throughput and goodput ends stop at completed /
-    arrival span (before 2026-12-02 the widening put them at ~1.55x the offered rate)."""
-    from sim.api import arrival_span_s, load_scenario
+    last arrival (before 2026-12-02 the widening put them at ~1.55x the offered rate)."""
+    from sim.api import last_arrival_s, load_scenario
 
     out = _run_json(capsys, "--set", "workload.num_prompts=60", "--intervals", "3")  # SMALL's lengths
     summary = out["summary"]
     assert isinstance(summary, dict)
-    span = arrival_span_s(load_scenario(SCENARIO, {"workload.num_prompts": 60, "workload.random_input_len": 256,
+    span = last_arrival_s(load_scenario(SCENARIO, {"workload.num_prompts": 60, "workload.random_input_len": 256,
                                                    "workload.random_output_len": 8}))
     assert 0 < span < summary["duration_s"]
     for m in ("request_throughput_per_s", "goodput_requests_per_s"):
