@@ -23,6 +23,7 @@ overrides (`with_overrides`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -144,12 +145,18 @@ class Scenario:
     def with_overrides(self, overrides: Mapping[str, Any]) -> Scenario:
         return scenario_from_dict(apply_overrides(self.sections(), overrides), source=self.source)
 
+    def _perf_identity(self) -> Any:
+        """`[perf]` as hashed: a calibration file by its content (`file_identity`)."""
+        if self.perf.calibration is None:
+            return self.perf
+        return {**to_jsonable(self.perf), "calibration": file_identity(self.perf.calibration)}
+
     def scenario_hash(self, *extra: str) -> str:
         parts: dict[str, Any] = {
             "seed": self.seed, "hardware": stable_identity("hardware", self.hardware),
             "model": stable_identity("model", self.model),
             "engine": stable_identity("engine", self.engine), "workload": workload_identity(self.workload),
-            "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self.perf}
+            "slo": self.slo, "price": self.price_per_gpu_hour_usd, "perf": self._perf_identity()}
         if self.disaggregation is not None:  # aggregated scenarios keep their hashes
             parts["disaggregation"] = {pool.name: {"num_workers": pool.num_workers,
                                                    "hash": pool.scenario.scenario_hash()}
@@ -239,7 +246,34 @@ def stable_identity(section: str, value: Any) -> Any:
 
 
 def workload_identity(workload: WorkloadSpec) -> Any:
-    return stable_identity("workload", workload)
+    """The workload as hashed: its files (a dataset or trace, a rate profile) by their content, so an
+    edited file changes the hash and the same file in another directory does not."""
+    identity = stable_identity("workload", workload)
+    for key in ("dataset_path", "request_rate_profile"):
+        if isinstance(identity, dict) and identity.get(key):
+            identity[key] = file_identity(str(identity[key]))
+    return identity
+
+
+def file_identity(path: str) -> str:
+    """`sha256:<hex>` of a file's bytes (kept per path, size and modification time: a sweep hashes its
+    scenario per trial); the path itself when it cannot be read (the run then fails on it anyway)."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return path
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    digest = _FILE_DIGESTS.get(key)
+    if digest is None:
+        try:
+            digest = "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return path
+        _FILE_DIGESTS[key] = digest
+    return digest
+
+
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
 def load_scenario_file(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:

@@ -372,3 +372,24 @@ def test_catalog_files_are_parsed_once_per_version(tmp_path: Path) -> None:
     assert load_model(str(config)).num_layers == hf["num_hidden_layers"]
     config.write_text(json.dumps({**hf, "num_hidden_layers": 7}))
     assert load_model(str(config)).num_layers == 7
+
+
+def test_a_scenario_hash_holds_its_files_by_content(tmp_path: Path) -> None:
+    """A trace (or rate profile, or calibration) enters the hash by its bytes: the same file in two
+    directories hashes the same, an edited one differently (before 2026-12-02 the hash held the path,
+    so `--resume` and the sweep cache took results of an edited trace)."""
+    from sim.specs.scenario import load_scenario_file
+
+    def scenario(directory: Path, rows: str) -> Path:
+        directory.mkdir(exist_ok=True)
+        (directory / "t.csv").write_text("input_tokens,output_tokens\n" + rows)
+        path = directory / "s.toml"
+        path.write_text('seed = 0\n[hardware]\nname = "h100_sxm"\n[model]\nname = "meta-llama/Llama-3.1-8B"\n'
+                        '[engine]\nmax_model_len = 8192\n[workload]\ndataset_name = "custom"\ndataset_path = "t.csv"\n'
+                        'num_prompts = 2\n')
+        return path
+
+    a = load_scenario_file(scenario(tmp_path / "a", "100,10\n200,20\n")).scenario_hash()
+    b = load_scenario_file(scenario(tmp_path / "b", "100,10\n200,20\n")).scenario_hash()
+    edited = load_scenario_file(scenario(tmp_path / "a", "4000,500\n4000,500\n")).scenario_hash()
+    assert a == b and edited != a
