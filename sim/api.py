@@ -142,7 +142,7 @@ def _longest_request(scenario: Scenario) -> int:
     dataset file, whose rows `generate` checks against it (a longer row is a `ConfigError`)."""
     w = scenario.workload
     if w.dataset_name in ("random", "fixed"):
-        return w.max_input_tokens() + w.max_output_tokens()
+        return w.max_request_tokens()
     assert scenario.engine.max_model_len is not None
     return scenario.engine.max_model_len
 

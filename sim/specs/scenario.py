@@ -589,7 +589,7 @@ def _check_combination(
                      f"class {c.name!r}: prompt plus output can reach {longest} tokens, over "
                      f"max_model_len={engine.max_model_len}")
     elif workload.dataset_name in ("random", "fixed"):
-        longest = workload.max_input_tokens() + workload.max_output_tokens()
+        longest = workload.max_request_tokens()
         if longest > engine.max_model_len:
             fail("workload.random_input_len", workload.random_input_len,
                  f"prompt plus output can reach {longest} tokens, over max_model_len={engine.max_model_len}")

@@ -68,7 +68,8 @@ class WorkloadSpec:
     num_prefix_groups: int = 1
     """kernelsight: distinct shared prefixes (system prompts) requests are spread over."""
     ignore_eos: bool = True
-    """Outputs run to their sampled length, as `vllm bench serve --ignore-eos`."""
+    """Outputs run to their sampled length, as `vllm bench serve --ignore-eos`; `false` (outputs that
+    may stop early at an end-of-sequence token) is refused: nothing here models where a model stops."""
     spec_acceptance_rates: tuple[float, ...] | None = None
     """kernelsight, with `[engine] speculative_config`: per draft position, the probability that the
     draft token is accepted given the ones before it were; a list shorter than k repeats its last
@@ -95,8 +96,11 @@ class WorkloadSpec:
         require(1 <= self.num_prompts <= MAX_NUM_PROMPTS, "num_prompts", self.num_prompts,
                 f"must be in [1, {MAX_NUM_PROMPTS:,}] (requests are simulated one by one)")
         require(self.request_rate > 0, "request_rate", self.request_rate, "must be > 0 (inf for all at t=0)")
-        require(self.burstiness > 0 and math.isfinite(self.burstiness), "burstiness", self.burstiness,
-                "must be a finite number > 0")
+        require(self.burstiness > 0, "burstiness", self.burstiness,
+                "must be a number > 0 (inf: evenly spaced arrivals, as vllm bench serve)")
+        require(self.ignore_eos, "ignore_eos", self.ignore_eos,
+                "must be true: outputs run to their drawn or recorded lengths (where a model would stop "
+                "at its end-of-sequence token is not modelled; set output lengths instead)")
         require(self.max_concurrency is None or self.max_concurrency >= 1, "max_concurrency",
                 self.max_concurrency, "must be >= 1")
         require(self.random_input_len >= 1, "random_input_len", self.random_input_len, "must be >= 1")
@@ -166,6 +170,14 @@ class WorkloadSpec:
             return self.random_prefix_len + self.random_input_len
         return self.random_prefix_len + length_bounds(self.random_input_len, self.random_range_ratio,
                                                       min_tokens=0)[1]
+
+    def max_request_tokens(self) -> int:
+        """Longest synthetic request, prompt plus output (per class with `[[workload.classes]]`: the
+        longest prompt and the longest output may belong to different classes)."""
+        if self.classes:
+            return max(length_bounds(c.input_len, c.range_ratio, min_tokens=1)[1]
+                       + length_bounds(c.output_len, c.range_ratio, min_tokens=1)[1] for c in self.classes)
+        return self.max_input_tokens() + self.max_output_tokens()
 
     def max_output_tokens(self) -> int:
         if self.classes:

@@ -22,6 +22,9 @@ def sample_arrivals_s(
     """Arrival times in seconds from the run start, as `vllm bench serve` sends them."""
     if math.isinf(request_rate):
         return np.zeros(num_requests, dtype=np.float64)
+    if math.isinf(burstiness):
+        # vLLM: a constant gap of 1 / rate (no draw); the last arrival is at num_requests / rate.
+        return np.arange(1, num_requests + 1, dtype=np.float64) / request_rate
     theta_s = 1.0 / (request_rate * burstiness)
     arrivals_s = np.cumsum(rng.gamma(shape=burstiness, scale=theta_s, size=num_requests))
     if arrivals_s[-1] != 0.0:

@@ -128,7 +128,9 @@ def profile_arrivals_s(rates_per_s: npt.NDArray[np.float64], max_requests: int, 
     parts: list[npt.NDArray[np.float64]] = []
     reached, count = 0.0, 0
     while reached <= total and count < max_requests:
-        s = reached + np.cumsum(rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=chunk))
+        gaps = (np.ones(chunk) if math.isinf(burstiness)  # evenly spaced unit-rate times
+                else rng.gamma(shape=burstiness, scale=1.0 / burstiness, size=chunk))
+        s = reached + np.cumsum(gaps)
         parts.append(s)
         reached, count = float(s[-1]), count + chunk
     unit = np.concatenate(parts)

@@ -24,7 +24,7 @@ from sim.serde import require
 UNIQUE_CONTENT_BASE: Final = 1 << 32
 """Request-unique content ids start here; shared-prefix ids stay below it."""
 
-_MAX_PREFIX_GROUP: Final = UNIQUE_CONTENT_BASE - 1
+MAX_PREFIX_GROUP: Final = UNIQUE_CONTENT_BASE - 1
 
 
 def prefix_content_id(prefix_group: int) -> int:
@@ -81,7 +81,7 @@ class RequestSpec:
             and self.prompt_tokens >= 1
             and self.output_tokens >= 1
             and total_tokens == self.prompt_tokens
-            and (group == -1 or (0 <= group < _MAX_PREFIX_GROUP
+            and (group == -1 or (0 <= group < MAX_PREFIX_GROUP
                                  and segments[0].content_id == group + 1))
         ):
             return
@@ -92,8 +92,8 @@ class RequestSpec:
         require(self.output_tokens >= 1, "output_tokens", self.output_tokens, "must be >= 1")
         require(total_tokens == self.prompt_tokens, "segments", segments,
                 f"token counts must sum to prompt_tokens={self.prompt_tokens}")
-        require(-1 <= group < _MAX_PREFIX_GROUP, "prefix_group", group,
-                f"must be -1 or in [0, {_MAX_PREFIX_GROUP})")
+        require(-1 <= group < MAX_PREFIX_GROUP, "prefix_group", group,
+                f"must be -1 or in [0, {MAX_PREFIX_GROUP})")
         require(segments[0].content_id == prefix_content_id(group), "segments", segments,
                 f"must start with the prefix segment content_id={prefix_content_id(group)}")
 

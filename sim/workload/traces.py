@@ -33,7 +33,7 @@ from sim.errors import ConfigError
 from sim.serde import FieldError, check_unique_columns, require
 from sim.specs.workload import WorkloadSpec
 from sim.workload.arrivals import sample_arrivals_s
-from sim.workload.requests import RequestSpec, build_requests
+from sim.workload.requests import MAX_PREFIX_GROUP, RequestSpec, build_requests
 
 INPUT_KEYS: Final = ("input_tokens", "input_toks", "prompt_tokens", "prompt_len")
 OUTPUT_KEYS: Final = ("output_tokens", "output_toks", "output_len")
@@ -66,8 +66,8 @@ class TraceRow:
         require(self.output_tokens >= 1, "output_tokens", self.output_tokens, "must be >= 1")
         require(self.arrival_s is None or (math.isfinite(self.arrival_s) and self.arrival_s >= 0), "arrival_s",
                 self.arrival_s, "must be a finite number >= 0 (seconds from the trace's start)")
-        require(self.prefix_group >= -1, "prefix_group", self.prefix_group,
-                "must be >= 0 (or absent)")
+        require(-1 <= self.prefix_group < MAX_PREFIX_GROUP, "prefix_group", self.prefix_group,
+                f"must be in [0, {MAX_PREFIX_GROUP}) (or absent)")
         require(0 <= self.prefix_tokens <= self.input_tokens, "prefix_tokens", self.prefix_tokens,
                 f"must be in [0, input_tokens={self.input_tokens}]")
         require(self.prefix_tokens == 0 or self.prefix_group >= 0, "prefix_tokens",
