@@ -196,15 +196,31 @@ def recorded_twins(raw: list[dict[str, str]]) -> dict[str, dict[str, str]]:
     dumps: dict[tuple[str, ...], dict[str, str]] = {}
     for r in raw:
         if r["mode"] == "disagg" and r["src_file"].startswith("db-dump/") and r.get("decode_num_workers"):
-            dumps.setdefault(tuple(r[k] for k in _TWIN_KEY), r)
+            dumps.setdefault(_twin_key(r), r)
     out: dict[str, dict[str, str]] = {}
     for r in raw:
         if r["mode"] != "disagg" or r["src_file"].startswith(("/", "db-dump/")) or r.get("decode_num_workers"):
             continue
-        twin = dumps.get(tuple(r[k] for k in _TWIN_KEY))
+        twin = dumps.get(_twin_key(r))
         if twin is not None:
             out[r["id"]] = {**r, **{c: twin[c] for c in _POOL_COLUMNS}, TWIN_FIELD: twin["id"]}
     return out
+
+
+def _twin_key(r: Mapping[str, str]) -> tuple[str, ...]:
+    """`_TWIN_KEY`'s columns, the measured ones as numbers to 10 significant digits (the exports
+    write the same float with different last digits: 978.2979881643164 and ...163)."""
+    return tuple(f"{_num(r[k]):.10g}" if k.startswith("silicon_") else r[k] for k in _TWIN_KEY)
+
+
+_VERSION_BUILD: Final = re.compile(r"^(.+?)-\d{8}-[0-9a-f]{6,}$")
+"""A nightly build's date and commit after its version (`nightly-dev-20260216-d3bae71e`): the db-dump
+export writes them where the dated exports write `nightly-dev` for the same runs."""
+
+
+def _version(text: str) -> str:
+    found = _VERSION_BUILD.match(text)
+    return found.group(1) if found else text
 
 
 _ID_MODEL: Final = {"dsr1": "deepseek-ai/DeepSeek-R1"}
@@ -214,20 +230,21 @@ DeepSeek-V3."""
 
 
 def _measurement(r: Mapping[str, str], row: ValidationRow) -> tuple[str, ...]:
-    """What identifies one measurement: the deployment (system, backend and version, precision and
-    weight formats, mode, lengths, client concurrency; the parallel layout as simulated where the row
-    is an aggregated one that could be read) and the measured mean TTFT and TPOT to 10 significant
-    digits (exports differ in the last bits of the same float). The layout columns themselves are
-    left out: the exports encode one deployment differently (`layout_of`; the db-dump export writes
+    """What identifies one measurement: the deployment (system, backend and version, a nightly's
+    build suffix dropped (`_version`), precision and weight formats, mode, lengths, client
+    concurrency; the parallel layout as simulated where the row is an aggregated one that could be
+    read) and the measured mean TTFT and TPOT to 0.01 ms (exports differ in the last bits of the same
+    float, and the gap-analysis exports round it to 0.01 ms). The layout columns themselves are left
+    out: the exports encode one deployment differently (`layout_of`; the db-dump export writes
     disaggregated pools as attention DP where the dated exports write TP)."""
-    measured = tuple(f"{_num(r[k]):.10g}" for k in ("silicon_ttft_ms", "silicon_tpot_ms"))
+    measured = tuple(f"{_num(r[k]):.2f}" for k in ("silicon_ttft_ms", "silicon_tpot_ms"))
     layout: tuple[str, ...] = ()
     if row.sections is not None and "disaggregation" not in row.sections:
         engine = row.sections["engine"]
         layout = tuple(str(engine.get(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size",
                                                        "data_parallel_size", "moe_tensor_parallel_size",
                                                        "moe_expert_parallel_size"))
-    return (r["system"], r["backend"], r["backend_version"], r["precision"], r["gemm_quant_mode"],
+    return (r["system"], r["backend"], _version(r["backend_version"]), r["precision"], r["gemm_quant_mode"],
             r["moe_quant_mode"], r["mode"], r["isl"], r["osl"], r["src_concurrency"], *layout, *measured)
 
 
@@ -239,8 +256,8 @@ def _label_disagrees(r: Mapping[str, str]) -> bool:
 def drop_duplicates(raw: list[dict[str, str]], rows: list[ValidationRow]) -> list[ValidationRow]:
     """Score each measurement once: the InferenceX exports (`2026-03-25.csv`, `2026-04-06.csv`,
     `db-dump/...`) carry many runs two or three times (and one export some twice). Of each set of
-    rows with the same `_measurement` one is kept: the one whose model label agrees with its id,
-    then one that can be simulated, then the first in the file; the others are skipped, naming it."""
+    rows with the same `_measurement` one is kept: one that can be simulated, then the one whose model
+    label agrees with its id, then the first in the file; the others are skipped, naming it."""
     first: dict[tuple[str, ...], list[int]] = {}
     for i, r in enumerate(raw):
         if not any(math.isnan(_num(r[k])) for k in ("silicon_ttft_ms", "silicon_tpot_ms")):
@@ -249,7 +266,7 @@ def drop_duplicates(raw: list[dict[str, str]], rows: list[ValidationRow]) -> lis
     for same in first.values():
         if len(same) < 2:
             continue
-        keep = min(same, key=lambda i: (_label_disagrees(raw[i]), rows[i].skipped, i))
+        keep = min(same, key=lambda i: (rows[i].skipped, _label_disagrees(raw[i]), i))
         for i in same:
             if i != keep:
                 why = ("same measurement, model label disagrees with the row id" if _label_disagrees(raw[i])

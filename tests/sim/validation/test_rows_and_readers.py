@@ -295,6 +295,36 @@ def test_inferencex_disaggregated_row_takes_its_db_dump_twins_pool_columns(tmp_p
     assert alone.skipped and alone.skip_reason is not None and "not pinned down" in alone.skip_reason
 
 
+def test_one_measurement_in_several_exports_is_scored_once(tmp_path: Path) -> None:
+    """A nightly's build suffix (`nightly-dev-20260216-d3bae71e` in the db-dump, `nightly-dev` in the
+    dated export) and the gap-analysis exports' 0.01 ms rounding do not make one run two measurements;
+    a db-dump twin is found when the exports write the same float with different last digits (before
+    2026-12-02, 138 copies were scored twice or three times and 12 twins were missed)."""
+    base = {**AGG, "backend": "sglang", "silicon_ttft_ms": "423.3116962888744", "silicon_tpot_ms": "12.0098645253875"}
+    dated = {**base, "id": "a_1", "backend_version": "nightly-dev"}
+    dump = {**base, "id": "b_2", "backend_version": "nightly-dev-20260216-d3bae71e", "src_file": "db-dump/2026-04-27"}
+    rounded = {**base, "id": "c_3", "backend_version": "nightly-dev", "silicon_ttft_ms": "423.31",
+               "silicon_tpot_ms": "12.01", "src_file": "qwen3.5-397b-gap-analysis.csv"}
+    distinct = {**base, "id": "d_4", "backend_version": "nightly-dev", "silicon_tpot_ms": "12.03"}
+    rows = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [dated, dump, rounded, distinct]), PROFILES, SpecCache())
+    assert [r.skip_reason is None for r in rows] == [True, False, False, True]
+    assert all(r.skip_reason is not None and r.skip_reason.startswith("duplicate of aiconfigurator:a_1")
+               for r in rows[1:3])
+    # The twin of a disaggregated date-export row, its TTFT written ...164 there and ...163 in the dump.
+    pools = {"mode": "disagg", "batch_size": "", "tp_size": "", "isl": "1024", "osl": "1024",
+             "src_concurrency": "72", "silicon_tpot_ms": "20.158781638606424"}
+    date = {**AGG, **pools, "id": "2026_03_25_x", "src_file": "2026-03-25.csv", "silicon_ttft_ms": "978.2979881643164",
+            "prefill_tp_size": "8", "prefill_attention_dp_size": "1", "decode_tp_size": "8",
+            "decode_attention_dp_size": "1"}
+    twin = {**AGG, **pools, "id": "x_cfg590", "src_file": "db-dump/2026-04-27", "silicon_ttft_ms": "978.2979881643163",
+            "prefill_num_workers": "1", "prefill_tp_size": "1", "prefill_attention_dp_size": "8",
+            "prefill_batch_size": "1", "decode_num_workers": "9", "decode_tp_size": "8",
+            "decode_attention_dp_size": "1", "decode_batch_size": "8"}
+    (kept, copy) = read_aiconfigurator(_aic_csv(tmp_path / "b.csv", [date, twin]), PROFILES, SpecCache())
+    assert kept.sections is not None and kept.sections["disaggregation"]["decode"]["num_workers"] == 9
+    assert copy.skip_reason is not None and copy.skip_reason.startswith("duplicate of aiconfigurator:2026_03_25_x")
+
+
 def test_gh200_throughput_rows_run_on_the_gh200_spec(tmp_path: Path) -> None:
     """TensorRT-LLM's GH200 480GB rows map to the catalog's `gh200` (96 GB HBM3 at 4 TB/s, one
     superchip per node): simulable, dev for Llama-3.1-8B and evaluation for Llama-3.1-70B."""
