@@ -21,7 +21,7 @@ from sim.api import (
     scenario_efficiency,
     scenario_memory,
 )
-from sim.errors import ConfigError, file_error
+from sim.errors import ConfigError, InfeasibleScenario, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.perf.profile import TABLE_SOURCE_KEYS
 from sim.serde import build, parse_override
@@ -255,10 +255,33 @@ def _latency_note(scenario: Scenario) -> str:
 
 
 def warn_missing_price(scenario: Scenario) -> None:
-    """The stderr warning `check` and `run` both give for a scenario without a GPU price."""
+    """The stderr warnings `check` and `run` both give: a scenario without a GPU price; a vLLM engine
+    that vLLM would refuse to start (`warn_vllm_would_not_start`)."""
     message = missing_price_message(scenario)
     if message is not None:
         sys.stderr.write(f"warning: {message}\n")
+    warn_vllm_would_not_start(scenario)
+
+
+def warn_vllm_would_not_start(scenario: Scenario) -> None:
+    """vLLM refuses to start an engine whose KV cache cannot hold one `max_model_len` request
+    (`check_enough_kv_cache_memory`), whatever the traffic; the simulator asks it to hold the
+    workload's longest request only (docs/memory.md), so such a scenario runs here: say so."""
+    parts = ([(f"{pool.name} pool: ", pool.scenario) for pool in scenario.disaggregation.pools()]
+             if scenario.disaggregation is not None else [("", scenario)])
+    for where, part in parts:
+        engine = part.engine
+        if engine.backend != "vllm" or engine.max_model_len is None:
+            continue
+        try:
+            held = scenario_memory(part).kv_capacity_tokens()
+        except InfeasibleScenario:
+            continue  # the run's own error says why
+        if held < engine.max_model_len:
+            sys.stderr.write(f"warning: {where}vLLM would refuse to start this engine: its KV cache holds {held} "
+                             f"tokens per GPU, less than engine.max_model_len={engine.max_model_len} (vLLM's "
+                             f"check_enough_kv_cache_memory); the simulation serves the workload's requests, "
+                             f"which fit; set max_model_len <= {held} to match a vLLM deployment\n")
 
 
 def cmd_check(args: Namespace) -> int:

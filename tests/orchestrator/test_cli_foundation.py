@@ -195,3 +195,15 @@ def test_step_on_a_disaggregated_scenario_prices_the_pool_that_runs_it(capsys: p
     assert step_s(disagg, "--prefill", "2048", "--pool", "decode") != (prefill, "prefill")
     assert main(["step", str(REPO / "scenarios/llama3_8b-h100.toml"), "--decode", "4x100", "--pool", "decode"]) == 2
     assert "applies to disaggregated scenarios only" in capsys.readouterr().err
+
+
+def test_check_warns_where_vllm_would_refuse_to_start(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM refuses an engine whose KV cache cannot hold one max_model_len request, whatever the
+    traffic; the simulation still runs the workload's (shorter) requests, and check and run say so."""
+    path = str(REPO / "scenarios/llama3_8b-h100.toml")
+    tight = ["--set", "engine.max_model_len=131072", "--set", "engine.gpu_memory_utilization=0.3"]
+    assert main(["check", path, *tight]) == 0
+    err = capsys.readouterr().err
+    assert "warning: vLLM would refuse to start this engine" in err and "max_model_len=131072" in err
+    assert main(["check", path]) == 0
+    assert "vLLM would refuse" not in capsys.readouterr().err
