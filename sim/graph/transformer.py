@@ -285,7 +285,10 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
                            passes=3.0, flops_per_element=5.0), attn_layers)
         add(gemm_work("o_proj", t, h, s.q_heads * s.head_dim, weight_dtype=lin_w, act_dtype=act,
                       compute_dtype=lin_c), attn_layers)
-    if not model.parallel_attention:
+    # vLLM's Falcon parallel layer reduces its attention and MLP partial outputs once
+    # (`reduce_row_parallel_results` off); GPT-J's out_proj and fc_out reduce each their own.
+    one_reduce = model.parallel_attention and model.model_type != "gptj"
+    if not one_reduce:
         all_reduce("attn_all_reduce", num_layers)
     if model.layer_norms_per_layer == 2:
         # The MLP's norm: after attention, or beside the input norm of a parallel layer (Falcon).
@@ -298,26 +301,32 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense, gated=model.mlp_gated)
     if num_moe:
         _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=decode_only)
-    # A parallel layer sums its attention and MLP partial outputs and reduces them once (vLLM's Falcon).
-    all_reduce("layer_all_reduce" if model.parallel_attention else "mlp_all_reduce", num_layers)
+    all_reduce("layer_all_reduce" if one_reduce else "mlp_all_reduce", num_layers)
 
     if s.pp > 1:
         # vLLM sends hidden states and the residual to the next stage, over NVLink inside an NVLink
-        # domain (a node, or an NVL72 rack) and over the inter-node network between domains.
+        # domain (a node, or an NVL72 rack) and over the inter-node network between domains. With
+        # TP > 1 each rank sends its 1/TP slice and the next stage all-gathers it over its TP group
+        # (`send_tensor_dict` / `recv_tensor_dict(all_gather_group=tp_group)`).
         domain = hw.nvlink_domain()
         across = pp_hops_across_domains(s.tp, s.pp, domain)
+        hop = 2 * t * h * act_b
+        sliced = engine.backend == "vllm" and s.tp > 1
+        send = hop / s.tp if sliced else hop
         if s.pp - 1 - across:
-            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv", 2 * t * h * act_b, 2), s.pp - 1 - across)
+            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv", send, 2), s.pp - 1 - across)
         if across:
-            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv_internode", 2 * t * h * act_b, domain + 1),
-                across)
+            add(collective_work(KernelKind.SEND_RECV, "pp_send_recv_internode", send, domain + 1), across)
+        if sliced:
+            add(collective_work(KernelKind.ALL_GATHER, "pp_recv_all_gather", hop, s.tp), s.pp - 1)
     add(pointwise_work(KernelKind.NORM, "final_norm", t, h, act, passes=2.0, flops_per_element=4.0))
     sampled = batch.num_sampled()
     if sampled:
         head = precision.lm_head_dtype
         add(gemm_work("lm_head", sampled, s.vocab, h, weight_dtype=head, act_dtype=act, compute_dtype=head))
         if s.tp > 1:
-            add(collective_work(KernelKind.ALL_GATHER, "logits_all_gather", sampled * s.vocab * act_b, s.tp))
+            # An all-gather's message is the gathered buffer (nccl-tests' convention, as the tables key it).
+            add(collective_work(KernelKind.ALL_GATHER, "logits_all_gather", sampled * s.vocab * s.tp * act_b, s.tp))
         # The sampler reads the gathered logits as fp32: conversion, softmax/argmax, sampling.
         add(pointwise_work(KernelKind.SAMPLING, "sampler", sampled, model.vocab_size, DType.FLOAT32,
                        passes=4.0, flops_per_element=5.0))

@@ -78,6 +78,10 @@ class HostCost:
     """CPU time spent launching kernels or graphs."""
     launch_floor_s: float
     """Extra GPU idle time when eager launches are slower than kernels."""
+    serial_launch_s: float | None = None
+    """Launch time the GPU waits for before its first kernel in a synchronous step: one eager launch
+    (the others overlap the kernels, their excess over a short kernel being `launch_floor_s`), or the
+    whole graph launch; None: all of `launch_s`."""
 
 
 def _captured(is_decode_only: bool, num_tokens: int, max_cudagraph_capture_size: int) -> bool:
@@ -118,7 +122,8 @@ def host_cost(
     tokens = num_seqs if num_tokens is None else num_tokens
     if launches_eagerly(params=params, mode=mode, is_decode_only=is_decode_only, num_seqs=num_seqs,
                         max_cudagraph_capture_size=max_cudagraph_capture_size, num_tokens=tokens):
-        return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s)
+        return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s,
+                        serial_launch_s=params.eager_launch_s if num_launches else 0.0)
     if mode == "cuda_graph" and not _captured(is_decode_only, tokens, max_cudagraph_capture_size):
         # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
         return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
@@ -126,7 +131,13 @@ def host_cost(
 
 
 def step_time_s(*, device_s: float, host: HostCost, async_scheduling: bool) -> float:
-    """Wall time of a step given GPU (kernels + collectives) and host costs."""
+    """Wall time of a step given GPU (kernels + collectives) and host costs. Asynchronous
+    scheduling overlaps the CPU's work with the GPU's; a synchronous step runs them in turn, the
+    kernel launches overlapping the kernels they launch (eagerly launched kernels wait for the first
+    launch, and for the ones slower than their kernels through `launch_floor_s`)."""
     gpu = device_s + host.launch_floor_s
     cpu = host.cpu_s + host.launch_s
-    return max(gpu, cpu) if async_scheduling else gpu + cpu
+    if async_scheduling:
+        return max(gpu, cpu)
+    serial = host.launch_s if host.serial_launch_s is None else host.serial_launch_s
+    return host.cpu_s + serial + max(gpu, host.launch_s - serial)

@@ -164,7 +164,7 @@ def test_pipeline_hops_across_nodes_take_the_inter_node_link(hardware: str, tp: 
     hops = {n.work.name: n for n in step_graph(sc, batch).nodes if n.work.kind is KernelKind.SEND_RECV}
     assert (hops["pp_send_recv"].repeat if "pp_send_recv" in hops else 0) == intra
     assert (hops["pp_send_recv_internode"].repeat if "pp_send_recv_internode" in hops else 0) == inter
-    message = 2 * 64 * 8192 * 2  # hidden states and residual, bf16
+    message = 2 * 64 * 8192 * 2 / tp  # hidden states and residual, bf16: each TP rank sends its slice (vLLM)
     for name, link in (("pp_send_recv", sc.hardware.intra_node_link),
                        ("pp_send_recv_internode", sc.hardware.inter_node_link)):
         if name in hops:
@@ -181,5 +181,34 @@ def test_pipeline_hops_across_nodes_take_the_inter_node_link(hardware: str, tp: 
         assert hop.work.group_size == group and hop.provenance.name == "EXTRAPOLATED"
         assert hop.time_s == pytest.approx(float(nccl_time("send_recv", message, group, sc.hardware).time_s[0]),
                                            rel=1e-12)
-        assert message / sc.hardware.inter_node_link.bandwidth_bytes_per_s < hop.time_s < 3 * (
-            message / sc.hardware.inter_node_link.bandwidth_bytes_per_s)
+        link = sc.hardware.inter_node_link
+        assert message / link.bandwidth_bytes_per_s < hop.time_s < 3 * (
+            message / link.bandwidth_bytes_per_s) + 2 * link.latency_s  # a TP slice: latency shows
+
+
+def _collectives(model: str, engine: dict[str, object], batch: BatchShape) -> dict[str, tuple[float, int]]:
+    from sim.api import step_graph
+    sc = scenario_from_dict(scenario_dict(model={"name": model}, engine={"max_model_len": 2048, **engine},
+                                          perf={"tier": "roofline"}), source="test")
+    return {n.work.name: (n.work.comm_bytes, n.repeat) for n in step_graph(sc, batch).nodes if n.work.kind.is_collective()}
+
+
+def test_gpt_j_reduces_attention_and_mlp_each_falcon_once() -> None:
+    """vLLM's GPT-J out_proj and fc_out are row-parallel layers that reduce their own outputs (two
+    all-reduces a layer); Falcon's parallel layer turns that off and reduces the sum once."""
+    batch = BatchShape(decode_context_tokens=(512,) * 8)
+    gptj = _collectives("EleutherAI/gpt-j-6b", {"tensor_parallel_size": 2}, batch)
+    assert gptj["attn_all_reduce"] == gptj["mlp_all_reduce"] == (8 * 4096 * 2, 28) and "layer_all_reduce" not in gptj
+    falcon = _collectives("tiiuae/falcon-180B", {"tensor_parallel_size": 8}, batch)
+    assert "layer_all_reduce" in falcon and "attn_all_reduce" not in falcon
+
+
+def test_all_gathers_carry_the_gathered_buffer_and_pp_hops_send_a_tp_slice() -> None:
+    """An all-gather's message is its gathered output (nccl-tests' and the tables' convention): the
+    logits of the whole vocabulary; vLLM's pipeline hop sends each TP rank's 1/TP slice of the hidden
+    state and residual, which the next stage all-gathers."""
+    batch = BatchShape(decode_context_tokens=(512,) * 16)
+    c = _collectives("meta-llama/Llama-3.1-8B", {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}, batch)
+    assert c["logits_all_gather"] == (16 * 128256 * 2, 1)  # 128,256 divides by 4
+    assert c["pp_send_recv"] == (2 * 16 * 4096 * 2 / 4, 1)
+    assert c["pp_recv_all_gather"] == (2 * 16 * 4096 * 2, 1)
