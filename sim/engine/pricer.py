@@ -17,6 +17,7 @@ between runs of the same pricing identity (`PriceCache`): the run's prices are t
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -164,6 +165,11 @@ class StepPricer:
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
         self._async = scenario.engine.async_scheduling
+        self._padded = capture_ladder(self._capture_size) if (
+            scenario.engine.backend == "vllm" and self._mode == "cuda_graph") else ()
+        """vLLM runs a step of at most the largest capture's tokens as the graph of the next capture
+        size (`pad_for_cudagraph`): its token part is priced at that size (attention, LM head and
+        sampler at the real counts, as the padded rows' logits are not computed)."""
         self.first_s: dict[AnyKey, float] | None = None
         """When set (a caller that counts steps out of time order): the start of each key's first
         step, so that `fold_runs` puts `counts` in the order the step-by-step loop counts them."""
@@ -479,6 +485,9 @@ class StepPricer:
             num_seqs_sampling += samples
         if token_key is None:
             token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
+        if self._padded and abs(token_key) <= self._padded[-1]:
+            size = self._padded[bisect.bisect_left(self._padded, abs(token_key))]
+            token_key = -size if token_key < 0 else size
         book = self.parts
         parts = [book.token(token_key)]
         if num_sampled:
@@ -555,3 +564,10 @@ class StepPricer:
                 by_kind[kind] = by_kind.get(kind, 0.0) + total
                 by_name[name] = by_name.get(name, 0.0) + total
         return by_kind, by_name, host, floor
+
+
+def capture_ladder(max_capture_size: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes up to `max_capture_size` (`_set_cudagraph_sizes`:
+    1, 2, 4, then every 8 below 256, every 16 from 256; vLLM's largest graph is the last of them)."""
+    return tuple(s for s in (1, 2, 4, *range(8, 256, 8), *range(256, max_capture_size + 1, 16))
+                 if s <= max_capture_size)

@@ -273,3 +273,24 @@ def test_a_request_admitted_after_another_in_the_same_step_hits_its_prefix() -> 
     assert [r.prefix_hit_tokens for r in records] == [0] * 8 + [256] * 8
     reference = simulate(sc, limits=SimLimits(bulk_decode=False))
     assert sorted(reference.records, key=lambda r: r.request_id) == records
+
+
+def test_vllm_pads_a_captured_steps_tokens_to_the_next_capture_size() -> None:
+    """vLLM runs a batch of at most the largest capture as the graph of the next capture size
+    (`pad_for_cudagraph`: 1, 2, 4, every 8 below 256, every 16 above): 9 decodes run the 16-token
+    graph, so the token part is priced at 16 (attention and sampling at 9); SGLang's profile is not
+    padded here, nor a vLLM step above the largest capture."""
+    from sim.engine.pricer import capture_ladder
+
+    assert capture_ladder(512)[:5] == (1, 2, 4, 8, 16) and capture_ladder(512)[-2:] == (496, 512)
+    assert capture_ladder(100)[-1] == 96  # vLLM's largest graph is the last size of the ladder
+
+    def token_part(backend: str, n: int) -> float:
+        sc = scenario_from_dict(scenario_dict(engine={"backend": backend}, perf={"tier": "roofline"}), source="t")
+        pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params(backend))
+        pricer.step_s(((), n, 512))
+        parts, _ = pricer._key_parts[((), n, 512)]
+        return parts[0].gpu_s + parts[0].comm_s
+
+    assert token_part("vllm", 9) == token_part("vllm", 16) > token_part("vllm", 8)
+    assert token_part("sglang", 9) < token_part("sglang", 16)
