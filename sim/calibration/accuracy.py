@@ -30,6 +30,7 @@ from sim.calibration.tables import (
     FAMILY_OF_KERNEL,
     Exclusion,
     columns_of,
+    file_sha256,
     read_microbench_dir,
     read_vidur_pointwise,
 )
@@ -49,7 +50,13 @@ TABLE_SHAPE_COLS: Final = ("moe_dtype", "num_tokens", "hidden_size",
                      "rank0_num_tokens", "aic_table", "phase", "simulation_mode", "quant_type")
 """Shape columns of the table-keyed families (blank on the other rows, so adding them to a key leaves
 the other families' keys equivalent)."""
+SUBSAMPLE_TABLE_COLS: Final = tuple(c for c in TABLE_SHAPE_COLS if c != "kernel_source")
+"""The table-keyed shape columns the subsample hashes: not `kernel_source`, which names the kernel a
+backend runs on that GPU (vLLM's MLA decode is `vllm_triton_mla` on A100, `vllm_flash_attn_mla` on H100),
+so that the same shapes are kept on every GPU."""
 TIERS: Final = ("roofline", "naive", "cross-generation", "target-measured")
+VIDUR_KEY: Final = "vidur/compute_mlp_ops.csv.gz"
+"""`Loaded.sha256` key of the Vidur table the pointwise rows come from (the others are GPU names)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,20 @@ def plan_mask(rows: pd.DataFrame, hw: HardwareSpec, grid: PlanGrid = DEFAULT_GRI
     return at, in_unit
 
 
+def unit_labels(rows: pd.DataFrame) -> pd.Series:
+    """`<family>:<unit>` of each row (the unit a plan point touches: GEMM (n, k) site, head
+    configuration, message size, ...)."""
+    labels: pd.Series = rows.kernel.map(FAMILY_OF_KERNEL) + ":" + rows.unit.astype(str)
+    return labels
+
+
+def in_units_of(rows: pd.DataFrame, calibration_rows: pd.DataFrame) -> np.ndarray:
+    """Rows in a unit that any calibration row touches. The units come from the calibration rows
+    themselves (the full table's plan points), not from the plan points that a scored subsample
+    kept: a unit whose plan rows the subsample dropped is still one the correction was fitted on."""
+    return unit_labels(rows).isin(set(unit_labels(calibration_rows))).to_numpy()
+
+
 def full_rows(data_root: Path, gpu: str) -> pd.DataFrame:
     """Every usable measured row of one GPU: its AIConfigurator tables plus its Vidur small kernels
     (as the pointwise.csv a sweep would write)."""
@@ -118,7 +139,9 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
     excl: list[Exclusion] = []
     sha: dict[str, str] = {}
     plan_rows: dict[str, pd.DataFrame] = {}
-    vidur = read_vidur_pointwise(data_root / "vidur" / "compute_mlp_ops.csv.gz")
+    vidur_path = data_root / "vidur" / "compute_mlp_ops.csv.gz"
+    vidur = read_vidur_pointwise(vidur_path)
+    sha[VIDUR_KEY] = file_sha256([vidur_path])  # the pointwise rows of every GPU come from it
     for gpu in gpus:
         df, ex, digest = read_microbench_dir(data_root / "aiconfigurator" / gpu, gpu)
         df = pd.concat([df, vidur[vidur.gpu == gpu].drop(columns="gpu")], ignore_index=True)
@@ -132,7 +155,7 @@ def load(data_root: Path, gpus: tuple[str, ...], *, subsample: bool = True,
             h = pd.util.hash_pandas_object(_keys(df, SHAPE_COLS), index=False).to_numpy().copy()
             table = df.family.isin(FAMILIES_REPORTED[6:]).to_numpy()
             if table.any():  # table-keyed rows: hash their own key columns too (old families unchanged)
-                h[table] = pd.util.hash_pandas_object(_keys(df[table], (*SHAPE_COLS, *TABLE_SHAPE_COLS)),
+                h[table] = pd.util.hash_pandas_object(_keys(df[table], (*SHAPE_COLS, *SUBSAMPLE_TABLE_COLS)),
                                                       index=False).to_numpy()
             frac = df.family.map(KEEP_FRAC).fillna(1.0).to_numpy()
             df = df[(h % 10_000) < frac * 10_000].reset_index(drop=True)
@@ -203,7 +226,7 @@ def evaluate_gpu(held_gpu: str, loaded: Loaded, data_root: Path) -> dict[str, An
         return result
     # Target-measured: calibrate on the plan's points of the full table, score outside plan units.
     calibrated = fit_correction(base, loaded.plan_rows[held_gpu], hw)
-    _, in_unit = plan_mask(held, hw)
+    in_unit = in_units_of(held, loaded.plan_rows[held_gpu])
     target, _ = predict_latency_s(cols, hw, FittedEfficiency(calibrated))
     result["tiers"]["target-measured"] = family_scores(held, target, ~in_unit)
     result["tiers"]["cross-generation (same rows as target)"] = family_scores(held, cross, ~in_unit)

@@ -332,7 +332,8 @@ def table_from_logo(residuals: Residuals, dev_gpus: Sequence[str], data_sha256: 
                     tiers[class_tier(tier, cls)] = fit_tier(pool, alpha)
     seen = tuple(sorted({v for g in dev_gpus if (v := (architectures or {}).get(g)) is not None}))
     return IntervalTable(tiers=tiers, produced_by=produced_by, nominal=1.0 - alpha, seen_sm_versions=seen,
-                         data_sha256={f"aiconfigurator/{g}": s for g, s in data_sha256.items() if g in dev_gpus})
+                         data_sha256={**{f"aiconfigurator/{g}": s for g, s in data_sha256.items() if g in dev_gpus},
+                                      **{k: s for k, s in data_sha256.items() if "/" in k}})  # e.g. Vidur's table
 
 
 # -- coverage (leave-one-GPU-out, nested) -------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, family_scores, load, plan_mask
+from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, family_scores, in_units_of, load
 from sim.calibration.batch import predict_latency_s
 from sim.calibration.fit import fit_correction, fit_cross_generation
 from sim.calibration.tables import FAMILY_OF_KERNEL, Exclusion, columns_of, read_microbench_dir
@@ -82,7 +82,7 @@ def score_own_tables(data_root: Path, directory: Path, gpu: str, reference: tupl
     held = loaded.rows[gpu]
     cols = columns_of(held)
     everything = np.ones(len(held), dtype=bool)
-    _, in_unit = plan_mask(held, hw)
+    in_unit = in_units_of(held, loaded.plan_rows[gpu])  # units of the full table's plan points
     say("correcting on our tables and on the AIConfigurator plan points")
     cross, _ = predict_latency_s(cols, hw, FittedEfficiency(base))
     ours, _ = predict_latency_s(cols, hw, FittedEfficiency(fit_correction(base, own, hw)))

@@ -140,6 +140,36 @@ def _attention(df: pd.DataFrame, kernel: str, system: str, excl: list[Exclusion]
     return out
 
 
+UNRELIABLE_SMALL_TOKEN_SERIES: Final = frozenset({"sglang_flashinfer_cutedsl_moe|nvfp4",
+                                                  "moe_torch_flow_min_latency|nvfp4"})
+"""The MoE series (kernel source | weight format) the data README calls unreliable at small token counts."""
+
+
+def _unreliable_small_token_series(df: pd.DataFrame, flagged: np.ndarray, system: str,
+                                   excl: list[Exclusion]) -> np.ndarray:
+    """MoE rows of a series with rows flagged faster than the DRAM allows, up to the series' largest
+    flagged token count, whatever their routing distribution. The data README: on b200_sxm the
+    flagged rows are balanced small-batch nvfp4 rows of `sglang_flashinfer_cutedsl_moe` and
+    `moe_torch_flow_min_latency` ("treat small-token nvfp4 rows of these two kernel sources as
+    unreliable"), and the flag is only defined for balanced routing, so the same series' power-law
+    rows at those token counts are dropped too (47 of them ran faster than their own roofline)."""
+    series = [c for c in ("kernel_source", "moe_dtype") if c in df.columns]
+    out = np.zeros(len(df), dtype=bool)
+    if len(series) < 2 or "num_tokens" not in df.columns:
+        return out
+    tokens = pd.to_numeric(df["num_tokens"], errors="coerce").to_numpy()
+    keys = df[series].astype(str).agg("|".join, axis=1).to_numpy()
+    for key in sorted(set(keys[flagged]) & UNRELIABLE_SMALL_TOKEN_SERIES):
+        mine = keys == key
+        bound = np.nanmax(tokens[mine & flagged])
+        drop = mine & ~flagged & (tokens <= bound)
+        if drop.any():
+            excl.append(Exclusion(system, "moe", f"unflagged rows of a flagged series ({key.replace('|', ', ')}) "
+                                  f"at <= {int(bound)} tokens (data README)", int(drop.sum())))
+        out |= drop
+    return out
+
+
 def read_table_keyed(df: pd.DataFrame, name: str, system: str, excl: list[Exclusion]) -> pd.DataFrame:
     """Rows of a table-keyed table: its query columns as they are (`kernel` = table name), the
     latency per call (DeepEP: the sum of the row's `*_ms` columns, dispatch + combine), rows with
@@ -147,11 +177,15 @@ def read_table_keyed(df: pd.DataFrame, name: str, system: str, excl: list[Exclus
     as AIConfigurator loads them."""
     flags = [c for c in df.columns if c.startswith("flag_")]
     keep = np.ones(len(df), dtype=bool)
+    flagged = np.zeros(len(df), dtype=bool)
     for flag in flags:
         bad = df[flag].astype(str).str.lower().eq("true").to_numpy() & keep
         if bad.any():
             excl.append(Exclusion(system, name, f"rows with {flag}", int(bad.sum())))
         keep &= ~bad
+        flagged |= bad
+    if name == "moe" and flagged.any():
+        keep &= ~_unreliable_small_token_series(df, flagged, system, excl)
     df = df[keep]
     query = [c for c in TABLE_COLUMNS[name] if c in df.columns]
     dup = df.duplicated(subset=query, keep="first").to_numpy()

@@ -273,3 +273,39 @@ def test_shipped_model_prices_a100_tensorrt_llm_mla_decode_near_its_measurement(
         times[backend] = StepCostModel(a100, model).estimate(work).time_s
     assert 1.89e-3 / 1.6 < times["trtllm"] < 1.89e-3 * 1.6
     assert times["vllm"] < times["trtllm"] / 2  # the Triton split-KV kernel spreads the walk over CTAs
+
+
+def test_the_readme_unreliable_moe_series_drop_their_small_token_rows(tmp_path: Path) -> None:
+    """The data README: treat small-token nvfp4 rows of `sglang_flashinfer_cutedsl_moe` and
+    `moe_torch_flow_min_latency` as unreliable (their balanced rows read the weights faster than the
+    DRAM can). The flag is defined for balanced routing only: the series' rows up to its largest
+    flagged token count go, whatever their distribution; larger ones and other series stay."""
+    base = {"backend": "sglang", "backend_version": "0.5.10", "backend_version_reported": "0.5.10",
+            "kernel_source": "sglang_flashinfer_cutedsl_moe", "moe_dtype": "nvfp4", "num_tokens": 8,
+            "hidden_size": 7168, "inter_size": 2048, "topk": 8, "num_experts": 256, "moe_tp_size": 1,
+            "moe_ep_size": 1, "distribution": "balanced", "flag_exceeds_peak_flops": False,
+            "flag_exceeds_dram_bw": False}
+    _write(tmp_path / "moe.csv.gz", [
+        {**base, "num_tokens": 64, "latency_ms": 0.05, "flag_exceeds_dram_bw": True},
+        {**base, "num_tokens": 32, "distribution": "power_law_1.01", "latency_ms": 0.06},  # same series, small
+        {**base, "num_tokens": 4096, "distribution": "power_law_1.01", "latency_ms": 2.0},  # past the flags
+        {**base, "num_tokens": 32, "kernel_source": "sglang_fused_moe_triton", "moe_dtype": "fp8_block",
+         "latency_ms": 0.2}])
+    rows, excl, _ = read_microbench_dir(tmp_path, "b200_sxm")
+    moe = rows[rows.kernel == "moe"]
+    assert sorted(moe.latency_s.round(9).tolist()) == [pytest.approx(0.2e-3), pytest.approx(2.0e-3)]
+    assert any("flagged series (sglang_flashinfer_cutedsl_moe, nvfp4) at <= 64 tokens" in e.what for e in excl)
+
+
+def test_target_measured_scoring_leaves_out_every_unit_the_correction_saw() -> None:
+    """The units come from the calibration rows (the full table's plan points), so a unit whose plan
+    rows the scored subsample happens to drop is still left out (before 2026-12-02, 68 a100 and 60
+    l40s GEMM rows of such units were scored)."""
+    import pandas as pd
+
+    from sim.calibration.accuracy import SUBSAMPLE_TABLE_COLS, in_units_of
+
+    scored = pd.DataFrame({"kernel": ["gemm", "gemm", "gemm"], "unit": ["16384x65536", "4096x4096", "8192x8192"]})
+    calibration = pd.DataFrame({"kernel": ["gemm"], "unit": ["16384x65536"]})
+    assert in_units_of(scored, calibration).tolist() == [True, False, False]
+    assert "kernel_source" not in SUBSAMPLE_TABLE_COLS  # the GPU's kernel path does not pick the sample
