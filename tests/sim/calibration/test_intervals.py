@@ -165,7 +165,8 @@ def test_load_rejects_unknown_keys(tmp_path: Path) -> None:
 def test_shipped_table_is_fitted_on_dev_gpus_only() -> None:
     table = shipped_intervals()
     assert table is not None
-    assert "aiconfigurator/b200_sxm" not in table.data_sha256 and len(table.data_sha256) == 5
+    assert "aiconfigurator/b200_sxm" not in table.data_sha256 and len(table.data_sha256) == 6
+    assert "vidur/compute_mlp_ops.csv.gz" in table.data_sha256  # the pointwise rows' table
     assert table.seen_sm_versions == (80, 89, 90, 120)
     for tier in ("cross-generation", "target-measured"):
         for key in (tier, f"{tier}:seen-architecture", f"{tier}:new-architecture"):

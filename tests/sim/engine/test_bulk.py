@@ -521,12 +521,15 @@ def test_pricer_parts_add_up_to_the_whole_step_graph(model: str, engine: dict[st
                             source="t")
     cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
     pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"))
+    # Token counts at vLLM's capture sizes (304, 1, 40, 336, 208; a captured step's tokens are padded to
+    # the next size, tests/sim/engine/test_steps_and_routing.py) or above the largest (1,000).
     keys: list[StepKey] = [
-        (((300, 0, True),), 0, 0),
+        (((304, 0, True),), 0, 0),
         ((), 1, 16),
-        ((), 37, 512),
-        (((128, 0, False), (128, 0, False), (64, 256, True)), 12, 1024),
-        (((1, 40, True),), 200, 2048),
+        ((), 40, 512),
+        (((128, 0, False), (128, 0, False), (68, 256, True)), 12, 1024),
+        (((1, 40, True),), 207, 2048),
+        (((1000, 0, True),), 0, 0),
     ]
     for key in keys:
         assert pricer.step_s(key) == pytest.approx(_reference_step_s(sc, key, cost), rel=1e-12), key

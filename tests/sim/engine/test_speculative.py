@@ -117,7 +117,7 @@ def test_verification_step_prices_k_plus_one_tokens_and_the_drafter() -> None:
     host = load_host_params("vllm")
     cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
     pricer = StepPricer(sc, cost, host, block_pricing=False)
-    n, ctx, k = 4, 512, 2
+    n, ctx, k = 8, 512, 2  # 8 x 3 = 24 tokens: a capture size, so vLLM pads nothing
     got = pricer.step_s(((), n, ctx))
     # Expected, assembled from the graph builders: the target over n(k+1) tokens all sampled, attention
     # of n alike (k+1)-token chunks; the EAGLE-3 head (one Llama layer, 32k vocabulary) over the same
