@@ -125,6 +125,8 @@ def _check_flags(args: Namespace) -> None:
         raise bad("--budget-s", args.budget_s, "must be a finite number of seconds >= 0 (0: every row)")
     if not args.max_row_s >= 0:
         raise bad("--max-row-s", args.max_row_s, "must be a number of seconds >= 0 (0: no cap)")
+    if not (math.isfinite(args.fit_budget_s) and args.fit_budget_s >= 0):
+        raise bad("--fit-budget-s", args.fit_budget_s, "must be a finite number of seconds >= 0")
     if args.e2e_widening_out is not None:
         if not args.intervals:  # the widening is fitted on the intervals: without them nothing is written
             raise bad("--e2e-widening-out", args.e2e_widening_out, "needs --intervals K with K >= 1")

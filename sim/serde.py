@@ -10,6 +10,7 @@ so equal configurations hash equally in every process.
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 import hashlib
@@ -26,6 +27,20 @@ from sim.errors import ConfigError
 from sim.suggest import did_you_mean
 
 T = TypeVar("T")
+
+
+def read_only(mapping: dict[Any, Any]) -> types.MappingProxyType[Any, Any]:
+    """A read-only view of `mapping` (how `build` holds a spec's tables)."""
+    return types.MappingProxyType(mapping)
+
+
+def _reduce_mapping_proxy(proxy: types.MappingProxyType[Any, Any]) -> tuple[Any, tuple[dict[Any, Any]]]:
+    return read_only, (dict(proxy),)
+
+
+# The specs hold their tables as read-only `MappingProxyType`s (`build`), which pickle cannot copy by
+# default: worker processes (validate's pool, `--fit-profiles`' candidate profiles) receive specs.
+copyreg.pickle(types.MappingProxyType, _reduce_mapping_proxy)
 
 
 class FieldError(ValueError):

@@ -201,6 +201,8 @@ def test_an_unwritable_widening_out_is_refused_before_simulating(tmp_path: Path)
     (("--budget-s", "-5"), "--budget-s=-5.0"),
     (("--max-row-s", "nan"), "--max-row-s=nan"),
     (("--max-row-s", "-1"), "--max-row-s=-1.0"),
+    (("--fit-budget-s", "-5"), "--fit-budget-s=-5.0"),
+    (("--fit-budget-s", "inf"), "--fit-budget-s=inf"),
     (("--intervals", "-1"), "--intervals=-1"),
     (("--e2e-widening-out", "w.json"), "--e2e-widening-out='w.json'"),  # nothing was written, exit 0
     (("--intervals", "0", "--e2e-widening-out", "w.json"), "--e2e-widening-out='w.json'"),

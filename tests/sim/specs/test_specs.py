@@ -393,3 +393,20 @@ def test_a_scenario_hash_holds_its_files_by_content(tmp_path: Path) -> None:
     b = load_scenario_file(scenario(tmp_path / "b", "100,10\n200,20\n")).scenario_hash()
     edited = load_scenario_file(scenario(tmp_path / "a", "4000,500\n4000,500\n")).scenario_hash()
     assert a == b and edited != a
+
+
+def test_specs_pickle_for_worker_processes() -> None:
+    """Specs hold their tables as read-only mapping proxies; worker processes receive them (validate's
+    pool, `--fit-profiles`' candidate profiles: before 2026-12-02 `validate --fit-profiles --jobs 2`
+    failed with "cannot pickle 'mappingproxy' object")."""
+    import pickle
+
+    from conftest import REPO
+
+    from sim.api import load_engine_profile, load_scenario
+
+    profile = load_engine_profile("sglang")
+    assert pickle.loads(pickle.dumps(profile)) == profile
+    scenario = load_scenario(REPO / "scenarios" / "llama3_8b-h100-disagg-1p1d.toml")
+    again = pickle.loads(pickle.dumps(scenario))
+    assert again == scenario and again.scenario_hash() == scenario.scenario_hash()
