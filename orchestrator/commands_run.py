@@ -10,7 +10,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.commands_sim import overrides_from, warn_missing_price
+from orchestrator.commands_sim import overrides_from, warn_about_scenario
 from orchestrator.optional import require
 from orchestrator.out_dir import prepare_out_dir
 from orchestrator.progress import ProgressBar
@@ -131,7 +131,7 @@ def cmd_run(args: Namespace) -> int:
     if args.trace and not args.out:
         raise ConfigError(source="run", key="--trace", value=True, rule="needs --out DIR (the trace is written there)")
     scenario = load_scenario(args.scenario, overrides_from(args))
-    warn_missing_price(scenario)
+    warn_about_scenario(scenario)
     if args.out:
         require("pyarrow")
         prepare_out_dir(Path(args.out), holds="the Parquet records")

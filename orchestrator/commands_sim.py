@@ -215,7 +215,7 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
         return f"model index with {len(data['model'])} entries"
     if "hardware" in data or "model" in data:
         scenario = load_scenario(path, overrides or None)
-        warn_missing_price(scenario)
+        warn_about_scenario(scenario)
         mem = scenario_memory(scenario)
         parts = [pool.scenario for pool in scenario.disaggregation.pools()] if scenario.disaggregation else []
         for part in [scenario, *parts]:
@@ -254,9 +254,9 @@ def _latency_note(scenario: Scenario) -> str:
     return f"; TTFT/E2E include {latency * 1e3:.0f} ms of API-server latency ({where})"
 
 
-def warn_missing_price(scenario: Scenario) -> None:
-    """The stderr warnings `check` and `run` both give: a scenario without a GPU price; a vLLM engine
-    that vLLM would refuse to start (`warn_vllm_would_not_start`)."""
+def warn_about_scenario(scenario: Scenario) -> None:
+    """The stderr warnings `check` and `run` both give: a scenario without a GPU price
+    (`missing_price_message`); a vLLM engine that vLLM would refuse to start."""
     message = missing_price_message(scenario)
     if message is not None:
         sys.stderr.write(f"warning: {message}\n")

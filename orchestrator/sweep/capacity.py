@@ -46,6 +46,7 @@ from orchestrator.sweep.space import candidate_grid
 from orchestrator.sweep.spec import ParamValue, SweepSpec
 from orchestrator.sweep.vllm_command import pool_comment, vllm_pool_commands, vllm_serve_command
 from sim.errors import ConfigError
+from sim.specs.catalog import load_model
 from sim.specs.scenario import Scenario
 
 logger = logging.getLogger(__name__)
@@ -433,20 +434,13 @@ def _lockstep_engine(base: Scenario, params: Mapping[str, ParamValue]) -> bool:
     replicas are whole engines, not DP ranks (`sim.specs.scenario.ranks_in_lockstep`)."""
     if is_disaggregated(params, base.sections()):
         return False
-    model = params.get("model.name", base.sections()["model"]["name"])
-    key = (str(model), str(base.sections()["model"]))
-    hit = _MOE_MODELS.get(key)
-    if hit is None:
-        try:
-            hit = _MOE_MODELS[key] = build_scenario(base, {k: v for k, v in params.items()
-                                                           if k.startswith("model.")}).model.moe is not None
-        except ConfigError:
-            hit = False
-    return hit
-
-
-_MOE_MODELS: dict[tuple[str, str], bool] = {}
-"""Whether a candidate's model is MoE, by model name and base model section (built once)."""
+    name = params.get("model.name")
+    if name is None:
+        return base.model.moe is not None
+    try:
+        return load_model(str(name)).moe is not None  # the catalog keeps each parsed model
+    except ConfigError:
+        return False  # the trial's own build names the error
 
 
 def _replica_gpus(scenario: Scenario) -> int:
