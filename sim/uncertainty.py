@@ -214,7 +214,7 @@ def run_intervals(scenario: Scenario, point: SimSummary, k: int, *, seed: int | 
 
 RATE_METRICS: Final = ("request_throughput_per_s", "output_throughput_tokens_per_s",
                        "total_token_throughput_tokens_per_s", "goodput_requests_per_s")
-"""Metrics that are counts over the run's duration (at most count / arrival span)."""
+"""Metrics that are counts over the run's duration (at most count / last arrival)."""
 
 
 def _clamp_to_arrivals(lo: dict[str, float | None], hi: dict[str, float | None], point: SimSummary,
