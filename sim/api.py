@@ -59,7 +59,7 @@ from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.6.3"
+__version__ = "0.6.4"
 
 _GIB = float(1 << 30)
 
@@ -495,10 +495,22 @@ def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: Efficie
         efficiency = wrapper(efficiency, scenario)
     host = host or profile.host
     m = micro_batches(scenario, limits)
+    overlap = resolved_async_scheduling(scenario.engine, profile)
     if prices is None:
-        return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host, micro_batches=m)
+        return StepPricer(scenario, StepCostModel(scenario.hardware, efficiency), host, micro_batches=m,
+                          async_scheduling=overlap)
     shared = prices.prices(scenario, efficiency, host.eager_launch_s)
-    return StepPricer(scenario, shared.cost, host, prices=shared, micro_batches=m)
+    return StepPricer(scenario, shared.cost, host, prices=shared, micro_batches=m, async_scheduling=overlap)
+
+
+def resolved_async_scheduling(engine: EngineParams, profile: EngineProfile) -> bool:
+    """`[engine] async_scheduling`, else the engine's default for a recent release (the profile's
+    `[defaults]`: on for vLLM, SGLang and TensorRT-LLM, off under the speculative methods that turn
+    it off)."""
+    if engine.async_scheduling is not None:
+        return engine.async_scheduling
+    spec = engine.speculative_config
+    return profile.defaults.async_default(None if spec is None else spec.method)
 
 
 def _breakdown(pricer: StepPricer) -> KernelBreakdown:

@@ -133,11 +133,14 @@ class DecodeRun:
 class StepPricer:
     def __init__(self, scenario: Scenario, cost: StepCostModel, host: HostOverheadParams,
                  decode_context_bucket_tokens: int = 16, *, block_pricing: bool = True,
-                 prices: PartPrices | None = None, micro_batches: int = 1) -> None:
+                 prices: PartPrices | None = None, micro_batches: int = 1,
+                 async_scheduling: bool | None = None) -> None:
         """`prices`: priced parts shared with other runs of the same pricing identity (from
         `PriceCache.prices`); None prices this run's parts afresh. `micro_batches` > 1: a step is
         that many pipeline micro-batches in flight, as long as the slowest of them
-        (`sim.engine.micro_batches`)."""
+        (`sim.engine.micro_batches`). `async_scheduling`: whether steps overlap CPU and GPU work
+        (`sim.api` passes the engine profile's resolution of `[engine] async_scheduling`); None takes
+        the scenario's setting, unset counting as off."""
         self._sc = scenario
         self._micro_batches = micro_batches
         self._cost = cost
@@ -164,7 +167,7 @@ class StepPricer:
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
-        self._async = scenario.engine.async_scheduling
+        self._async = scenario.engine.async_scheduling is True if async_scheduling is None else async_scheduling
         self._padded = capture_ladder(self._capture_size) if (
             scenario.engine.backend == "vllm" and self._mode == "cuda_graph") else ()
         """vLLM runs a step of at most the largest capture's tokens as the graph of the next capture

@@ -26,12 +26,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from sim.dtypes import DType
 from sim.perf.host import HostOverheadParams
 from sim.serde import require
 from sim.specs.engine import BLOCK_SIZES
+from sim.specs.speculative import SpecMethod
 
 KvMemoryBasis = Literal["total", "free_after_weights"]
 
@@ -64,6 +65,10 @@ class EngineDefaults:
     TensorRT-LLM overlap schedulers)."""
     async_scheduling_since: str | None = None
     """First engine release with `async_scheduling` on by default; older releases run synchronously."""
+    sync_with_speculative: tuple[str, ...] = ()
+    """Speculative methods (`speculative_config.method`) under which the engine's default turns the
+    overlap off (vLLM: `ngram` and `draft_model`, vllm-project/vllm#31998; SGLang: every method
+    unless SpecV2 is switched on by environment)."""
     kv_cache_fp8_with_quantized_weights: bool = False
     """The KV cache is FP8 when the checkpoint's weights are FP8/FP4 (TensorRT-LLM reads the
     checkpoint's kv_cache_quant_algo)."""
@@ -84,12 +89,23 @@ class EngineDefaults:
         since, got = release_tuple(self.async_scheduling_since), release_tuple(version)
         return got is None or since is None or got >= since
 
+    def async_default(self, speculative_method: str | None) -> bool:
+        """`async_scheduling` an engine of a recent release runs when the scenario leaves it unset
+        (`[engine] async_scheduling` absent): its default, off under the speculative methods that
+        turn it off."""
+        if speculative_method is not None and speculative_method in self.sync_with_speculative:
+            return False
+        return self.async_for("")
+
     def __post_init__(self) -> None:
         require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         require(0.0 < self.kv_memory_fraction <= 1.0, "kv_memory_fraction", self.kv_memory_fraction,
                 "must be in (0, 1]")
         cap = self.max_cudagraph_capture_size
         require(cap is None or cap >= 1, "max_cudagraph_capture_size", cap, "must be >= 1")
+        methods = get_args(SpecMethod)
+        for method in self.sync_with_speculative:
+            require(method in methods, "sync_with_speculative", method, f"must be one of {', '.join(methods)}")
         require(self.block_size is None or self.block_size in BLOCK_SIZES, "block_size", self.block_size,
                 f"must be one of {', '.join(map(str, BLOCK_SIZES))} (as [engine] block_size)")
 

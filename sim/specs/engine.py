@@ -99,7 +99,12 @@ class EngineParams:
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = None
     """Largest decode batch captured in a CUDA graph; None = min(2 x max_num_seqs, 512)."""
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
+    """CPU work of step n + 1 overlaps GPU work of step n (vLLM `--async-scheduling`, SGLang's and
+    TensorRT-LLM's overlap schedulers). None = the engine's default for a recent release, from the
+    `backend`'s profile: on (vLLM since 0.14, vllm-project/vllm#27614; SGLang; TensorRT-LLM), off
+    under the speculative methods that turn it off (vLLM `ngram` and `draft_model`; SGLang every
+    method). Resolved when a run is priced (`sim.api.resolved_async_scheduling`)."""
     launch_mode: LaunchMode = "auto"
     """kernelsight: `auto` = `eager` if enforce_eager else `cuda_graph`; `megakernel` is a what-if."""
     scheduler: SchedulerName = "vllm_v1"

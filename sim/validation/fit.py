@@ -202,6 +202,8 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
             return f"{v:.6g}" if v != int(v) or abs(v) >= 1e16 else f"{v:.1f}"
         if isinstance(v, int):
             return str(v)
+        if isinstance(v, tuple):
+            return "[" + ", ".join(lit(x) for x in v) + "]"
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     lines = [*(f"# {ln}" for ln in header.splitlines()), f"source = {lit(h.source)}",
