@@ -17,6 +17,9 @@ from sim.specs.catalog import _data_dir, list_hardware, list_models, load_hardwa
 from sim.specs.model import model_from_hf_config
 from sim.specs.scenario import scenario_from_dict, stable_identity
 
+DEVICE_REPORTED_MIB = {"l4": 23034}
+"""GPUs whose memory is what the card reports (ECC on), not the CSV's label (sim/data/hardware/l4.toml)."""
+
 
 def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
     with open_text(MEASURED_DATA / "aiconfigurator" / "gpu_specs.csv") as f:
@@ -25,7 +28,7 @@ def test_every_gpu_spec_row_has_a_hardware_file_with_the_csv_numbers() -> None:
     for row in rows:
         hw = load_hardware(row["system"])
         assert hw.hbm_bandwidth_bytes_per_s == float(row["mem_bw_bytes_per_s"])
-        assert hw.hbm_capacity_bytes == int(row["mem_capacity_bytes"])
+        assert hw.hbm_capacity_bytes == DEVICE_REPORTED_MIB.get(row["system"], int(row["mem_capacity_bytes"]) >> 20) << 20
         assert hw.peak_flops_per_s["bf16"] == float(row["bf16_tc_flops"])
         assert hw.intra_node_link.bandwidth_bytes_per_s == float(row["intra_node_bw_bytes_per_s"])
         assert hw.num_sms > 0 and hw.l2_cache_bytes > 0 and hw.source
@@ -334,6 +337,11 @@ def test_nvl72_racks_are_one_nvlink_domain() -> None:
     assert (gb200.num_gpus_per_node, gb200.nvlink_domain_size) == (4, 72)
     assert gb200.link_for_group(72) is gb200.intra_node_link
     assert gb200.link_for_group(73) is gb200.inter_node_link
+    # What leaves the rack goes over the network (the source YAML's inter_rack_bw), not NVLink:
+    # until 2026-12-02 a 144-GPU all-reduce on GB200 was priced ~9x too fast.
+    for name in ("gb200", "gb300"):
+        out = load_hardware(name).link_for_group(144)
+        assert (out.kind, out.bandwidth_bytes_per_s) == ("infiniband", 100e9)
     h100 = load_hardware("h100_sxm")
     assert h100.nvlink_domain_size == h100.num_gpus_per_node == 8  # default: one node
     assert h100.link_for_group(16) is h100.inter_node_link
