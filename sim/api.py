@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,10 @@ from sim.metrics.pools import PoolSummary, TransferSummary, pool_summary, transf
 from sim.metrics.summary import KernelBreakdown, SimSummary, summarize
 from sim.perf.efficiency import EfficiencyModel
 from sim.perf.host import HostOverheadParams
-from sim.perf.profile import (
-    PROFILE_TABLES,
-    EngineDefaults,
-    EngineProfile,
-    FitRecord,
-    KernelSources,
-    SchedulingPolicy,
-)
+from sim.perf.profile import EngineProfile
+from sim.perf.profile import load_engine_profile as load_engine_profile
+from sim.perf.profile import resolved_async_scheduling as resolved_async_scheduling
 from sim.perf.step import StepCostModel, StepTiming
-from sim.serde import build
 from sim.serving.adp_balance import AdpBalance
 from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_cache import kv_cache_for
@@ -51,7 +44,6 @@ from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
-from sim.specs.catalog import read_toml
 from sim.specs.engine import EngineParams
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Pool, Scenario, load_scenario_file, ranks_in_lockstep
@@ -240,26 +232,6 @@ def client_latency_s(engine: EngineParams, host: HostOverheadParams) -> float:
     `[engine] api_server_latency_s`, else the engine profile's fitted value (a disaggregated
     deployment's requests enter through the prefill pool's server)."""
     return host.api_server_latency_s if engine.api_server_latency_s is None else engine.api_server_latency_s
-
-
-def load_engine_profile(backend: str, path: str | Path | None = None) -> EngineProfile:
-    """An engine profile: `path`, else the shipped `sim/data/host/<backend>.toml` (vllm.toml if none ships)."""
-    if path is None:
-        path = Path(str(resources.files("sim") / "data" / "host" / f"{backend}.toml"))
-        if not path.exists():
-            path = Path(str(resources.files("sim") / "data" / "host" / "vllm.toml"))
-    path = Path(path)
-    data = read_toml(path)
-    src = str(path)
-    host = build(HostOverheadParams, {k: v for k, v in data.items() if k not in PROFILE_TABLES}, source=src)
-    fit = build(FitRecord, data["fit"], source=src, prefix="fit") if "fit" in data else None
-    return EngineProfile(
-        backend=backend, host=host,
-        policy=build(SchedulingPolicy, data.get("policy", {}), source=src, prefix="policy"),
-        defaults=build(EngineDefaults, data.get("defaults", {}), source=src, prefix="defaults"),
-        kernel_sources=build(KernelSources, data.get("kernel_sources", {}), source=src, prefix="kernel_sources"),
-        fit=fit,
-    )
 
 
 def simulate(
@@ -501,16 +473,6 @@ def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: Efficie
                           async_scheduling=overlap)
     shared = prices.prices(scenario, efficiency, host.eager_launch_s)
     return StepPricer(scenario, shared.cost, host, prices=shared, micro_batches=m, async_scheduling=overlap)
-
-
-def resolved_async_scheduling(engine: EngineParams, profile: EngineProfile) -> bool:
-    """`[engine] async_scheduling`, else the engine's default for a recent release (the profile's
-    `[defaults]`: on for vLLM, SGLang and TensorRT-LLM, off under the speculative methods that turn
-    it off)."""
-    if engine.async_scheduling is not None:
-        return engine.async_scheduling
-    spec = engine.speculative_config
-    return profile.defaults.async_default(None if spec is None else spec.method)
 
 
 def _breakdown(pricer: StepPricer) -> KernelBreakdown:

@@ -21,6 +21,7 @@ from typing import Final
 from sim.engine.block_pricing import NodeList, Part, PartSource
 from sim.engine.part_prices import PartPrices
 from sim.engine.step_parts import PartFamily
+from sim.graph.transformer import one_token_chunks_decode
 from sim.provenance import Provenance
 from sim.specs.scenario import Scenario
 
@@ -71,6 +72,8 @@ class PartBook:
         """Mean-context buckets a decode family along the context prices (`decode`)."""
         self._k = engine.num_speculative_tokens()
         """Draft tokens per decoding request (0: no speculative decoding)."""
+        self._one_token_decodes = one_token_chunks_decode(scenario.model, engine)
+        """One-token prompt chunks are priced as decodes at their context (vLLM's MLA backends)."""
         self._draft = self._nodes.draft
 
     @property
@@ -181,6 +184,9 @@ class PartBook:
         contexts; TensorRT-LLM's contexts fall on 32-token KV blocks). `_part_in_families` picks."""
         key = (new_tokens, context_tokens, count)
         part = self._prefill_parts.get(key)
+        if part is None and new_tokens == 1 and self._one_token_decodes:
+            # The engine runs it as `count` decodes at this context (`one_token_chunks_decode`).
+            part = self._prefill_parts[key] = self.decode(count, context_tokens)
         if part is None:
             nodes = self._nodes
             family = ("prefill", context_tokens, count)

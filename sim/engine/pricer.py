@@ -32,7 +32,9 @@ from sim.engine.part_book import PartBook
 from sim.engine.part_prices import PartPrices
 from sim.graph.moe import uses_expert_all_to_all
 from sim.graph.shared_experts import depends_on_decode_only
+from sim.graph.transformer import one_token_chunks_decode
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
+from sim.perf.profile import load_engine_profile, resolved_async_scheduling
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
 from sim.serving.scheduler import StepPlan
@@ -139,8 +141,8 @@ class StepPricer:
         `PriceCache.prices`); None prices this run's parts afresh. `micro_batches` > 1: a step is
         that many pipeline micro-batches in flight, as long as the slowest of them
         (`sim.engine.micro_batches`). `async_scheduling`: whether steps overlap CPU and GPU work
-        (`sim.api` passes the engine profile's resolution of `[engine] async_scheduling`); None takes
-        the scenario's setting, unset counting as off."""
+        (`sim.api` passes its engine profile's resolution of `[engine] async_scheduling`); None
+        resolves it with the backend's shipped profile."""
         self._sc = scenario
         self._micro_batches = micro_batches
         self._cost = cost
@@ -167,7 +169,8 @@ class StepPricer:
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
-        self._async = scenario.engine.async_scheduling is True if async_scheduling is None else async_scheduling
+        self._async = (resolved_async_scheduling(scenario.engine, load_engine_profile(scenario.engine.backend))
+                       if async_scheduling is None else async_scheduling)
         self._padded = capture_ladder(self._capture_size) if (
             scenario.engine.backend == "vllm" and self._mode == "cuda_graph") else ()
         """vLLM runs a step of at most the largest capture's tokens as the graph of the next capture
@@ -184,6 +187,8 @@ class StepPricer:
         """Steps run per key (the kernel breakdown multiplies parts by these)."""
         self._k = scenario.engine.num_speculative_tokens()
         """Draft tokens per decoding request (0: no speculative decoding, steps priced as before)."""
+        self._chunks_join_decodes = not self._k and one_token_chunks_decode(scenario.model, scenario.engine)
+        """One-token chunks that sample are keyed as decodes (vLLM's MLA backends batch them so)."""
         config = scenario.engine.speculative_config
         self._ngram_s = NGRAM_LOOKUP_S_PER_REQUEST if config is not None and config.method == "ngram" else 0.0
 
@@ -199,9 +204,14 @@ class StepPricer:
         num_decode = plan.num_bulk_decodes
         total_context = plan.bulk_decode_context_tokens
         k = self._k
+        joins = self._chunks_join_decodes
         for c in plan.chunks:
             if c.num_new_tokens == 1 + k and c.num_draft_tokens == k and \
                     c.num_context_tokens >= c.request.prompt_tokens:  # c.is_decode() with all k drafts
+                num_decode += 1
+                total_context += c.num_context_tokens
+            elif joins and c.num_new_tokens == 1 and c.samples and c.num_context_tokens >= 1:
+                # The engine runs it with the decodes (`sim.graph.transformer.chunks_as_decodes`).
                 num_decode += 1
                 total_context += c.num_context_tokens
             else:

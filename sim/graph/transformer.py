@@ -169,7 +169,9 @@ _ATTENTION_KINDS = frozenset({KernelKind.ATTN_PREFILL, KernelKind.ATTN_DECODE, K
 
 def prefill_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec, hw: HardwareSpec,
                             *, new_tokens: int, context_tokens: int, count: int) -> list[tuple[KernelWork, int]]:
-    """Attention kernels of `count` alike prompt chunks over every layer, as (work, repeat)."""
+    """Attention kernels of `count` alike prompt chunks over every layer, as (work, repeat); a step
+    prices a one-token chunk as a decode where the engine runs it as one
+    (`one_token_chunks_decode`)."""
     if model.mla is not None:
         return mla.prefill_nodes(model, precision, hw, engine.tensor_parallel_size, new_tokens=new_tokens,
                                  context_tokens=context_tokens, count=count)
@@ -182,6 +184,26 @@ def prefill_attention_nodes(model: ModelSpec, engine: EngineParams, precision: P
     if model.linear_attention is not None:
         nodes += linear_attention.prefill_nodes(model, precision, s.tp, new_tokens=new_tokens, count=count)
     return nodes
+
+
+def one_token_chunks_decode(model: ModelSpec, engine: EngineParams) -> bool:
+    """Whether the engine runs a one-token prompt chunk (a prompt cached but for its last token: a
+    full prefix-cache hit, a disaggregated decode worker's admission) through its decode attention:
+    vLLM's MLA backends do (`reorder_batch_threshold` >= 1 puts short queries in the decode batch,
+    absorbed over the latent cache), where the prefill path would decompress the whole cached
+    context (`mla_kv_b_proj` over it). Other attention prices the chunk alike either way."""
+    return model.mla is not None and engine.backend == "vllm"
+
+
+def chunks_as_decodes(batch: BatchShape) -> BatchShape:
+    """`batch` with its one-token chunks that sample, at a context of at least one token, moved to its
+    decodes (`one_token_chunks_decode`: the engine batches them with the decodes; a step of them and
+    decodes only is a uniform decode step, run as one)."""
+    joining = [p for p in batch.prefills if p.new_tokens == 1 and p.samples and p.context_tokens >= 1]
+    if not joining:
+        return batch
+    return BatchShape(prefills=tuple(p for p in batch.prefills if p not in joining),
+                      decode_context_tokens=batch.decode_context_tokens + tuple(p.context_tokens for p in joining))
 
 
 def decode_attention_nodes(model: ModelSpec, engine: EngineParams, precision: PrecisionSpec,
@@ -224,6 +246,8 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
     (default: the batch has no prompt chunk) is whether the step launches as a decode-only step
     does (the expert all-to-all in low-latency mode, CUDA-graph-only stream overlap); the pricer
     builds a decode-only step's token kernels from a batch of that many prompt tokens."""
+    if one_token_chunks_decode(model, engine):
+        batch = chunks_as_decodes(batch)
     if decode_only is None:
         decode_only = not batch.prefills
     s = ShardedShapes.of(model, engine)
@@ -267,10 +291,14 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
                            passes=2.0, flops_per_element=4.0), attn_layers)
         add(pointwise_work(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
                        passes=2.0, flops_per_element=3.0), attn_layers)
+    as_decode = one_token_chunks_decode(model, engine)
     for chunk, count in sorted(Counter(batch.prefills).items(),
                                key=lambda kv: (kv[0].new_tokens, kv[0].context_tokens, kv[0].samples)):
-        for work, repeat in prefill_attention_nodes(model, engine, precision, hw, new_tokens=chunk.new_tokens,
-                                                    context_tokens=chunk.context_tokens, count=count):
+        attention = (decode_attention_nodes(model, engine, precision, {chunk.context_tokens: count})
+                     if as_decode and chunk.new_tokens == 1 else
+                     prefill_attention_nodes(model, engine, precision, hw, new_tokens=chunk.new_tokens,
+                                             context_tokens=chunk.context_tokens, count=count))
+        for work, repeat in attention:
             add(work, repeat)
     if batch.decode_context_tokens:
         for work, repeat in decode_attention_nodes(model, engine, precision, batch.decode_context_tokens):

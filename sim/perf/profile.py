@@ -26,12 +26,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Literal, get_args
 
 from sim.dtypes import DType
 from sim.perf.host import HostOverheadParams
-from sim.serde import require
-from sim.specs.engine import BLOCK_SIZES
+from sim.serde import build, require
+from sim.specs.catalog import read_toml
+from sim.specs.engine import BLOCK_SIZES, EngineParams
 from sim.specs.speculative import SpecMethod
 
 KvMemoryBasis = Literal["total", "free_after_weights"]
@@ -182,3 +185,33 @@ class EngineProfile:
 
 PROFILE_TABLES = ("policy", "defaults", "kernel_sources", "fit")
 """Tables of a profile TOML that are not host-overhead parameters."""
+
+
+def load_engine_profile(backend: str, path: str | Path | None = None) -> EngineProfile:
+    """An engine profile: `path`, else the shipped `sim/data/host/<backend>.toml` (vllm.toml if none ships)."""
+    if path is None:
+        path = Path(str(resources.files("sim") / "data" / "host" / f"{backend}.toml"))
+        if not path.exists():
+            path = Path(str(resources.files("sim") / "data" / "host" / "vllm.toml"))
+    path = Path(path)
+    data = read_toml(path)
+    src = str(path)
+    host = build(HostOverheadParams, {k: v for k, v in data.items() if k not in PROFILE_TABLES}, source=src)
+    fit = build(FitRecord, data["fit"], source=src, prefix="fit") if "fit" in data else None
+    return EngineProfile(
+        backend=backend, host=host,
+        policy=build(SchedulingPolicy, data.get("policy", {}), source=src, prefix="policy"),
+        defaults=build(EngineDefaults, data.get("defaults", {}), source=src, prefix="defaults"),
+        kernel_sources=build(KernelSources, data.get("kernel_sources", {}), source=src, prefix="kernel_sources"),
+        fit=fit,
+    )
+
+
+def resolved_async_scheduling(engine: EngineParams, profile: EngineProfile) -> bool:
+    """`[engine] async_scheduling`, else the engine's default for a recent release (the profile's
+    `[defaults]`: on for vLLM, SGLang and TensorRT-LLM, off under the speculative methods that turn
+    it off)."""
+    if engine.async_scheduling is not None:
+        return engine.async_scheduling
+    spec = engine.speculative_config
+    return profile.defaults.async_default(None if spec is None else spec.method)

@@ -67,8 +67,9 @@ class EngineParams:
     """kernelsight (TRT-LLM's name; SGLang `--ep-size`): MoE expert-parallel degree; None = vLLM's
     rule (TP x DP with `enable_expert_parallel`, else 1)."""
     moe_routing: str = "power_law_1.01"
-    """kernelsight: token-to-expert routing the MoE kernels see: `balanced` (round-robin, optimistic) or
-    `power_law_<alpha>` (skewed; expert-parallel rank 0 gets the heaviest load). The default is
+    """kernelsight: token-to-expert routing the MoE kernels see: `balanced` (round-robin: the lightest
+    heaviest expert, optimistic for prefill, but every expert touched, pessimistic for decode's weight
+    reads) or `power_law_<alpha>` (skewed; expert-parallel rank 0 gets the heaviest load). The default is
     AIConfigurator's default workload distribution."""
     enable_eplb: bool = False
     """vLLM's expert-parallel load balancer: experts are placed (and, with redundant slots,
