@@ -300,10 +300,13 @@ def cmd_calibrate(args: Namespace) -> int:
     directory = Path(args.microbench)
     if not directory.is_dir():
         raise ConfigError(source="calibrate", key="--microbench", value=str(directory), rule="must be a directory")
+    out = Path(args.out)
+    if out.is_dir():  # checked before the fit, not after it
+        raise ConfigError(source="calibrate", key="--out", value=str(out), rule="is a directory; name a .json file")
     base = load_artifact(args.base or CALIBRATION_DIR / CROSS_GENERATION_FILE)
-    art = calibrate_dir(hw, directory, base)
-    art.save(Path(args.out))
-    sys.stderr.write(f"wrote target-measured calibration of {hw.name} to {args.out}: {art.notes}\n")
+    art = calibrate_dir(hw, directory, base, allow_dry_run=args.allow_dry_run)
+    art.save(out)
+    sys.stderr.write(f"wrote target-measured calibration of {hw.name} to {out}: {art.notes}\n")
     return 0
 
 
@@ -379,6 +382,9 @@ def register(sub: Any) -> None:
     cal.add_argument("--microbench", required=True, metavar="DIR")
     cal.add_argument("--out", required=True, metavar="CAL.json")
     cal.add_argument("--base", help="cross-generation artifact to correct (default: the shipped one)")
+    cal.add_argument("--allow-dry-run", action="store_true",
+                     help="accept a `microbench run --dry-run` directory (to try the pipeline without a GPU: "
+                          "its times, and so the calibration, mean nothing)")
     cal.set_defaults(func=cmd_calibrate)
 
     mb = sub.add_parser("microbench", help="the model-agnostic microbenchmark sweep")

@@ -12,9 +12,10 @@ device, or Python no-ops without torch), so the path is exercised with meaningle
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -242,6 +243,38 @@ def _context(opts: RunOptions, torch: Any, device: str, hw: HardwareSpec | None)
                         attention_backend=opts.attention_backend)
 
 
+def _earlier_run(opts: RunOptions, plan: Plan, info: Mapping[str, Any]) -> dict[str, Any] | None:
+    """With --resume, the directory's `device.json`, checked against this run: the same plan, the same
+    mode (dry run or not) and the same GPU, or the tables would mix points of different runs (a
+    resume with another plan dropped the first plan's points; a dry run's meaningless times joined a
+    real GPU's tables). None when there is none."""
+    path = opts.out / DEVICE_FILE
+    if not (opts.resume and path.is_file()):
+        return None
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(source=str(path), key="device.json", value=str(path),
+                          rule=f"cannot be read to resume ({exc}); measure into a new directory") from None
+    was = (earlier.get("plan") or {}).get("sha256")
+    if was != plan.sha256:
+        raise ConfigError(source=str(path), key="--plan", value=str(opts.plan),
+                          rule=f"the directory was measured with another plan (sha256 {str(was)[:12]}..., "
+                          f"{(earlier.get('plan') or {}).get('path')}; this one {plan.sha256[:12]}...): resume with "
+                          "that plan, or measure into a new directory")
+    if bool(earlier.get("dry_run")) != opts.dry_run:
+        raise ConfigError(source=str(path), key="--dry-run", value=opts.dry_run,
+                          rule="the directory holds a " + ("dry run's" if earlier.get("dry_run") else "GPU run's")
+                          + " points: resume it the same way, or measure into a new directory")
+    before, now = (earlier.get("gpu") or {}).get("uuid"), (info.get("gpu") or {}).get("uuid")
+    if before and now and before != now:
+        raise ConfigError(source=str(path), key="--device", value=opts.device,
+                          rule=f"the directory was measured on GPU {before} "
+                          f"({(earlier.get('gpu') or {}).get('name')}); this is {now}: resume on that GPU, or measure "
+                          "into a new directory")
+    return dict(earlier)
+
+
 def _prepare_out(opts: RunOptions, plan: Plan) -> list[PointRecord]:
     """Create the output directory; with --resume, the measured points it already holds."""
     points_path = opts.out / POINTS_FILE
@@ -270,18 +303,22 @@ def run_microbench(opts: RunOptions, stream: TextIO) -> int:
                           rule=f"families are {', '.join(FAMILIES)}")
     hw = load_hardware(opts.hardware) if opts.hardware else (
         identify_hardware(torch, device) if torch is not None and device.startswith("cuda") else None)
+    info = device_info(torch, device)
+    earlier = _earlier_run(opts, plan, info)
     previous = _prepare_out(opts, plan)
     done = {r.key for r in previous}
     todo = [p for p in plan.points if p.key() not in done and (not opts.only or p.family in opts.only)]
     ctx = _context(opts, torch, device, hw)
-    info = device_info(torch, device)
+    # A resumed directory keeps the record of every run that measured into it, oldest first.
+    history = [] if earlier is None else [*earlier.pop("earlier_runs", []), earlier]
     header = {"schema": SCHEMA, "kernelsight_version": sim_version, "dry_run": opts.dry_run,
               "date_utc": datetime.now(UTC).isoformat(timespec="seconds"), **info,
               "hardware": hw.name if hw else None, "attention_libraries": sorted(ctx.libraries),
               "plan": {"path": str(opts.plan), "sha256": plan.sha256, "num_points": len(plan.points),
                        "duplicates_dropped": plan.num_duplicates},
               "timing": {**asdict(ctx.timing), "statistic": "median over repeats of per-call time",
-                         "rotate_bytes": ctx.rotate_bytes, "max_rotation_bytes": ctx.max_rotation_bytes}}
+                         "rotate_bytes": ctx.rotate_bytes, "max_rotation_bytes": ctx.max_rotation_bytes},
+              **({"earlier_runs": history} if history else {})}
     write_json(opts.out / DEVICE_FILE, {**header, "status": "running"})
     weights, budget_s = point_weights(todo, hw)
     weight_of = {p.key(): w for p, w in zip(todo, weights, strict=True)}

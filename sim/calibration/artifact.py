@@ -55,8 +55,11 @@ class CalibrationArtifact:
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed write leaves no partial file behind
 
 
 def _round(v: float) -> float:

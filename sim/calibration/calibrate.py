@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -35,8 +36,37 @@ def cross_generation_artifact(data_root: Path, gpus: tuple[str, ...] = TRAIN_GPU
                                + "; see docs/kernel-model.md")
 
 
-def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact) -> CalibrationArtifact:
-    """Target-measured artifact: `base` plus a correction fitted on whatever tables `directory` holds."""
+DEVICE_RECORD = "device.json"
+"""What `kernelsight microbench run` writes beside its tables about the run (GPU, dry run, plan)."""
+
+
+def check_device_record(hw: HardwareSpec, directory: Path, *, allow_dry_run: bool = False) -> None:
+    """Refuse tables whose `device.json` says they are a dry run's (times that mean nothing) or were
+    measured on another GPU than `hw` (a directory without one, e.g. a copy of AIConfigurator's
+    tables, is taken as it is)."""
+    path = directory / DEVICE_RECORD
+    if not path.is_file():
+        return
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(source=str(path), key=DEVICE_RECORD, value=str(path),
+                          rule=f"cannot be read ({exc})") from None
+    if record.get("dry_run") and not allow_dry_run:
+        raise ConfigError(source=str(path), key="dry_run", value=True,
+                          rule="these are a dry run's tables (their times are meaningless): calibrate from a run "
+                          "on the GPU (--allow-dry-run to try the pipeline anyway)")
+    measured_on = record.get("hardware")
+    if measured_on and measured_on != hw.name:
+        raise ConfigError(source=str(path), key="hardware", value=measured_on,
+                          rule=f"the tables were measured on {measured_on}, not on --hardware {hw.name}")
+
+
+def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact, *,
+                  allow_dry_run: bool = False) -> CalibrationArtifact:
+    """Target-measured artifact: `base` plus a correction fitted on whatever tables `directory` holds
+    (refused if its `device.json` names a dry run or another GPU: `check_device_record`)."""
+    check_device_record(hw, directory, allow_dry_run=allow_dry_run)
     rows, excluded, digest = read_microbench_dir(directory, hw.name)
     if not len(rows):
         raise ConfigError(source=str(directory), key="--microbench", value=str(directory),

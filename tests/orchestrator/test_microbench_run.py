@@ -109,10 +109,14 @@ def test_points_and_device_json(dry_run: tuple[Path, list[dict[str, str]]]) -> N
     assert info["run"]["by_status"] == {"measured": len(plan)} and info["run"]["wall_s"] > 0
 
 
-def test_calibrate_accepts_a_dry_run_directory(dry_run: tuple[Path, list[dict[str, str]]], tmp_path: Path) -> None:
+def test_calibrate_accepts_a_dry_run_directory_only_when_asked(dry_run: tuple[Path, list[dict[str, str]]],
+                                                               tmp_path: Path) -> None:
     out, _ = dry_run
     cal = tmp_path / "cal.json"
-    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(out), "--out", str(cal)]) == 0
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(out), "--out", str(cal)]) == 2
+    assert not cal.exists()
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(out), "--out", str(cal),
+                 "--allow-dry-run"]) == 0
     art = load_artifact(cal)
     assert art.tier == "target-measured" and art.hardware == "h100_sxm"
     corrected = {f for f, p in art.families.items() if p.correction is not None}
@@ -161,6 +165,80 @@ def test_resume_keeps_measured_points(tmp_path: Path, capsys: pytest.CaptureFixt
     with (out / "points.csv").open() as f:
         keys = [p["key"] for p in csv.DictReader(f)]
     assert len(keys) == len(set(keys))
+
+
+def test_resume_refuses_another_plan_or_mode_and_keeps_every_runs_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before 2026-12-02 resuming with another plan deleted the first plan's tables (rc 0), and a dry
+    run resumed into a GPU run's directory mixed its meaningless times into the tables."""
+    pytest.importorskip("torch")
+    write_plan(tmp_path / "plan.csv", step=40)
+    write_plan(tmp_path / "other.csv", step=41)
+    out = tmp_path / "out"
+    args = ["microbench", "run", "--out", str(out), "--device", "cpu", "--dry-run", "--only", "gemm"]
+    assert main([*args, "--plan", str(tmp_path / "plan.csv")]) == 0
+    gemm_before = read_table(out / "gemm.csv.gz")[1]
+    assert main([*args, "--plan", str(tmp_path / "other.csv"), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--plan" in err and "another plan" in err
+    assert read_table(out / "gemm.csv.gz")[1] == gemm_before  # nothing lost
+    info = json.loads((out / "device.json").read_text())
+    (out / "device.json").write_text(json.dumps({**info, "dry_run": False}))
+    assert main([*args, "--plan", str(tmp_path / "plan.csv"), "--resume"]) == 2
+    assert "GPU run's points" in capsys.readouterr().err
+    (out / "device.json").write_text(json.dumps(info))
+    assert main([*args, "--plan", str(tmp_path / "plan.csv"), "--resume"]) == 0
+    resumed = json.loads((out / "device.json").read_text())
+    assert [r["date_utc"] for r in resumed["earlier_runs"]] == [info["date_utc"]]
+    assert resumed["earlier_runs"][0]["run"] == info["run"]
+
+
+def test_a_resume_is_checked_against_the_directorys_device_record(tmp_path: Path) -> None:
+    """The same checks without torch: plan, mode and GPU of `device.json` against the resuming run."""
+    from orchestrator.microbench.points import read_plan
+    from orchestrator.microbench.runner import RunOptions, _earlier_run
+    from sim.errors import ConfigError
+
+    write_plan(tmp_path / "plan.csv", step=40)
+    write_plan(tmp_path / "other.csv", step=41)
+    plan, other = read_plan(tmp_path / "plan.csv"), read_plan(tmp_path / "other.csv")
+    out = tmp_path / "out"
+    out.mkdir()
+    record = {"plan": {"sha256": plan.sha256, "path": "plan.csv"}, "dry_run": False,
+              "gpu": {"uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3"}, "date_utc": "2026-11-28T06:23:11+00:00"}
+    (out / "device.json").write_text(json.dumps(record))
+    opts = RunOptions(plan=tmp_path / "plan.csv", out=out, resume=True)
+    here = {"gpu": {"uuid": "GPU-1"}}
+    assert _earlier_run(opts, plan, here) == record
+    assert _earlier_run(RunOptions(plan=tmp_path / "plan.csv", out=out), plan, here) is None  # not resuming
+    for bad, run_info, key in ((RunOptions(plan=tmp_path / "other.csv", out=out, resume=True), here, "--plan"),
+                               (RunOptions(plan=tmp_path / "plan.csv", out=out, resume=True, dry_run=True), here,
+                                "--dry-run"),
+                               (opts, {"gpu": {"uuid": "GPU-2"}}, "--device")):
+        with pytest.raises(ConfigError) as exc:
+            _earlier_run(bad, other if bad.plan.name == "other.csv" else plan, run_info)
+        assert exc.value.key == key
+
+
+def test_calibrate_refuses_a_dry_run_or_another_gpus_tables(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Before 2026-12-02 `calibrate` read no `device.json`: a dry run's tables calibrated with rc 0
+    (fp8 4096^3 GEMM 0.139 -> 0.069 ms) and `--hardware l4` took H100 tables."""
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    for name in ("gemm.csv.xz",):
+        (tables / name).write_bytes((H100_TABLES / name).read_bytes())
+    cal = tmp_path / "cal.json"
+    args = ["calibrate", "--hardware", "h100_sxm", "--microbench", str(tables), "--out", str(cal)]
+    (tables / "device.json").write_text(json.dumps({"dry_run": True, "hardware": "h100_sxm"}))
+    assert main(args) == 2 and "dry run" in capsys.readouterr().err and not cal.exists()
+    (tables / "device.json").write_text(json.dumps({"dry_run": False, "hardware": "h100_sxm"}))
+    assert main([*args[:2], "l4", *args[3:]]) == 2
+    assert "measured on h100_sxm" in capsys.readouterr().err
+    assert main([*args[:-1], str(tmp_path)]) == 2  # --out a directory: refused before the fit
+    assert "is a directory" in capsys.readouterr().err
+    assert main(args) == 0 and cal.is_file()
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_malformed_plan_names_row_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
