@@ -3,6 +3,7 @@ request's arrival gap, to the last finish."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import scenario_dict
 
 from sim.api import simulate
@@ -22,4 +23,4 @@ def test_duration_runs_from_the_start_so_the_rate_never_exceeds_the_offered_one(
     assert first_send > 0.5  # the first request waited its gap
     assert result.summary.duration_s == max(r.finish_s for r in result.records)
     assert result.summary.request_throughput_per_s <= 1.0
-    assert result.summary.request_throughput_per_s == 10 / result.summary.duration_s
+    assert result.summary.request_throughput_per_s == pytest.approx(10 / result.summary.duration_s, rel=1e-12)

@@ -89,10 +89,12 @@ def test_per_class_metrics_use_each_class_slo() -> None:
 
 
 def test_existing_scenarios_keep_their_hash() -> None:
-    # The hash of e8e4259 (before fleet-day, speculation, batch waiting and EPLB keys) with one
-    # deliberate change since: the H100 datasheet gained its [nvlink] facts, which price collectives.
+    # The hash of e8e4259 (before fleet-day, speculation, batch waiting and EPLB keys) with two
+    # deliberate changes since: the H100 datasheet gained its [nvlink] facts, which price collectives,
+    # and `async_scheduling` left unset is the engine's default (0.6.4), no longer `false`: a run that
+    # sets `false` keeps the old results, and must not share a cached result with one that leaves it unset.
     assert load_scenario(SCENARIO).scenario_hash() == \
-        "32b27bfa39e952ebed2632bee0c8e52b48654839ed1430a68fd739a0987fe46e"
+        "e7d93abd3810870637b10c1b1dcded1ffe0648d9ddd1ee3d9a0c1c5368ff7dde"
 
 
 @pytest.mark.parametrize(("overrides", "key"), [
