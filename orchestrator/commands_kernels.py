@@ -294,7 +294,9 @@ def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list
 
 
 def cmd_calibrate(args: Namespace) -> int:
+    from sim.calibration.bridge import default_reference_gpu, load_reference
     from sim.calibration.calibrate import calibrate_dir
+    from sim.measured import measured_data_root
 
     hw = load_hardware(args.hardware)
     directory = Path(args.microbench)
@@ -304,7 +306,15 @@ def cmd_calibrate(args: Namespace) -> int:
     if out.is_dir():  # checked before the fit, not after it
         raise ConfigError(source="calibrate", key="--out", value=str(out), rule="is a directory; name a .json file")
     base = load_artifact(args.base or CALIBRATION_DIR / CROSS_GENERATION_FILE)
-    art = calibrate_dir(hw, directory, base, allow_dry_run=args.allow_dry_run)
+    reference = None
+    if not args.no_bridge:
+        ref_gpu = args.reference_hardware or default_reference_gpu(hw.name)
+        ref_dir = Path(args.reference_microbench) if args.reference_microbench else None
+        if ref_dir is not None and not ref_dir.is_dir():
+            raise ConfigError(source="calibrate", key="--reference-microbench", value=str(ref_dir),
+                              rule="must be a directory written by `kernelsight microbench run`")
+        reference = load_reference(measured_data_root(), ref_gpu, ref_dir)
+    art = calibrate_dir(hw, directory, base, allow_dry_run=args.allow_dry_run, reference=reference)
     art.save(out)
     sys.stderr.write(f"wrote target-measured calibration of {hw.name} to {out}: {art.notes}\n")
     return 0
@@ -382,6 +392,14 @@ def register(sub: Any) -> None:
     cal.add_argument("--microbench", required=True, metavar="DIR")
     cal.add_argument("--out", required=True, metavar="CAL.json")
     cal.add_argument("--base", help="cross-generation artifact to correct (default: the shipped one)")
+    cal.add_argument("--reference-hardware", metavar="GPU",
+                     help="the GPU whose tables bridge ours to the serving frameworks' kernels (default: h100_sxm, "
+                          "h200_sxm for an h100_sxm target; docs/kernel-model.md)")
+    cal.add_argument("--reference-microbench", metavar="DIR",
+                     help="our tables of the reference GPU (default: the shipped sim/data/microbench/<gpu>/)")
+    cal.add_argument("--no-bridge", action="store_true",
+                     help="fit on our rows as measured (bare torch kernels; the correction then moves every "
+                          "framework's prediction by the torch residual)")
     cal.add_argument("--allow-dry-run", action="store_true",
                      help="accept a `microbench run --dry-run` directory (to try the pipeline without a GPU: "
                           "its times, and so the calibration, mean nothing)")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from sim.calibration.accuracy import TRAIN_GPUS, full_rows, plan_mask
 from sim.calibration.artifact import CalibrationArtifact
+from sim.calibration.bridge import Reference, bridge_rows
 from sim.calibration.fit import LEARNER, fit_correction, fit_cross_generation
 from sim.calibration.tables import TABLE_FILES, Exclusion, file_sha256, read_microbench_dir, read_vidur_pointwise
 from sim.errors import ConfigError
@@ -63,15 +65,29 @@ def check_device_record(hw: HardwareSpec, directory: Path, *, allow_dry_run: boo
 
 
 def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact, *,
-                  allow_dry_run: bool = False) -> CalibrationArtifact:
+                  allow_dry_run: bool = False, reference: Reference | None = None) -> CalibrationArtifact:
     """Target-measured artifact: `base` plus a correction fitted on whatever tables `directory` holds
-    (refused if its `device.json` names a dry run or another GPU: `check_device_record`)."""
+    (refused if its `device.json` names a dry run or another GPU: `check_device_record`), their rows
+    bridged to the serving frameworks through `reference` (`sim.calibration.bridge`; None fits on
+    them as measured: a torch residual that moves every framework's prediction)."""
     check_device_record(hw, directory, allow_dry_run=allow_dry_run)
     rows, excluded, digest = read_microbench_dir(directory, hw.name)
     if not len(rows):
         raise ConfigError(source=str(directory), key="--microbench", value=str(directory),
                           rule="holds none of " + ", ".join(TABLE_FILES))
-    return calibrate_rows(hw, rows, base, excluded=excluded, digests={f"microbench/{hw.name}": digest})
+    digests = {f"microbench/{hw.name}": digest}
+    bridge = "none (rows as measured)"
+    if reference is not None:
+        if reference.hardware.name == hw.name:
+            raise ConfigError(source="calibrate", key="--reference-hardware", value=hw.name,
+                              rule="the bridge's reference must be another GPU than the target")
+        measured = len(rows)
+        rows = bridge_rows(rows, base.families, reference)
+        digests[f"microbench/{reference.hardware.name} (bridge reference)"] = reference.tables_sha256
+        bridge = (f"through {reference.hardware.name} (our tables there against its framework rows at plan points; "
+                  f"{measured} rows measured -> {len(rows)} fitted)")
+    art = calibrate_rows(hw, rows, base, excluded=excluded, digests=digests)
+    return replace(art, notes=f"{art.notes}; bridge: {bridge}")
 
 
 def calibrate_rows(hw: HardwareSpec, rows: pd.DataFrame, base: CalibrationArtifact, *,

@@ -31,6 +31,7 @@ import pandas as pd
 
 from sim.calibration.accuracy import EVAL_ONLY, TRAIN_GPUS, family_scores, in_units_of, load
 from sim.calibration.batch import predict_latency_s
+from sim.calibration.bridge import Reference, bridge_rows
 from sim.calibration.fit import fit_correction, fit_cross_generation
 from sim.calibration.tables import FAMILY_OF_KERNEL, Exclusion, columns_of, read_microbench_dir
 from sim.errors import ConfigError
@@ -39,7 +40,8 @@ from sim.specs.catalog import load_hardware
 
 TIERS: Final = ("cross-generation", "target-measured (own tables)", "target-measured (own tables, bridged)",
                 "cross-generation (outside plan units)", "target-measured (own tables, bridged, outside plan units)",
-                "target-measured (leave-one-GPU-out)")
+                "target-measured (leave-one-GPU-out)", "target-measured (`calibrate --microbench`: our rows bridged)",
+                "target-measured (`calibrate --microbench`, outside plan units)")
 
 
 def _dev_gpu(gpu: str, key: str) -> None:
@@ -93,6 +95,11 @@ def score_own_tables(data_root: Path, directory: Path, gpu: str, reference: tupl
         fit_correction(base, loaded.plan_rows[ref_gpu], ref_hw)))
     ref_torch, _ = predict_latency_s(cols, ref_hw, FittedEfficiency(fit_correction(base, ref_own, ref_hw)))
     bridged = ours * ref_framework / ref_torch
+    say("calibrating on our rows bridged to the frameworks (`calibrate --microbench`)")
+    bridge = Reference(hardware=ref_hw, own_rows=ref_own, framework_rows=loaded.plan_rows[ref_gpu],
+                       tables_sha256=ref_digest)
+    calibrated, _ = predict_latency_s(cols, hw, FittedEfficiency(fit_correction(base, bridge_rows(own, base, bridge),
+                                                                               hw)))
     tiers = {
         TIERS[0]: family_scores(held, cross, everything),
         TIERS[1]: family_scores(held, ours, everything),
@@ -100,6 +107,8 @@ def score_own_tables(data_root: Path, directory: Path, gpu: str, reference: tupl
         TIERS[3]: family_scores(held, cross, ~in_unit),
         TIERS[4]: family_scores(held, bridged, ~in_unit),
         TIERS[5]: family_scores(held, logo, ~in_unit),
+        TIERS[6]: family_scores(held, calibrated, everything),
+        TIERS[7]: family_scores(held, calibrated, ~in_unit),
     }
     own_pred, _ = predict_latency_s(columns_of(own), hw, FittedEfficiency(base))
     return {"gpu": gpu, "directory": str(directory), "tables_sha256": digest, "families": list(families),
