@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
     p.add_argument("--actors", type=int, metavar="N", help="simulator actors (default: CPUs in the Ray cluster)")
     p.add_argument("--ray-address", metavar="A", help="join a running Ray cluster (e.g. auto, or HOST:6379)")
     p.add_argument("--tracking-uri", metavar="U",
-                   help="MLflow tracking URI (default: sqlite:///<study dir>/mlflow.db)")
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<study dir>/mlflow.db)")
     p.add_argument("--storage", metavar="S",
                    help="Optuna storage URL, e.g. postgresql://user@host/db (default: journal file in the study dir)")
     p.add_argument("--study-dir", metavar="DIR", help="study directory (default: runs/<study name>)")
@@ -61,7 +61,9 @@ def cmd_sweep(args: Namespace) -> int:
     from orchestrator.sweep.resume_hint import STORAGE_ENV
 
     check_storage_url(args.storage or os.environ.get(STORAGE_ENV) or None)  # before Ray starts
-    check_tracking_uri(args.tracking_uri)
+    from orchestrator.sweep.session import resolved_tracking_uri
+
+    check_tracking_uri(args.tracking_uri, resolved_tracking_uri(args.tracking_uri))
     from orchestrator.sweep.ray_env import prepare_ray_env
 
     prepare_ray_env(args.ray_address)  # before Ray is imported
@@ -119,16 +121,24 @@ TRACKING_SCHEMES: Final = frozenset({"file", "http", "https", "databricks", "sql
 """Schemes of MLflow's tracking stores (a database scheme may name its driver, e.g. postgresql+psycopg2)."""
 
 
-def check_tracking_uri(uri: str | None) -> None:
-    """`--tracking-uri` must be a local path or a URI of a store MLflow has (checked before Ray starts:
-    the MLflow child would find `foo://x` only after it)."""
+def check_tracking_uri(given: str | None, uri: str | None) -> None:
+    """`--tracking-uri` (`given`), or `MLFLOW_TRACKING_URI` where it is not given (`uri`, the one the
+    sweep will use), must be a local path or a URI of a store MLflow has (checked before Ray starts:
+    the MLflow child would find `foo://x` only after it). An empty `--tracking-uri` is refused: a
+    variable that expanded to nothing (a cluster job's quoting) must not fall back silently to a
+    local store that goes away with the pod."""
+    key = "--tracking-uri" if given is not None else "MLFLOW_TRACKING_URI"
+    if given is not None and not given.strip():
+        raise ConfigError(source="sweep", key=key, value=given,
+                          rule="is empty (a shell variable that expanded to nothing?); omit it for the study's "
+                          "own store, or set MLFLOW_TRACKING_URI")
     if uri is None:
         return
     from urllib.parse import urlparse
 
     scheme = urlparse(uri).scheme
     if scheme and scheme.split("+")[0] not in TRACKING_SCHEMES:
-        raise ConfigError(source="sweep", key="--tracking-uri", value=uri,
+        raise ConfigError(source="sweep", key=key, value=uri,
                           rule=f"must be a directory or a URI of scheme {', '.join(sorted(TRACKING_SCHEMES))}")
 
 

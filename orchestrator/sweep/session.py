@@ -64,8 +64,19 @@ def make_tracker_process(tracking_uri: str | None, spec: SweepSpec, study_dir: P
     return TrackerProcess(uri, name, artifact_location=artifacts)
 
 
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+"""MLflow's own variable, read when `--tracking-uri` is not given (a cluster's pods and Ray jobs get
+it from their environment, where argv quoting cannot lose it)."""
+
+
+def resolved_tracking_uri(tracking_uri: str | None) -> str | None:
+    """`--tracking-uri`, else `MLFLOW_TRACKING_URI` from the environment, else None (the study's own
+    sqlite store)."""
+    return tracking_uri if tracking_uri is not None else (os.environ.get(TRACKING_ENV) or None)
+
+
 def _tracker_args(tracking_uri: str | None, spec: SweepSpec, study_dir: Path) -> tuple[str, str, str | None]:
-    uri = tracking_uri or default_tracking_uri(study_dir)
+    uri = resolved_tracking_uri(tracking_uri) or default_tracking_uri(study_dir)
     artifacts = None
     if not uri.startswith(("http://", "https://", "databricks")):
         study_dir.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,7 @@ COMPOSE_ENV = {"POSTGRES_USER": "kernelsight", "POSTGRES_PASSWORD": "example-pw"
 PINNED_PACKAGES = {
     "RAY_VERSION": "ray", "OPTUNA_VERSION": "optuna", "MLFLOW_VERSION": "mlflow", "PSYCOPG2_VERSION": "psycopg2-binary",
     "NUMPY_VERSION": "numpy", "PANDAS_VERSION": "pandas", "PYARROW_VERSION": "pyarrow", "MATPLOTLIB_VERSION": "matplotlib",
+    "TQDM_VERSION": "tqdm", "PLOTLY_VERSION": "plotly",
 }
 
 
@@ -109,6 +110,10 @@ def test_dockerfile_pins_satisfy_pyproject_and_match_the_kuberay_ray_version() -
     requirements = [Requirement(r) for r in pyproject["project"]["dependencies"]]
     for extra in pyproject["project"]["optional-dependencies"].values():
         requirements += [Requirement(r) for r in extra]
+    # The image installs the project with --no-deps: every package the sweep's extra names must be pinned
+    # (plotly was not until 2026-12-02, and cluster sweeps wrote no Optuna plots).
+    orchestrate = {Requirement(r).name for r in pyproject["project"]["optional-dependencies"]["orchestrate"]}
+    assert orchestrate <= set(PINNED_PACKAGES.values()), orchestrate - set(PINNED_PACKAGES.values())
     for arg, package in PINNED_PACKAGES.items():
         assert arg in args, f"Dockerfile pins no {package} ({arg})"
         specs = [r.specifier for r in requirements if r.name == package]
@@ -282,13 +287,15 @@ def test_kuberay_rayjob_runs_a_sweep_against_the_tracking_server_and_rdb_study()
     assert entrypoint[:3] == ["kernelsight", "sweep", SAMPLE_ENV["KS_SWEEP"]]
     flags = dict(zip(entrypoint[3::2], entrypoint[4::2], strict=False))
     assert flags["--ray-address"] == "auto"
-    assert flags["--tracking-uri"] == '"$MLFLOW_TRACKING_URI"'
-    # The storage URL holds the database password: the sweep reads it from KERNELSIGHT_STORAGE (a Secret),
-    # never from argv.
+    # Both URLs come from the head's environment (the Secret), where the driver runs: KubeRay submits the
+    # entrypoint from a pod without the Secret, where a "$MLFLOW_TRACKING_URI" argument expanded to
+    # nothing (before 2026-12-02), and the storage URL holds the database password (never in argv).
+    assert "--tracking-uri" not in flags and "MLFLOW_TRACKING_URI" not in doc["spec"]["entrypoint"]
     assert "--storage" not in flags and "STORAGE" not in doc["spec"]["entrypoint"]
     head = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in head["env"]}
     assert env["KERNELSIGHT_STORAGE"] == {"name": "kernelsight-tracking", "key": "optuna-storage"}
+    assert env["MLFLOW_TRACKING_URI"] == {"name": "kernelsight-tracking", "key": "mlflow-tracking-uri"}
     assert flags["--actors"] == SAMPLE_ENV["KS_ACTORS"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc["spec"], "entrypointt": "typo"}, _RAY_JOB_SPEC)

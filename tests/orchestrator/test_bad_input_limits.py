@@ -11,6 +11,7 @@ from conftest import REPO
 from test_bad_input import assert_one_clear_error, llama_config, scenario, with_trace
 
 from orchestrator.cli import main
+from sim.errors import ConfigError
 
 DISAGG = (REPO / "scenarios/llama3_8b-h100-disagg-1p1d.toml").read_text()
 
@@ -129,4 +130,25 @@ def test_tracking_uris_of_mlflows_stores_pass_the_check() -> None:
     from orchestrator.sweep.command import check_tracking_uri
     for uri in (None, "runs/mlruns", "file:///tmp/x", "sqlite:///m.db", "postgresql+psycopg2://u@h/db",
                 "http://127.0.0.1:5000"):
-        check_tracking_uri(uri)
+        check_tracking_uri(uri, uri)
+
+
+def test_an_empty_tracking_uri_is_refused_and_the_environments_is_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster job whose `--tracking-uri "$MLFLOW_TRACKING_URI"` expanded to nothing recorded into
+    the head pod's local sqlite store, lost with the pod (before 2026-12-02); and
+    `MLFLOW_TRACKING_URI` alone was ignored."""
+    from orchestrator.sweep.command import check_tracking_uri
+    from orchestrator.sweep.session import resolved_tracking_uri
+
+    path = sweep(tmp_path, "ttft_p90_s = 1.0")
+    assert main(["sweep", path, "--tracking-uri", "", "--study-dir", str(tmp_path / "st"), "--trials", "1"]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert resolved_tracking_uri(None) == "http://127.0.0.1:5999"
+    assert resolved_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://bar")
+    with pytest.raises(ConfigError) as exc:
+        check_tracking_uri(None, resolved_tracking_uri(None))
+    assert exc.value.key == "MLFLOW_TRACKING_URI"
