@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from sim.dtypes import DType
 from sim.graph.linear_attention import state_bytes_per_request
-from sim.graph.mla import indexer_cache_bytes_per_token
+from sim.graph.mla import indexer_cache_bytes_per_token, latent_row_bytes
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
 from sim.specs.model import ModelSpec
@@ -217,12 +217,12 @@ def kv_bytes_per_token(model: ModelSpec, engine: EngineParams, precision: Precis
     """KV-cache bytes one token occupies on one rank, over the rank's layers.
 
     GQA/MHA: K and V of the rank's KV heads. MLA: one latent row (kv_lora_rank + qk_rope_head_dim)
-    shared by all heads and replicated on every attention-TP rank (vLLM); DSA adds the FP8 indexer
-    key and its scale."""
+    shared by all heads and replicated on every attention-TP rank (vLLM; DSA's FP8 row in the sparse
+    kernels' own layout, `sim.graph.mla.latent_row_bytes`); DSA adds the FP8 indexer key and its scale."""
     kv = precision.kv_cache_dtype.bytes_per_element()
     layers = attention_layers_per_stage(model, engine)
     if model.mla is not None:
-        row = model.mla.latent_width() * kv
+        row = latent_row_bytes(model, precision.kv_cache_dtype)
         if model.dsa is not None:
             row += indexer_cache_bytes_per_token(model.dsa.index_head_dim)
         return int(layers * row)

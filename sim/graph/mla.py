@@ -124,18 +124,36 @@ def _bmm(op: str, tokens: int, heads: int, n: int, k: int, act: DType) -> Kernel
                       shape=(tokens, heads, n, k), variant=op)
 
 
+FP8_DS_MLA_SCALE_GROUP = 128
+"""Latent values per fp32 scale in the sparse FlashMLA FP8 cache row (`fp8_ds_mla`)."""
+
+
+def latent_row_bytes(model: ModelSpec, kv: DType) -> float:
+    """Bytes of one token's latent row in one layer's cache. DSA's sparse FlashMLA kernels read an FP8
+    cache in their own layout (vLLM's `fp8_ds_mla`, the only FP8 format of `flashmla_sparse`): the
+    kv_lora_rank latent values in FP8, one fp32 scale per 128 of them, and the RoPE part in BF16
+    (512 + 16 + 128 = 656 bytes for GLM-5, against 576 for dense MLA's FP8 row)."""
+    m = model.mla
+    assert m is not None
+    if model.dsa is not None and kv.bytes_per_element() == 1:
+        return float(m.kv_lora_rank + 4 * -(-m.kv_lora_rank // FP8_DS_MLA_SCALE_GROUP) + 2 * m.qk_rope_head_dim)
+    return float(m.latent_width() * kv.bytes_per_element())
+
+
 def _absorbed(name: str, *, queries: int, total: int, longest: int, s: MLAShapes, act: DType, kv: DType,
-              writes: int) -> KernelWork:
+              writes: int, row_bytes: float | None = None) -> KernelWork:
     """Absorbed attention of `queries` queries attending to `total` latent rows in all. Its dtype is the
     KV-cache format it reads: the measured tables key the MLA kernels by `kv_cache_dtype` (FP8-cache
-    kernels are other kernels: TensorRT-LLM's run ~25% faster at long contexts, SGLang's 2-6x slower)."""
-    a, k = act.bytes_per_element(), kv.bytes_per_element()
+    kernels are other kernels: TensorRT-LLM's run ~25% faster at long contexts, SGLang's 2-6x slower).
+    `row_bytes`: one latent row's bytes (default the row's elements at the cache dtype's width)."""
+    a = act.bytes_per_element()
+    row = float(s.latent() * kv.bytes_per_element()) if row_bytes is None else row_bytes
     return KernelWork(
         kind=KernelKind.MLA_DECODE, name=name, dtype=kv,
         flops=2.0 * s.heads * (s.latent() + s.kv_lora) * total,
         activation_bytes=float(queries * s.heads * (s.latent() + s.kv_lora)) * a,
-        kv_read_bytes=float(total * s.latent()) * k,
-        kv_write_bytes=float(writes * s.latent()) * k,
+        kv_read_bytes=total * row,
+        kv_write_bytes=writes * row,
         shape=(queries, round(total / queries), longest, s.heads, s.kv_lora, s.rope),
     )
 
@@ -186,7 +204,7 @@ def prefill_nodes(model: ModelSpec, precision: PrecisionSpec, hw: HardwareSpec, 
         out = [(w, n_layers) for w in _indexer_nodes(model, queries, keys * count, span, count, act)]
         out.append((_bmm("mla_gen_pre", queries, s.heads, s.kv_lora, s.nope, act), n_layers))
         work = _absorbed("mla_sparse", queries=queries, total=sparse * count, longest=min(span, model.dsa.index_topk),
-                         s=s, act=act, kv=kv, writes=queries)
+                         s=s, act=act, kv=kv, writes=queries, row_bytes=latent_row_bytes(model, kv))
         out.append((work, n_layers))
         out.append((_bmm("mla_gen_post", queries, s.heads, s.v, s.kv_lora, act), n_layers))
         return out
@@ -235,7 +253,8 @@ def decode_nodes(model: ModelSpec, precision: PrecisionSpec, tp: int,
         spans = capped
         name = "mla_sparse"
     out.append((_bmm("mla_gen_pre", b, s.heads, s.kv_lora, s.nope, act), n_layers))
-    work = _absorbed(name, queries=b, total=_total(spans), longest=max(spans), s=s, act=act, kv=kv, writes=b)
+    work = _absorbed(name, queries=b, total=_total(spans), longest=max(spans), s=s, act=act, kv=kv, writes=b,
+                     row_bytes=latent_row_bytes(model, kv))
     out.append((work, n_layers))
     out.append((_bmm("mla_gen_post", b, s.heads, s.v, s.kv_lora, act), n_layers))
     return out

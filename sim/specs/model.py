@@ -181,6 +181,10 @@ class ModelSpec:
     """Bias on the QKV (and, for gpt-oss, O) projections."""
     qk_norm: bool = False
     """RMSNorm on q and k per head (Qwen3, MiniMax-M2)."""
+    qk_norm_across_heads: bool = False
+    """The q and k norms run over all heads at once (`qk_norm_type = "per_layer"`, MiniMax-M2): each TP
+    rank holds some heads, so vLLM all-reduces the per-token variances every layer
+    (`MiniMaxText01RMSNormTP.forward_qk`), and the weights are as wide as q and k."""
     layer_window_tokens: tuple[int, ...]
     """Attention window per layer; 0 is full causal attention."""
     moe: MoESpec | None = None
@@ -279,7 +283,7 @@ class ModelSpec:
         if self.attention_bias:
             params += self.q_width() + 2 * self.kv_width()
         if self.qk_norm:
-            params += 2 * self.head_dim
+            params += self.q_width() + self.kv_width() if self.qk_norm_across_heads else 2 * self.head_dim
         return params
 
     def token_mixer_params(self, layer: int) -> int:
@@ -482,6 +486,7 @@ def _model_from_hf_config(config: Mapping[str, Any], *, name: str, source: str) 
                                       default=model_type == "qwen2"),
         qk_norm=model_type in ("qwen3", "qwen3_moe", *_GATED_DELTANET_TYPES)
         or reader.boolean("use_qk_norm", default=model_type == "llama4_text"),  # Llama4TextConfig's default
+        qk_norm_across_heads=reader.get("qk_norm_type") == "per_layer",
         layer_window_tokens=_layer_windows(reader, model_type, num_layers),
         moe=_moe(reader, model_type, num_layers),
         torch_dtype=_DTYPES[dtype_name],

@@ -95,7 +95,13 @@ def test_mla_kv_cache_is_one_latent_row_per_token_replicated_over_tp() -> None:
     fp8 = scenario(tensor_parallel_size=8, kv_cache_dtype="fp8")
     assert kv_bytes_per_token(fp8.model, fp8.engine, fp8.precision) == 61 * 576
     glm = scenario("zai-org/GLM-5", tensor_parallel_size=8, kv_cache_dtype="fp8", quantization="fp8")
-    assert kv_bytes_per_token(glm.model, glm.engine, glm.precision) == 78 * (576 + 128 + 4)
+    # DSA's FP8 row is the sparse kernels' own layout (vLLM `fp8_ds_mla`): 512 FP8 values, four fp32
+    # scales, the RoPE part in BF16 = 656 bytes (576 until 2026-12-02: 11% too many KV tokens), plus the
+    # FP8 indexer key (128) and its scale (4).
+    assert kv_bytes_per_token(glm.model, glm.engine, glm.precision) == 78 * (512 + 4 * 4 + 64 * 2 + 128 + 4)
+    sparse = [n.work for n in step_graph(glm, BatchShape(decode_context_tokens=(100,) * 4)).nodes
+              if n.work.name == "mla_sparse"]
+    assert [w.kv_read_bytes for w in sparse] == [4 * 101 * 656.0]
     mem = memory_breakdown(fp8.model, fp8.engine, fp8.precision, fp8.hardware)
     assert mem.num_kv_blocks == mem.kv_cache_bytes // (61 * 576 * 16)
 
