@@ -28,7 +28,7 @@ from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
-from sim.specs.scenario import Scenario
+from sim.specs.scenario import Scenario, ranks_in_lockstep
 from sim.workload.generate import generate
 
 
@@ -261,6 +261,12 @@ def warn_about_scenario(scenario: Scenario) -> None:
     if message is not None:
         sys.stderr.write(f"warning: {message}\n")
     warn_vllm_would_not_start(scenario)
+    engine = scenario.engine
+    if (engine.batch_wait_timeout_iters or engine.batch_wait_max_tokens_ratio) and \
+            ranks_in_lockstep(scenario.model, engine):
+        sys.stderr.write("warning: TensorRT-LLM waits for batches only without attention data parallelism "
+                         "(PyExecutor._schedule): engine.batch_wait_timeout_iters and batch_wait_max_tokens_ratio "
+                         f"have no effect with data_parallel_size={engine.data_parallel_size}\n")
 
 
 def warn_vllm_would_not_start(scenario: Scenario) -> None:

@@ -414,6 +414,8 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     unit = context_chunk_unit(scenario, profile)
     m = micro_batches(scenario, limits)
     seqs = engine.max_num_seqs * (m if profile.policy.max_num_seqs_per_micro_batch else 1)
+    # TensorRT-LLM waits for batches only without attention DP (`PyExecutor._schedule`).
+    batch_wait = not ranks_in_lockstep(scenario.model, engine)
     return [
         VllmV1Scheduler(
             kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
@@ -425,8 +427,8 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
             reserve_full_output=profile.policy.reserve_full_output,
-            batch_wait_timeout_iters=engine.batch_wait_timeout_iters,
-            batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio,
+            batch_wait_timeout_iters=engine.batch_wait_timeout_iters if batch_wait else 0,
+            batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio if batch_wait else 0.0,
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
             context_chunk_unit=unit, num_lookahead_tokens=vllm_lookahead_tokens(scenario),
             max_model_len=engine.max_model_len,

@@ -193,8 +193,9 @@ class VllmV1Scheduler:
         self._in_flight = False
         self.num_preemptions = 0
         self.hold_new = False
-        """Admit no waiting request while set (TensorRT-LLM's attention-DP balance holds them;
-        `sim.serving.dp_group`)."""
+        """Run no context request while set, neither a waiting prompt nor the next chunk of one being
+        chunked (TensorRT-LLM's attention-DP balance, `PyExecutor._balance_adp_requests`, returns no
+        context request for the iteration; `sim.serving.dp_group`)."""
 
     @property
     def kv(self) -> KVCacheManager:
@@ -467,6 +468,8 @@ class VllmV1Scheduler:
         checked_tail = False
         held = self._kv.num_blocks_held
         for req in self._active:
+            if self.hold_new and req.num_computed < req.prompt_tokens:
+                continue  # attention-DP balance holds it (`_schedule_each`)
             if budget <= 0:
                 # This and later requests get nothing; as in vLLM no bulk decode may come after them.
                 if not checked_tail and self._last_bulk_seq() > req.run_seq:
@@ -628,6 +631,9 @@ class VllmV1Scheduler:
         k = self._k
         while i < len(running) and budget > 0:
             req = running[i]
+            if self.hold_new and req.num_computed < req.prompt_tokens:
+                i += 1  # attention-DP balance: every context request waits, a chunked prompt's next chunk too
+                continue
             drafts = 0
             if k and req.num_pending() == 1 and req.num_computed >= req.prompt_tokens:
                 # A decode verifies its drafts (vLLM cuts them to the budget and to max_model_len - 1).

@@ -165,3 +165,39 @@ def test_defaults_keep_hash_and_results(tmp_path: Path) -> None:
     held, free = simulate(on).summary, simulate(base).summary
     assert held.num_completed == free.num_completed == 40
     assert held.ttft_mean_s > free.ttft_mean_s
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_the_balance_holds_a_chunked_prompts_next_chunk_too(bulk: bool) -> None:
+    """`PyExecutor._balance_adp_requests` returns no context request for a held iteration, the next
+    chunk of a prompt already being chunked included (before 2026-12-02 only new prompts were held)."""
+    kv = KVCacheManager(num_blocks=1000, block_size=32, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=512, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, bulk_decodes=bulk)
+    decode = RequestState(request_id=0, prompt_tokens=16, output_tokens=50, arrival_s=0.0, keys=())
+    long = RequestState(request_id=1, prompt_tokens=2000, output_tokens=8, arrival_s=0.0, keys=())
+    for req in (decode, long):
+        sched.add(req)
+    for _ in range(2):  # the short prompt and the long prompt's first chunks, then a decode
+        plan = sched.schedule()
+        assert plan is not None
+        sched.finish_step(plan)
+    assert 0 < long.num_computed < long.prompt_tokens
+    sched.hold_new = True
+    plan = sched.schedule()
+    assert plan is not None and all(c.request is not long for c in plan.chunks)
+    assert plan.num_bulk_decodes + sum(c.request is decode for c in plan.chunks) == 1  # the decode runs
+    sched.finish_step(plan)
+    sched.hold_new = False
+    plan = sched.schedule()
+    assert plan is not None and any(c.request is long for c in plan.chunks)
+
+
+def test_tensorrt_llm_does_not_wait_for_batches_under_attention_dp() -> None:
+    """`PyExecutor._schedule` waits for batches only without attention DP: the keys change nothing there."""
+    def run(**engine: Any) -> Any:
+        return simulate(scenario_from_dict(scenario_dict(
+            model=_MOE, engine={**_TRT_MOE_DP2, "max_model_len": 4096, **engine}, perf={"tier": "roofline"},
+            workload={"num_prompts": 40, "request_rate": 20.0, "random_input_len": 512, "random_output_len": 64}),
+            source="t")).summary
+    assert run(batch_wait_timeout_iters=20, batch_wait_max_tokens_ratio=0.9) == run()
