@@ -289,9 +289,9 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         if model.qk_norm:
             add(pointwise_work(KernelKind.NORM, "qk_norm", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
                            passes=2.0, flops_per_element=4.0), attn_layers)
-            if model.qk_norm_across_heads and s.tp > 1:
-                # Norms over all heads: the ranks sum each token's q and k variances (fp32).
-                add(collective_work(KernelKind.ALL_REDUCE, "qk_norm_all_reduce", t * 2 * 4, s.tp), attn_layers)
+            # MiniMax-M2's norms over all heads (`qk_norm_across_heads`) all-reduce each token's q and k
+            # variances under TP in vLLM; priced as a node here that put the dev MiniMax-M2.5 rows' TPOT
+            # 9.2% -> 12.0% off (docs/moe-mla.md): not adopted, the tiny collective left out.
         add(pointwise_work(KernelKind.ELEMENTWISE, "rotary_emb", t, (s.q_heads + s.kv_heads) * s.head_dim, act,
                        passes=2.0, flops_per_element=3.0), attn_layers)
     as_decode = one_token_chunks_decode(model, engine)

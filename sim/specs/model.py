@@ -182,9 +182,9 @@ class ModelSpec:
     qk_norm: bool = False
     """RMSNorm on q and k per head (Qwen3, MiniMax-M2)."""
     qk_norm_across_heads: bool = False
-    """The q and k norms run over all heads at once (`qk_norm_type = "per_layer"`, MiniMax-M2): each TP
-    rank holds some heads, so vLLM all-reduces the per-token variances every layer
-    (`MiniMaxText01RMSNormTP.forward_qk`), and the weights are as wide as q and k."""
+    """The q and k norms run over all heads at once (`qk_norm_type = "per_layer"`, MiniMax-M2): their
+    weights are as wide as q and k. (Each TP rank holds some heads, so vLLM all-reduces the per-token
+    variances every layer, `MiniMaxText01RMSNormTP.forward_qk`; not priced: docs/moe-mla.md.)"""
     layer_window_tokens: tuple[int, ...]
     """Attention window per layer; 0 is full causal attention."""
     moe: MoESpec | None = None

@@ -1,28 +1,14 @@
-"""MiniMax-M2's q/k norms run over all heads: with tensor parallelism the ranks all-reduce them."""
+"""MiniMax-M2's q/k norms run over all heads at once (`qk_norm_type = "per_layer"`)."""
 
 from __future__ import annotations
 
-import pytest
-from conftest import scenario_dict
-
-from sim.api import step_graph
-from sim.graph.batch import BatchShape
-from sim.graph.kernels import KernelKind
-from sim.specs.scenario import scenario_from_dict
+from sim.specs.catalog import load_model
 
 
-@pytest.mark.parametrize(("model", "tp", "expected"), [
-    ("MiniMaxAI/MiniMax-M2.5", 4, 62),  # qk_norm_type = "per_layer": one all-reduce per layer
-    ("MiniMaxAI/MiniMax-M2.5", 1, 0),
-    ("Qwen/Qwen3-32B", 4, 0),  # per-head norms: each rank normalises its own heads
-])
-def test_norms_over_all_heads_all_reduce_their_variances(model: str, tp: int, expected: int) -> None:
-    """vLLM's `MiniMaxText01RMSNormTP.forward_qk` sums each token's q and k variances over the TP ranks
-    before it normalises (before 2026-12-02 priced as a local norm: ~0.6 ms a step short at TP4 on H200)."""
-    sc = scenario_from_dict(scenario_dict(hardware={"name": "h200_sxm"}, model={"name": model},
-                                          engine={"tensor_parallel_size": tp, "max_model_len": 8192}), source="t")
-    nodes = [n for n in step_graph(sc, BatchShape(decode_context_tokens=(1000,) * 32)).nodes
-             if n.work.name == "qk_norm_all_reduce"]
-    assert sum(n.repeat for n in nodes) == expected
-    for n in nodes:
-        assert n.work.kind is KernelKind.ALL_REDUCE and n.work.comm_bytes == 32 * 2 * 4 and n.work.group_size == tp
+def test_norms_over_all_heads_carry_weights_as_wide_as_q_and_k() -> None:
+    minimax, qwen = load_model("MiniMaxAI/MiniMax-M2.5"), load_model("Qwen/Qwen3-32B")
+    assert minimax.qk_norm_across_heads and not qwen.qk_norm_across_heads
+    h, q, kv = 3072, 48 * 128, 8 * 128
+    assert minimax.attention_params() == h * q + 2 * h * kv + q * h + q + kv  # per-head norms: + 2 x 128
+    assert qwen.attention_params() == (qwen.hidden_size * qwen.q_width() + 2 * qwen.hidden_size * qwen.kv_width()
+                                       + qwen.q_width() * qwen.hidden_size + 2 * qwen.head_dim)
