@@ -426,6 +426,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             long_prefill_token_threshold=engine.long_prefill_token_threshold, micro_batches=m,
             bulk_decodes=limits.bulk_decode,
             prefill_priority=profile.policy.prefill_priority,
+            reserve_new_token_ratio=profile.policy.reserve_new_token_ratio,
             reserve_full_output=profile.policy.reserve_full_output,
             batch_wait_timeout_iters=engine.batch_wait_timeout_iters if batch_wait else 0,
             batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio if batch_wait else 0.0,

@@ -46,6 +46,10 @@ class SchedulingPolicy:
     """SGLang: prefill chunks run in steps of their own and decodes wait (no mixed batches)."""
     reserve_full_output: bool = False
     """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs; no preemption."""
+    reserve_new_token_ratio: bool = False
+    """SGLang: admit a request only with KV room for its prompt and output beside the running requests'
+    remaining outputs times the decaying new-token ratio; retract the fewest-output request to the back
+    of the queue when the KV runs out (`sim.serving.vllm_v1`, `SGLANG_*`)."""
     max_num_seqs_per_micro_batch: bool = False
     """TensorRT-LLM: with pipeline parallelism `max_num_seqs` (its `max_batch_size`) bounds each of the
     `pipeline_parallel_size` micro-batches in flight, not all of them together (vLLM's and SGLang's

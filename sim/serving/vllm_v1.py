@@ -58,7 +58,7 @@ Engine-profile policies (`sim.perf.profile.SchedulingPolicy`, both off by defaul
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
@@ -114,10 +114,24 @@ def due_block_counts(num_steps: int, prefix: list[int]) -> np.ndarray:
         cached.flags.writeable = False
     return cached[:num_steps]
 
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+"""SGLang's `SGLANG_INIT_NEW_TOKEN_RATIO`: the share of a running request's remaining output its
+admission reserves at first (times `--schedule-conservativeness`, 1.0 by default)."""
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+"""The ratio's floor, as a fraction of its initial value (`SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`)."""
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600
+"""Decode steps over which the ratio falls from its initial value to its floor."""
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096
+"""`CLIP_MAX_NEW_TOKENS`: a request's remaining output counts at most this many tokens."""
+SGLANG_RETRACT_DECODE_STEPS = 20
+"""`RETRACT_DECODE_STEPS`: after a retraction the ratio is (decoded + this x requests) / their outputs."""
+
+
 class VllmV1Scheduler:
     def __init__(self, *, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, long_prefill_token_threshold: int,
                  bulk_decodes: bool = True, prefill_priority: bool = False,
+                 reserve_new_token_ratio: bool = False,
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
                  speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
@@ -145,6 +159,16 @@ class VllmV1Scheduler:
         self._k = num_speculative_tokens if speculation is not None else 0
         self._spec = speculation
         self._prefill_priority = prefill_priority
+        self._sglang_admission = reserve_new_token_ratio
+        """SGLang's admission (`PrefillAdder`): a new request needs room for its prompt and its output
+        (clipped) beside the running requests' remaining outputs times the new-token ratio; a refused
+        one (`NO_TOKEN`) marks the batch full until a running request leaves it. KV exhaustion
+        retracts the running request with the fewest outputs (the longest prompt among equals) to
+        the back of the queue and resets the ratio from the decoded share (`retract_decode`)."""
+        self._ratio_base = SGLANG_INIT_NEW_TOKEN_RATIO
+        self._ratio_clock = 0
+        """The ratio is `_ratio_base` at clock tick `_ratio_clock` and decays by one decay step per tick."""
+        self._batch_full = False
         self._reserve_full_output = reserve_full_output
         self._reserved_blocks = 0
         self._max_num_seqs = max_num_seqs
@@ -309,6 +333,8 @@ class VllmV1Scheduler:
         assert not self._in_flight, "schedule() called before finish_step() of the previous plan"
         if not self._running and not self._waiting:
             self._active = []  # what planning an empty replica leaves (`_schedule_each`)
+            if self._sglang_admission:  # SGLang's idle loop re-initialises the ratio
+                self._ratio_base, self._ratio_clock = SGLANG_INIT_NEW_TOKEN_RATIO, self._clock
             return None
         resynced: tuple[RequestState, ...] = ()
         micro = self._micro_batches > 1
@@ -339,8 +365,8 @@ class VllmV1Scheduler:
         in which some decode samples its last token (counted in the third number). None
         otherwise; plan such a step with `schedule()`.
         """
-        if self._active or self._waiting or not self._num_bulk or self._in_flight:
-            return None
+        if self._active or (self._waiting and not self._batch_full) or not self._num_bulk or self._in_flight:
+            return None  # (a full SGLang batch admits nothing until a request leaves it: a finish ends the run)
         if self._bulk_waits and (len(self._sampled) != 1 or self._sampled[0][0] != self._step_id):
             return None  # some sat out a prefill-only step: their next gap is not one step
         u = self._clock
@@ -453,7 +479,8 @@ class VllmV1Scheduler:
         bs = self._block_size
         due = self._due[u % bs]
         num_bulk = self._num_bulk
-        if not self._active and not self._waiting and not self._bulk_waits and len(due) <= self._kv.num_free_blocks():
+        if not self._active and (not self._waiting or self._batch_full) and not self._bulk_waits \
+                and len(due) <= self._kv.num_free_blocks():
             # Bulk decodes only (every rank of a data-parallel group, most steps): the blocks they
             # cross into, then `_bulk_plan`'s plan with no chunk.
             if due:
@@ -545,7 +572,8 @@ class VllmV1Scheduler:
             while not (kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
                                    num_computed_tokens=req.num_computed) if num_new
                        else kv.num_free_blocks() >= 1):
-                self._preempt_running(running.pop(), preempted, resynced)
+                first = bisect_left(running, req.run_seq, key=_run_seq)
+                self._preempt_running(self._pick_victim(running, first), preempted, resynced)
                 if req.run_seq < 0:
                     break  # it preempted itself: so were all after it
             else:
@@ -558,6 +586,7 @@ class VllmV1Scheduler:
             break
         self._active = [r for r in self._active if r.run_seq >= 0]
         assert preempted and (chunks or self._num_bulk), "a running request fits the cache alone"
+        self._retracted()
         return self._bulk_plan(chunks, 0, tuple(preempted), tuple(resynced))
 
     def _preempt_running(self, victim: RequestState, preempted: list[RequestState],
@@ -648,8 +677,8 @@ class VllmV1Scheduler:
             slots = min(req.num_computed + num_new + self._lookahead, max(self._max_len, req.num_computed + num_new))
             while not self._kv.allocate(req.request_id, num_tokens=slots,
                                         keys=req.keys, num_computed_tokens=req.num_computed):
-                # Requests before index i are already scheduled; the victim is the last one.
-                victim = running.pop()
+                # Requests before index i are already scheduled; the victim is one of the others.
+                victim = self._pick_victim(running, i)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
@@ -664,6 +693,8 @@ class VllmV1Scheduler:
         hits = 0
         if not preempted:
             hits, budget = self._admit(chunks, budget)
+        else:
+            self._retracted()
         self._active = list(running)
         if not chunks:
             return None
@@ -737,6 +768,11 @@ class VllmV1Scheduler:
             return hits, budget
         if self._batch_wait and self._waiting and self._holds_waiting(chunks, budget):
             return hits, budget
+        room = 0
+        if self._sglang_admission and self._waiting:
+            if self._batch_full:
+                return hits, budget
+            room = self._sglang_room_tokens()
         if self._waiting and kv.enable_prefix_caching:
             # vLLM's `allocate_slots` registers the full blocks a step's tokens will fill as it
             # schedules them (`cache_blocks`), so a request admitted later in the same step hits the
@@ -753,6 +789,12 @@ class VllmV1Scheduler:
             if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
             pending = req.num_known() - hit - remote
+            if self._sglang_admission:
+                need = pending + min(req.output_tokens - req.num_output, SGLANG_CLIP_MAX_NEW_TOKENS)
+                if need >= room:  # `AddReqResult.NO_TOKEN`
+                    self._batch_full = bool(self._running)
+                    break
+                room -= need
             if not self._chunked and (pending > budget or pending > self._micro_room):
                 break
             num_new = self._cap(pending, budget)
@@ -783,6 +825,49 @@ class VllmV1Scheduler:
             budget -= num_new
         return hits, budget
 
+    def _new_token_ratio(self) -> float:
+        floor = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+        decay = (SGLANG_INIT_NEW_TOKEN_RATIO - floor) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+        return max(floor, self._ratio_base - decay * (self._clock - self._ratio_clock))
+
+    def _outputs_now(self, req: RequestState) -> int:
+        """Output tokens `req` has sampled so far (a bulk decode's counters lag the clock)."""
+        return req.num_output + (self._clock - req.lazy_step if req.lazy_step >= 0 else 0)
+
+    def _sglang_room_tokens(self) -> int:
+        """SGLang's `rem_total_tokens` before this step's admissions: free (and evictable) KV tokens
+        less what the running requests hold in reserve: a decode's remaining output (clipped) times
+        the new-token ratio, a prompt still being computed its remaining tokens and its whole output."""
+        ratio = self._new_token_ratio()
+        reserved = 0.0
+        for r in self._running:
+            left = min(r.output_tokens - self._outputs_now(r), SGLANG_CLIP_MAX_NEW_TOKENS)
+            if r.lazy_step < 0 and r.num_computed < r.prompt_tokens:
+                reserved += r.prompt_tokens - r.num_computed + left
+            else:
+                reserved += left * ratio
+        return int(self._kv.num_free_blocks() * self._block_size - reserved)
+
+    def _pick_victim(self, running: list[RequestState], first: int) -> RequestState:
+        """The request a KV shortage preempts, taken out of `running` (whose requests from index `first`
+        on are not yet scheduled in this step): vLLM's newest; SGLang's retraction order (fewest
+        outputs, then the longest prompt: `ScheduleBatch.retract_decode`) among those not scheduled."""
+        if not self._sglang_admission or first >= len(running) - 1:
+            return running.pop()
+        at = min(range(first, len(running)),
+                 key=lambda j: (self._outputs_now(running[j]), -running[j].prompt_tokens, -running[j].run_seq))
+        return running.pop(at)
+
+    def _retracted(self) -> None:
+        """After a step's retractions (planned, its clock tick to come): SGLang resets the ratio from the
+        running requests' decoded share, and that decode step does not decay it."""
+        if not self._sglang_admission or not self._running:
+            return
+        decoded = sum(self._outputs_now(r) for r in self._running)
+        outputs = sum(r.output_tokens for r in self._running)
+        self._ratio_base = min(1.0, (decoded + SGLANG_RETRACT_DECODE_STEPS * len(self._running)) / outputs)
+        self._ratio_clock = self._clock + 1
+
     def _preempt(self, victim: RequestState) -> None:
         kv = self._kv
         if kv.enable_prefix_caching and victim.segments:
@@ -800,7 +885,11 @@ class VllmV1Scheduler:
         if self._reserve_full_output:
             self._reserved_blocks -= self._full_blocks(victim)
         self.num_preemptions += 1
-        self._waiting.appendleft(victim)
+        self._batch_full = False
+        if self._sglang_admission:
+            self._waiting.append(victim)  # SGLang queues a retracted request behind the waiting ones
+        else:
+            self._waiting.appendleft(victim)
 
     # -- bulk decode bookkeeping ---------------------------------------------------------------
     def _make_bulk(self, req: RequestState, step: int) -> None:
@@ -921,6 +1010,8 @@ class VllmV1Scheduler:
 
     def _release(self, finished: list[RequestState]) -> None:
         running = self._running
+        if finished:
+            self._batch_full = False  # the batch shrank (SGLang's `update_running_batch`)
         for req in finished:
             running.remove(req)
             self._kv.free(req.request_id)
