@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import platform
+import re
 import subprocess
 import sys
 from typing import Any, Final
@@ -53,7 +54,7 @@ def check_device(device: str, *, dry_run: bool, torch: Any) -> str:
             raise ConfigError(source=where, key="--device", value=device,
                               rule="CPU timings say nothing about GPU kernels; --device cpu needs --dry-run")
         return device
-    if not device.startswith("cuda"):
+    if not re.fullmatch(r"cuda(:\d+)?", device):  # checked before torch: `cuda:x`, `cuda0` are typos
         raise ConfigError(source=where, key="--device", value=device, rule="must be cuda[:N] or cpu (with --dry-run)")
     if torch is None:
         raise ConfigError(source=where, key="--device", value=device,

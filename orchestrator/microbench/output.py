@@ -87,11 +87,16 @@ def exceeds_peak_flops(r: Mapping[str, str], latency_s: float, hw: HardwareSpec 
 
 
 def exceeds_dram_bw(r: Mapping[str, str], latency_s: float, hw: HardwareSpec | None) -> bool:
-    """KV working set > 1 GB read faster than 1.05 x spec DRAM bandwidth (data README)."""
+    """KV working set > 1 GB read faster than 1.05 x spec DRAM bandwidth (data README). The working set
+    is the keys the decode reads: the window's under a sliding window (until 2026-12-02 the whole
+    context, so a correct windowed measurement was flagged and dropped)."""
     if hw is None:
         return False
-    _, kv_dtype, b, _, kvh, d, _ = _attn_common(r)
-    kv_bytes = b * (int(r["kv_len"]) + 1) * 2 * kvh * d * (1 if kv_dtype == "fp8" else 2)
+    _, kv_dtype, b, _, kvh, d, window = _attn_common(r)
+    keys = int(r["kv_len"]) + 1
+    if window > 0:
+        keys = min(keys, window)
+    kv_bytes = b * keys * 2 * kvh * d * (1 if kv_dtype == "fp8" else 2)
     return kv_bytes > KV_FLAG_MIN_BYTES and kv_bytes / latency_s > KV_FLAG_BW_FACTOR * hw.hbm_bandwidth_bytes_per_s
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,15 +204,27 @@ def read_plan(path: Path) -> Plan:
     if not path.is_file():
         raise ConfigError(source="microbench run", key="--plan", value=str(path), rule="must be a plan CSV file")
     raw = path.read_bytes()
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        if "kernel" not in header:
-            raise ConfigError(source=str(path), key="kernel", value=None, rule="column is required")
-        rows = list(reader)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source=str(path), key="--plan", value=str(path),
+                          rule=f"is not UTF-8 text (byte {exc.start}): a plan is the CSV `microbench plan` writes"
+                          ) from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = reader.fieldnames or []
+    if "kernel" not in header:
+        raise ConfigError(source=str(path), key="kernel", value=None, rule="column is required")
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise ConfigError(source=str(path), key=repeated[0], value=header.count(repeated[0]),
+                          rule="column appears more than once in the header (the last would win)")
+    rows = list(reader)
     points: list[PlanPoint] = []
     seen: set[str] = set()
     for number, raw_row in enumerate(rows, start=1):
+        if None in raw_row:
+            raise ConfigError(source=str(path), key=f"row {number}", value=raw_row[None],
+                              rule=f"has more cells than the header's {len(header)} columns")
         row = {c: (raw_row.get(c) or "").strip() for c in ROW_COLUMNS}
         row_to_work(row, number=number, source=str(path))  # validates shape columns, names row and column
         point = PlanPoint(number=number, family=family_of(row["kernel"]), row=row)

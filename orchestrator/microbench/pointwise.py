@@ -25,6 +25,9 @@ from orchestrator.microbench.points import PointwiseShape
 
 Builder = Callable[[PointwiseShape, BenchContext], Prepared]
 EPS: Final = 1e-6
+FUSED_ADD_NORM: Final = ("fused_add_rms_norm", "fused_add_rmsnorm")
+"""The residual add + RMSNorm variant: vLLM's name (which the kernel model prices, 4 passes) and
+FlashInfer's; the runner measures either."""
 EMBEDDING_VOCAB: Final = 32768
 """Rows of the embedding table (the lookup reads only `m` of them, so the size barely matters)."""
 ROPE_HEAD_DIM: Final = 128
@@ -52,11 +55,11 @@ def _inputs(s: PointwiseShape, ctx: BenchContext, width: int, passes: float,
 
 
 def _rmsnorm(s: PointwiseShape, ctx: BenchContext, fused: bool) -> Prepared:
-    torch, copies, xs = _inputs(s, ctx, s.width, 4.0 if s.variant == "fused_add_rmsnorm" else 2.0,
-                                count=2 if s.variant == "fused_add_rmsnorm" else 1)
+    torch, copies, xs = _inputs(s, ctx, s.width, 4.0 if s.variant in FUSED_ADD_NORM else 2.0,
+                                count=2 if s.variant in FUSED_ADD_NORM else 1)
     weight = random_tensor(torch, (s.width,), xs[0][0].dtype, ctx.device)
     out = torch.empty_like(xs[0][0])
-    residual_add = s.variant == "fused_add_rmsnorm"
+    residual_add = s.variant in FUSED_ADD_NORM
     if fused:
         norm = _library(ctx, "flashinfer").norm
 
@@ -174,7 +177,7 @@ def _fused(fn: Callable[[PointwiseShape, BenchContext, bool], Prepared], fused: 
 
 _BY_VARIANT: Final[dict[tuple[str, str], list[tuple[str, Builder]]]] = {
     **{("norm", v): [("flashinfer", _fused(_rmsnorm, True)), ("torch", _fused(_rmsnorm, False))]
-       for v in ("", "rmsnorm", "rms_norm", "fused_add_rmsnorm")},  # rms_norm: Vidur's name, the plan's
+       for v in ("", "rmsnorm", "rms_norm", *FUSED_ADD_NORM)},  # rms_norm: Vidur's name, the plan's
     **{("elementwise", v): [("flashinfer", _fused(_gated, True)), ("torch", _fused(_gated, False))]
        for v in ("silu_and_mul", "gelu_and_mul")},
     **{("elementwise", v): [("torch", _add)] for v in ("add", "residual_add")},

@@ -13,7 +13,7 @@ from typing import Final
 
 import numpy as np
 
-from sim.calibration.rows import DEFAULT_OP, POINTWISE_KERNELS, POINTWISE_PASSES
+from sim.calibration.rows import DEFAULT_OP, OP_ALIASES, POINTWISE_KERNELS, POINTWISE_PASSES
 from sim.dtypes import DType
 from sim.perf.collective_model import physics_prims
 from sim.perf.fitted import FittedEfficiency
@@ -133,6 +133,8 @@ def family_batches(cols: Mapping[str, np.ndarray], hw: HardwareSpec) -> list[Fam
         op = variant.copy()
         for name, default in DEFAULT_OP.items():
             op[(op == "") & (kernel[idx] == name)] = default
+        for alias, name in OP_ALIASES.items():
+            op[op == alias] = name
         passes = np.full(len(idx), 2.0)
         for name, value in POINTWISE_PASSES.items():
             passes[op == name] = value

@@ -81,6 +81,9 @@ writes one (2). `add3` is a three-way sum done as two binary adds (Vidur's paral
 DEFAULT_OP: Final[dict[str, str]] = {"norm": "rms_norm", "elementwise": "add", "embedding": "embedding",
                                      "sampling": "sampling"}
 """Operation a pointwise row means when its `variant` is blank."""
+OP_ALIASES: Final[dict[str, str]] = {"fused_add_rmsnorm": "fused_add_rms_norm"}
+"""Other names of an operation: FlashInfer's `fused_add_rmsnorm` is vLLM's `fused_add_rms_norm` (the
+microbenchmark runner takes either; until 2026-12-02 a row named so was another op, priced at 2 passes)."""
 
 
 def pointwise_passes(variant: str) -> float:
@@ -88,8 +91,8 @@ def pointwise_passes(variant: str) -> float:
 
 
 def pointwise_op(kernel: str, variant: str) -> str:
-    """The operation label the efficiency model keys on (`variant`, or the kernel's default)."""
-    return variant or DEFAULT_OP.get(kernel, kernel)
+    """The operation label the efficiency model keys on (`variant` under its one name, or the kernel's default)."""
+    return OP_ALIASES.get(variant, variant) or DEFAULT_OP.get(kernel, kernel)
 
 
 def pointwise_work(kernel: str, tokens: int, width: int, dtype: DType, variant: str = "") -> KernelWork:

@@ -24,6 +24,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from sim.calibration.rows import ZERO_ALLOWED
 from sim.errors import ConfigError, decode_error, file_error
 from sim.measured import read_text_bytes, resolve, table_name
 from sim.perf.table_kernels import NUMERIC, REQUIRED, TABLE_COLUMNS, TABLE_FAMILY
@@ -83,7 +84,10 @@ REQUIRED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
 """Columns each table's reader uses unconditionally (DeepEP's latency is the sum of its `*_ms` columns)."""
 NUMERIC_COLUMNS: Final = frozenset({"m", "n", "k", "batch_size", "seq_len", "kv_len", "num_heads", "num_kv_heads",
                                     "head_dim", "window_size", "num_gpus", "message_elems", *NUMERIC})
-"""Shape columns that must be numbers wherever a table has them (the latency columns are checked cell by cell)."""
+"""Shape columns that must be numbers wherever a table has them (the latency columns are checked cell by
+cell): whole numbers >= 1 (>= 0 for `ZERO_ALLOWED`) and at most `MAX_SIZE` (until 2026-12-02 a 0, -16,
+16.5 or 1e12 was fitted on)."""
+MAX_SIZE: Final = 2.0**40
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +246,15 @@ def _check_table(df: pd.DataFrame, path: Path, name: str) -> None:
             row = int(np.flatnonzero(bad)[0])
             raise ConfigError(source=f"{path} row {row + 1}", key=c, value=df[c].iloc[row], rule="must be a number")
         df[c] = values
+        if c in NUMERIC_COLUMNS:
+            # A size is a whole number of tokens, heads, bytes...: >= 1 (a few may be 0) and not absurd.
+            v = values.to_numpy(dtype=float)
+            lo = 0 if c in ZERO_ALLOWED else 1
+            off = ~np.isnan(v) & ((v != np.round(v)) | (v < lo) | (v > MAX_SIZE))
+            if off.any():
+                row = int(np.flatnonzero(off)[0])
+                raise ConfigError(source=f"{path} row {row + 1}", key=c, value=float(v[row]),
+                                  rule=f"must be a whole number from {lo} to 2^40")
     latency = df[ms].sum(axis=1, min_count=len(ms)).to_numpy(dtype=float) if ms else np.zeros(len(df))
     bad = ~(np.isfinite(latency) & (latency > 0))
     if bad.any():

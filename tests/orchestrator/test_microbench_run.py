@@ -292,3 +292,36 @@ def test_compare_dry_run_against_the_real_h100_tables(dry_run: tuple[Path, list[
     assert {f for f, _ in matched} >= {"gemm", "attn_prefill", "attn_decode", "nccl", "custom_allreduce"}
     assert matched[("gemm", "sglang 0.5.10 sglang")] > 0
     assert all(n > 0 for n in matched.values())
+
+
+def test_plans_that_are_not_utf8_repeat_a_column_or_overflow_a_row_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before 2026-12-02: a traceback (rc 1) for a binary file; a second `dtype` column silently won
+    (a bfloat16 row measured as fp8); extra cells were dropped; `--device cuda:x` raised a ValueError."""
+    cases = {"binary.csv": (b"kernel,dtype\n\xff\xfe,x\n", "not UTF-8"),
+             "repeated.csv": (b"kernel,dtype,dtype,m,n,k\ngemm,bfloat16,fp8,16,128,128\n", "more than once"),
+             "long.csv": (b"kernel,dtype,m,n,k\ngemm,bfloat16,16,128,128,9\n", "more cells than")}
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert main(["microbench", "run", "--plan", str(tmp_path / name), "--out", str(tmp_path / f"o-{name}"),
+                     "--device", "cpu", "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert main(["microbench", "run", "--plan", str(tmp_path / "long.csv"), "--out", str(tmp_path / "o"),
+                 "--device", "cuda:x"]) == 2
+    assert "must be cuda[:N]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cell", ["0", "-16", "16.5", "1e13"])
+def test_calibrate_refuses_a_size_that_is_no_size(tmp_path: Path, cell: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before 2026-12-02 `calibrate` fitted on a GEMM row with m = 0, -16, 16.5 or 1e12 (rc 0)."""
+    with open_text(H100_TABLES / "gemm.csv.xz") as f:
+        lines = f.read().splitlines()
+    header = lines[0].split(",")
+    row = lines[1].split(",")
+    row[header.index("m")] = cell
+    (tmp_path / "gemm.csv").write_text("\n".join([lines[0], ",".join(row), *lines[2:50]]) + "\n")
+    assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(tmp_path), "--out",
+                 str(tmp_path / "cal.json"), "--no-bridge"]) == 2
+    err = capsys.readouterr().err
+    assert "row 1" in err and "m=" in err and "whole number" in err

@@ -86,6 +86,9 @@ def test_sanity_flags_by_hand() -> None:
     assert not exceeds_dram_bw(small, 1e-9, hw)
     fp8 = {**decode, "kv_cache_dtype": "fp8"}  # half the bytes: 2.048e9 B
     assert exceeds_dram_bw(fp8, 1.9, hw) and not exceeds_dram_bw(fp8, 2.0, hw)
+    # A sliding window reads its window, not the context: 1000 x 500 keys = 2.048e9 B.
+    windowed_decode = {**decode, "window_size": "500"}
+    assert exceeds_dram_bw(windowed_decode, 1.9, hw) and not exceeds_dram_bw(windowed_decode, 2.0, hw)
 
 
 def test_plan_points_shapes_and_shrink() -> None:
@@ -244,3 +247,20 @@ def test_every_pointwise_kernel_the_shipped_plan_lists_has_a_benchmark() -> None
         shape = PointwiseShape(kernel=str(r["kernel"]), variant=str(r.get("variant") or ""), dtype="bfloat16",
                                tokens=16, width=256)
         assert pointwise.candidates(shape), (r["kernel"], r.get("variant"))
+
+
+def test_flashinfers_name_of_the_fused_add_norm_is_vllms_op() -> None:
+    """The runner measures `fused_add_rmsnorm` (FlashInfer's name); the kernel model knows vLLM's
+    `fused_add_rms_norm` (4 passes). Until 2026-12-02 such a row was another op, priced at 2 passes."""
+    import numpy as np
+
+    from sim.calibration.batch import family_batches
+    from sim.calibration.rows import pointwise_op
+
+    assert pointwise_op("norm", "fused_add_rmsnorm") == pointwise_op("norm", "fused_add_rms_norm")
+    cols = {"kernel": np.array(["norm", "norm"], dtype=object),
+            "variant": np.array(["fused_add_rmsnorm", "fused_add_rms_norm"], dtype=object),
+            "dtype": np.array(["bfloat16"] * 2, dtype=object), "m": np.array([1024.0] * 2), "n": np.array([4096.0] * 2)}
+    (batch,) = family_batches(cols, toy_hardware())
+    assert list(batch.cats["op"]) == ["fused_add_rms_norm"] * 2
+    assert batch.prims["bytes"][0] == batch.prims["bytes"][1] == 4 * 1024 * 4096 * 2
