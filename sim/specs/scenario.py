@@ -204,7 +204,7 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
                "api_server_latency_s"),
     "hardware": ("nvlink_domain_size", "nvlink", "pcie_peer_group_size", "tables_pcie_peer_group_size"),
     "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate", "mlp_gated",
-              "mlp_bias", "parallel_attention", "layer_norms_per_layer", "int4_group_size"),
+              "mlp_bias", "parallel_attention", "layer_norms_per_layer", "int4_group_size", "qk_norm_across_heads"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):
