@@ -25,7 +25,7 @@ DYNAMO_FRONTEND: Final = "python -m dynamo.frontend"
 
 
 def _dynamo_vllm(scenario: Scenario, pool: str) -> str:
-    args = shlex.split(vllm_serve_command(scenario))
+    args = shlex.split(vllm_serve_command(scenario, role=pool))
     assert args[:2] == ["vllm", "serve"]
     return shlex.join(["python", "-m", "dynamo.vllm", "--model", args[2], *args[3:],
                        "--disaggregation-mode", pool, "--kv-transfer-config", KV_TRANSFER_CONFIG])

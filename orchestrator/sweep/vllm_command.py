@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, Final
 
+from sim.graph.moe import uses_expert_all_to_all
 from sim.specs.catalog import serve_model_id
 from sim.specs.engine import EngineParams
 from sim.specs.scenario import Scenario
@@ -45,8 +46,17 @@ _FLAGS: Final[tuple[tuple[str, str], ...]] = (
 )
 
 
-def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = None) -> str:
-    """`vllm serve MODEL ...` for one replica group of `scenario` (`--data-parallel-size` if > 1)."""
+ALL2ALL_BACKEND: Final = {"aggregated": "deepep_low_latency", "prefill": "deepep_high_throughput",
+                          "decode": "deepep_low_latency"}
+"""vLLM's `--all2all-backend` for an engine whose experts exchange tokens over attention-DP ranks: the
+simulator prices DeepEP there (`sim.graph.moe.uses_expert_all_to_all`), vLLM's default is
+`allgather_reducescatter`; low-latency mode where decodes dominate, high-throughput in a prefill pool."""
+
+
+def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = None,
+                       role: str = "aggregated") -> str:
+    """`vllm serve MODEL ...` for one replica group of `scenario` (`--data-parallel-size` if > 1);
+    `role`: `aggregated`, or the disaggregated pool it serves (`prefill`, `decode`)."""
     asked: Mapping[str, Any] = scenario.sections().get("engine", {})
     default = EngineParams()
     engine = scenario.engine
@@ -75,6 +85,8 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
         if "quantization" in config:
             config["quantization"] = QUANTIZATION_FLAG[config["quantization"]]
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if scenario.model.moe is not None and uses_expert_all_to_all(engine) and dp > 1:
+        args += ["--all2all-backend", ALL2ALL_BACKEND[role]]
     redundant = asked.get("num_redundant_experts", 0)
     if redundant:
         args += ["--eplb-config", json.dumps({"num_redundant_experts": redundant})]
@@ -104,7 +116,8 @@ def vllm_pool_commands(scenario: Scenario) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     for pool in scenario.disaggregation.pools():
-        cmd = vllm_serve_command(pool.scenario) + " --kv-transfer-config " + shlex.quote(KV_TRANSFER_CONFIG)
+        cmd = (vllm_serve_command(pool.scenario, role=pool.name)
+               + " --kv-transfer-config " + shlex.quote(KV_TRANSFER_CONFIG))
         out[pool.name] = cmd
     return out
 

@@ -75,3 +75,18 @@ def test_eplb_settings_reach_the_serve_line(tmp_path: Path) -> None:
     line = vllm_serve_command(load_scenario_file(path))
     assert "--enable-expert-parallel --enable-eplb" in line
     assert line.endswith("""--eplb-config '{"num_redundant_experts": 32}'""")
+
+
+def test_an_engine_priced_with_deepep_asks_vllm_for_it() -> None:
+    """The simulator prices the expert token exchange over attention-DP ranks as DeepEP; vLLM's default
+    all2all backend is `allgather_reducescatter` (before 2026-12-02 the launch line did not ask)."""
+    from orchestrator.sweep.vllm_command import vllm_pool_commands
+    from sim.api import load_scenario
+
+    repo = Path(__file__).resolve().parents[2]
+    dp = vllm_serve_command(load_scenario(repo / "scenarios" / "deepseek_r1-h200-dp8ep8.toml"))
+    assert "--all2all-backend deepep_low_latency" in dp
+    assert "--all2all-backend" not in vllm_serve_command(load_scenario(repo / "scenarios" / "deepseek_r1-h200-tp8.toml"))
+    pools = vllm_pool_commands(load_scenario(repo / "scenarios" / "deepseek_r1-h200-disagg-4p8d.toml"))
+    assert "--all2all-backend" not in pools["prefill"]  # TP8: no token exchange
+    assert "--all2all-backend deepep_low_latency" in pools["decode"]
