@@ -31,6 +31,7 @@ import pandas as pd
 
 from sim.calibration.accuracy import TRAIN_GPUS, full_rows, plan_mask
 from sim.calibration.batch import predict_latency_s
+from sim.calibration.device_record import check_device_record
 from sim.calibration.fit import CORRECTION_CATEGORICALS, fit_correction
 from sim.calibration.tables import FAMILY_OF_KERNEL, columns_of, read_microbench_dir
 from sim.errors import ConfigError
@@ -78,6 +79,7 @@ def load_reference(data_root: Path, gpu: str, directory: Path | None = None) -> 
         raise ConfigError(source="calibrate", key="--reference-microbench", value=None,
                           rule=f"no shipped tables of {gpu}: pass our tables of it")
     hw = load_hardware(gpu)
+    check_device_record(hw, directory)  # a dry run's or another GPU's tables bridge nothing
     own, _, digest = read_microbench_dir(directory, gpu)
     if not len(own):
         raise ConfigError(source=str(directory), key="--reference-microbench", value=str(directory),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pandas as pd
 from sim.calibration.accuracy import TRAIN_GPUS, full_rows, plan_mask
 from sim.calibration.artifact import CalibrationArtifact
 from sim.calibration.bridge import Reference, bridge_rows
+from sim.calibration.device_record import check_device_record
 from sim.calibration.fit import LEARNER, fit_correction, fit_cross_generation
 from sim.calibration.tables import TABLE_FILES, Exclusion, file_sha256, read_microbench_dir, read_vidur_pointwise
 from sim.errors import ConfigError
@@ -36,32 +36,6 @@ def cross_generation_artifact(data_root: Path, gpus: tuple[str, ...] = TRAIN_GPU
                                data_sha256=sha, families=families,
                                notes="learners per family: " + ", ".join(f"{f} {LEARNER[f]}" for f in sorted(families))
                                + "; see docs/kernel-model.md")
-
-
-DEVICE_RECORD = "device.json"
-"""What `kernelsight microbench run` writes beside its tables about the run (GPU, dry run, plan)."""
-
-
-def check_device_record(hw: HardwareSpec, directory: Path, *, allow_dry_run: bool = False) -> None:
-    """Refuse tables whose `device.json` says they are a dry run's (times that mean nothing) or were
-    measured on another GPU than `hw` (a directory without one, e.g. a copy of AIConfigurator's
-    tables, is taken as it is)."""
-    path = directory / DEVICE_RECORD
-    if not path.is_file():
-        return
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(source=str(path), key=DEVICE_RECORD, value=str(path),
-                          rule=f"cannot be read ({exc})") from None
-    if record.get("dry_run") and not allow_dry_run:
-        raise ConfigError(source=str(path), key="dry_run", value=True,
-                          rule="these are a dry run's tables (their times are meaningless): calibrate from a run "
-                          "on the GPU (--allow-dry-run to try the pipeline anyway)")
-    measured_on = record.get("hardware")
-    if measured_on and measured_on != hw.name:
-        raise ConfigError(source=str(path), key="hardware", value=measured_on,
-                          rule=f"the tables were measured on {measured_on}, not on --hardware {hw.name}")
 
 
 def calibrate_dir(hw: HardwareSpec, directory: Path, base: CalibrationArtifact, *,

@@ -791,9 +791,11 @@ class VllmV1Scheduler:
             pending = req.num_known() - hit - remote
             if self._sglang_admission:
                 need = pending + min(req.output_tokens - req.num_output, SGLANG_CLIP_MAX_NEW_TOKENS)
-                if need >= room:  # `AddReqResult.NO_TOKEN`
-                    self._batch_full = bool(self._running)
+                if need >= room and self._running:  # `AddReqResult.NO_TOKEN`
+                    self._batch_full = True
                     break
+                # (Alone on the replica a request is admitted whatever it reserves: a request as large as
+                # the cache, which the scenario check lets through, would otherwise never run.)
                 room -= need
             if not self._chunked and (pending > budget or pending > self._micro_room):
                 break
@@ -849,12 +851,15 @@ class VllmV1Scheduler:
         return int(self._kv.num_free_blocks() * self._block_size - reserved)
 
     def _pick_victim(self, running: list[RequestState], first: int) -> RequestState:
-        """The request a KV shortage preempts, taken out of `running` (whose requests from index `first`
-        on are not yet scheduled in this step): vLLM's newest; SGLang's retraction order (fewest
-        outputs, then the longest prompt: `ScheduleBatch.retract_decode`) among those not scheduled."""
+        """The request a KV shortage preempts, taken out of `running`, where `running[first]` is the
+        request the step is placing and those after it are not scheduled yet: vLLM's newest; SGLang's
+        retraction order (fewest outputs, then the longest prompt: `ScheduleBatch.retract_decode`)
+        among those after it, the request being placed only when none is left. (SGLang retracts before
+        it places anything; retracting the request being placed while later ones run would leave the
+        step's walk with requests it never placed: they would run without their blocks.)"""
         if not self._sglang_admission or first >= len(running) - 1:
             return running.pop()
-        at = min(range(first, len(running)),
+        at = min(range(first + 1, len(running)),
                  key=lambda j: (self._outputs_now(running[j]), -running[j].prompt_tokens, -running[j].run_seq))
         return running.pop(at)
 

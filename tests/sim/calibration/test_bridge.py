@@ -58,3 +58,23 @@ def test_calibrate_bridges_by_default_through_another_gpus_shipped_tables(tmp_pa
     assert "bridge: none" in load_artifact(plain).notes
     assert main(["calibrate", "--hardware", "h100_sxm", "--microbench", str(H100), "--out", str(plain),
                  "--reference-hardware", "h100_sxm"]) == 2
+
+
+def test_the_reference_tables_pass_the_same_device_checks(tmp_path: Path) -> None:
+    """A dry run's tables, or another GPU's, must not drive the bridge either."""
+    import json
+    import shutil
+
+    from sim.calibration.bridge import load_reference
+    from sim.errors import ConfigError
+    from sim.measured import measured_data_root
+
+    assert H200 is not None
+    copy = tmp_path / "h200"
+    shutil.copytree(H200, copy)
+    record = json.loads((copy / "device.json").read_text())
+    for change, key in (({"dry_run": True}, "dry_run"), ({"hardware": "h100_sxm"}, "hardware")):
+        (copy / "device.json").write_text(json.dumps({**record, **change}))
+        with pytest.raises(ConfigError) as exc:
+            load_reference(measured_data_root(), "h200_sxm", copy)
+        assert exc.value.key == key

@@ -3,10 +3,12 @@ new-token ratio), and a KV shortage retracts the request with the fewest outputs
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import scenario_dict
 
-from sim.api import simulate
+from sim.api import check_feasible, simulate
 from sim.engine.simulation import SimLimits
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
@@ -104,3 +106,32 @@ def test_sglang_under_kv_pressure_preempts_as_sglang_does_in_bulk_and_request_by
         workload={"num_prompts": 300, "random_input_len": 1024, "random_output_len": 1024, "max_concurrency": 256},
         perf={"tier": "roofline"}), source="t"))
     assert bulk.summary.num_preemptions < vllm_like.summary.num_preemptions
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_retraction_never_takes_the_request_being_placed_while_later_ones_run(prefix_caching: bool) -> None:
+    """Requests admitted together tie on outputs and the longest prompt loses: retracting the request a
+    step was placing while later ones kept running let bulk decodes run without their blocks, and the
+    two paths disagreed (a review's repro, 2026-12-02: 125 of 200 records differed)."""
+    sc = scenario_from_dict(scenario_dict(
+        engine={"max_model_len": 4096, "backend": "sglang", "gpu_memory_utilization": 0.27,
+                "enable_prefix_caching": prefix_caching},
+        workload={"num_prompts": 200, "random_input_len": 128, "random_output_len": 1024, "max_concurrency": 64,
+                  "random_range_ratio": 0.3}, perf={"tier": "roofline"}), source="t")
+    bulk = simulate(sc)
+    assert bulk.summary.num_preemptions > 0
+    assert bulk.records == simulate(sc, limits=SimLimits(bulk_decode=False)).records
+
+
+def test_a_request_alone_on_the_replica_is_admitted_whatever_it_reserves() -> None:
+    """A request as large as the cache (which the scenario check admits) never ran: nothing running, the
+    reservation refused it forever and the run ended with it unserved."""
+    def scenario(prompt: int, output: int) -> Any:
+        return scenario_from_dict(scenario_dict(
+            engine={"max_model_len": 16384, "backend": "sglang", "gpu_memory_utilization": 0.24,
+                    "enable_prefix_caching": False},
+            workload={"num_prompts": 3, "random_input_len": prompt, "random_output_len": output},
+            perf={"tier": "roofline"}), source="t")
+    capacity = check_feasible(scenario(100, 100)).kv_capacity_tokens()
+    result = simulate(scenario(capacity - 1024, 1024))
+    assert result.summary.num_completed == 3 and not result.summary.truncated
