@@ -44,7 +44,7 @@ _WorkSignature = tuple[object, ...]
 
 SCHEDULING_ONLY_FIELDS = (
     "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-    "enable_prefix_caching", "long_prefill_token_threshold", "max_num_partial_prefills",
+    "enable_prefix_caching", "long_prefill_token_threshold",
     "gpu_memory_utilization", "block_size", "max_model_len", "enforce_eager", "max_cudagraph_capture_size",
     "async_scheduling", "launch_mode", "scheduler", "router", "batch_wait_timeout_iters",
     "batch_wait_max_tokens_ratio", "attention_dp_enable_balance", "attention_dp_timeout_iters",

@@ -32,8 +32,7 @@ keeps the accepted drafts' KV and samples 1 + accepted tokens; the rejected draf
 allocated to the request and are overwritten by the next step, as in vLLM. Bulk decodes are off
 (they assume one token per step): every step is planned request by request.
 
-Departures from vLLM (and why): `max_num_partial_prefills` is accepted but not enforced (vLLM v1
-does not enforce it either in its default scheduler); no priority scheduling; no encoder budget;
+Departures from vLLM (and why): no priority scheduling; no encoder budget;
 requests never exceed `max_model_len` because scenarios reject workloads that would (lookahead
 slots of speculative decoding may go up to k past it: vLLM caps the drafts there).
 Prefix-cache keys of tokens that only one request has are derived when it

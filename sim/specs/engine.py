@@ -88,7 +88,9 @@ class EngineParams:
     long_prefill_token_threshold: int = 0
     """Cap on one request's prefill tokens per step; 0 disables the cap."""
     max_num_partial_prefills: int = 1
-    """Concurrent partially-prefilled requests (vLLM's concurrent partial prefill)."""
+    """Concurrent partially-prefilled requests (vLLM's concurrent partial prefill): only 1, as vLLM v1
+    refuses other values ("Concurrent Partial Prefill is not supported"; the key is kept so that
+    scenarios naming it load)."""
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int | None = None
@@ -159,6 +161,9 @@ class EngineParams:
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_cudagraph_capture_size"):
             value = getattr(self, key)
             require(value is None or value >= 1, key, value, "must be >= 1")
+        require(self.max_num_partial_prefills == 1, "max_num_partial_prefills", self.max_num_partial_prefills,
+                "must be 1: vLLM v1 refuses concurrent partial prefill (until 2026-12-02 other values were "
+                "accepted and ignored)")
         require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
                 self.long_prefill_token_threshold, "must be >= 0")
         for key in ("attention_dp_timeout_iters", "attention_dp_batching_wait_iters"):

@@ -122,7 +122,7 @@ def test_block_prices_do_not_depend_on_the_order_counts_are_priced(family: tuple
 
 _OTHER_VALUES: dict[str, Any] = {
     "data_parallel_size": 2, "max_num_seqs": 7, "max_num_batched_tokens": 333, "enable_chunked_prefill": False,
-    "enable_prefix_caching": False, "long_prefill_token_threshold": 64, "max_num_partial_prefills": 2,
+    "enable_prefix_caching": False, "long_prefill_token_threshold": 64,
     "gpu_memory_utilization": 0.5, "block_size": 32, "max_model_len": 4096, "enforce_eager": True,
     "max_cudagraph_capture_size": 8, "async_scheduling": True, "launch_mode": "megakernel",
     "scheduler": "vllm_v1", "router": "least_outstanding", "batch_wait_timeout_iters": 20,

@@ -418,3 +418,11 @@ def test_specs_pickle_for_worker_processes() -> None:
     scenario = load_scenario(REPO / "scenarios" / "llama3_8b-h100-disagg-1p1d.toml")
     again = pickle.loads(pickle.dumps(scenario))
     assert again == scenario and again.scenario_hash() == scenario.scenario_hash()
+
+
+def test_concurrent_partial_prefill_is_refused_as_vllm_v1_refuses_it() -> None:
+    """vLLM v1: "Concurrent Partial Prefill is not supported"; the simulator accepted 2 and ignored it."""
+    with pytest.raises(ConfigError) as info:
+        scenario_from_dict(scenario_dict(engine={"max_num_partial_prefills": 2}), source="t.toml")
+    assert info.value.key == "engine.max_num_partial_prefills"
+    scenario_from_dict(scenario_dict(engine={"max_num_partial_prefills": 1}), source="t.toml")
