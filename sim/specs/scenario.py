@@ -438,6 +438,23 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
         raise ConfigError(
             source=source, key=where + "max_model_len", value=decode.engine.max_model_len,
             rule=f"must equal the prefill pool's max_model_len={prefill.engine.max_model_len}")
+    if section.transfer_link == "nvlink":
+        p_hw, d_hw = prefill.hardware, decode.hardware
+        if p_hw.name != d_hw.name:
+            raise ConfigError(
+                source=source, key="disaggregation.transfer_link", value="nvlink",
+                rule=(f"the prefill pool runs on {p_hw.name} and the decode pool on {d_hw.name}: NVLink joins "
+                      "GPUs of one system only, so their KV moves over the inter-node link (use \"auto\" "
+                      "or \"inter_node\")"))
+        domain = d_hw.nvlink_domain()
+        pair = prefill.engine.num_gpus() + decode.engine.num_gpus()
+        if pair > domain:
+            raise ConfigError(
+                source=source, key="disaggregation.transfer_link", value="nvlink",
+                rule=(f"one prefill worker ({prefill.engine.num_gpus()} GPUs) and one decode worker "
+                      f"({decode.engine.num_gpus()} GPUs) need {pair} GPUs, more than the {domain} of one "
+                      f"{d_hw.name} NVLink domain: no prefill/decode pair can share NVLink (use \"auto\" "
+                      "or \"inter_node\")"))
     return Disaggregation(prefill=pools["prefill"], decode=pools["decode"], connector=section.connector,
                           transfer_link=section.transfer_link, transfer_latency_s=section.transfer_latency_s)
 

@@ -283,3 +283,31 @@ def test_the_prefill_pool_reports_the_kv_its_steps_held() -> None:
                                         "random_output_len": 16}))
     prefill = next(p for p in result.pools if p.pool == "prefill")
     assert prefill.kv_usage_max_frac > 0 and prefill.kv_usage_mean_frac > 0
+
+
+def test_forced_nvlink_is_refused_between_different_gpus() -> None:
+    """NVLink joins the GPUs of one system: an H100 prefill pool and a B200 decode pool cannot share
+    it (it was accepted and priced at the decode GPU's 900 GB/s NVLink 5, 2x an H100's own link)."""
+    data = scenario_dict()
+    data["disaggregation"] = {"transfer_link": "nvlink", "prefill": {"num_workers": 1},
+                              "decode": {"num_workers": 1, "hardware": "b200_sxm"}}
+    with pytest.raises(ConfigError) as exc:
+        scenario_from_dict(data, source="t.toml")
+    assert exc.value.key == "disaggregation.transfer_link"
+
+
+def test_forced_nvlink_is_refused_when_no_pair_fits_one_domain() -> None:
+    """A TP8 prefill worker and a TP8 decode worker on 8-GPU HGX nodes never share a node's NVLink."""
+    data = scenario_dict()
+    data["disaggregation"] = {"transfer_link": "nvlink",
+                              "prefill": {"num_workers": 1, "engine": {"tensor_parallel_size": 8}},
+                              "decode": {"num_workers": 1, "engine": {"tensor_parallel_size": 8}}}
+    with pytest.raises(ConfigError) as exc:
+        scenario_from_dict(data, source="t.toml")
+    assert exc.value.key == "disaggregation.transfer_link"
+    # A pair that fits a node may force NVLink even though the whole fleet does not (docs/disaggregation.md).
+    data["disaggregation"] = {"transfer_link": "nvlink",
+                              "prefill": {"num_workers": 4, "engine": {"tensor_parallel_size": 4}},
+                              "decode": {"num_workers": 2, "engine": {"tensor_parallel_size": 4}}}
+    path = transfer_path(scenario_from_dict(data, source="t.toml").disaggregation)  # type: ignore[arg-type]
+    assert path.link_name == "nvlink"
