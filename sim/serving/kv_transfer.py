@@ -2,8 +2,8 @@
 
 Bytes come from the model's real KV layout (`sim.graph.memory.kv_bytes_per_token` on the decode
 worker: GQA heads per rank, MLA's compressed latent replicated on every attention-TP rank, DSA's
-indexer keys, FP8 KV), times the decode worker's tensor x pipeline ranks that each receive their
-share. Ranks transfer in parallel, one link per GPU: the busiest side moves
+indexer keys, FP8 KV) per layer, times the model's attention layers and the decode worker's tensor
+ranks: each tensor x pipeline rank receives its stage's share. Ranks transfer in parallel, one link per GPU: the busiest side moves
 total / min(prefill ranks, decode ranks) bytes, at the link's per-GPU bandwidth, plus one fixed
 latency per request's transfer.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.graph.memory import kv_bytes_per_token
+from sim.graph.memory import attention_layers_per_stage, kv_bytes_per_token
 from sim.specs.hardware import HardwareSpec, LinkSpec
 from sim.specs.scenario import Disaggregation
 
@@ -74,10 +74,14 @@ def transfer_path(disagg: Disaggregation) -> TransferPath:
     engine = decode.engine
     receivers = engine.tensor_parallel_size * engine.pipeline_parallel_size
     senders = prefill.engine.tensor_parallel_size * prefill.engine.pipeline_parallel_size
-    per_rank = kv_bytes_per_token(decode.model, engine, decode.precision)
+    # A rank's bytes are those of its stage's layers (the most loaded stage's count): per layer, times
+    # every attention layer of the model, once per tensor rank (the stages hold the layers between them).
+    per_layer = kv_bytes_per_token(decode.model, engine, decode.precision) // attention_layers_per_stage(
+        decode.model, engine)
+    total = per_layer * decode.model.num_attention_layers() * engine.tensor_parallel_size
     latency = disagg.transfer_latency_s if disagg.transfer_latency_s is not None else link.latency_s
     return TransferPath(
         link_name="nvlink" if nvlink else "inter_node", bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
-        latency_s=latency, bytes_per_token=per_rank * receivers, num_parallel_links=min(senders, receivers),
+        latency_s=latency, bytes_per_token=total, num_parallel_links=min(senders, receivers),
         num_layers=decode.model.num_layers, layerwise=disagg.connector == "layerwise",
     )

@@ -311,3 +311,17 @@ def test_forced_nvlink_is_refused_when_no_pair_fits_one_domain() -> None:
                               "decode": {"num_workers": 2, "engine": {"tensor_parallel_size": 4}}}
     path = transfer_path(scenario_from_dict(data, source="t.toml").disaggregation)  # type: ignore[arg-type]
     assert path.link_name == "nvlink"
+
+
+def test_transfer_bytes_under_decode_pipeline_parallelism_are_the_models_layers() -> None:
+    """A decode worker's stages hold the model's layers between them: DeepSeek-R1's 61 layers on 2 or 4
+    stages move 61 layers' latent rows per attention-TP rank (ceil(61 / PP) per stage times PP
+    counted 62 or 64 layers)."""
+    from sim.api import load_scenario
+    base = Path(__file__).resolve().parents[3] / "scenarios" / "deepseek_r1-h200-disagg-4p8d.toml"
+    for pp in (1, 2, 4):
+        sc = load_scenario(base, {"disaggregation.decode.engine.data_parallel_size": 1,
+                                  "disaggregation.decode.engine.tensor_parallel_size": 8 // pp,
+                                  "disaggregation.decode.engine.pipeline_parallel_size": pp})
+        assert sc.disaggregation is not None
+        assert transfer_path(sc.disaggregation).bytes_per_token == 61 * 576 * (8 // pp)
