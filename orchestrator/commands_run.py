@@ -92,7 +92,11 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
         for row in steps:
             row["pool"] = result.replica_pools[row["replica"]] if result.replica_pools else "aggregated"
         parquet(steps, "steps.parquet")
-    parquet([{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage], "kv_usage.parquet")
+    kv_rows: list[dict[str, Any]] = [{"time_s": t, "kv_usage_frac": u} for t, u in result.kv_usage]
+    if result.pools:  # disaggregated: the prefill pool's samples, then the decode pool's
+        for i, row in enumerate(kv_rows):
+            row["pool"] = "prefill" if i < result.kv_usage_prefill_pairs else "decode"
+    parquet(kv_rows, "kv_usage.parquet")
     try:
         (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
         if trace:

@@ -197,6 +197,9 @@ class SimResult:
     fraction (disaggregated runs: the prefill ranks' pairs, then the decode ranks')."""
     kv_usage_bucket_s: float = 0.0
     """Width of the time buckets of `kv_usage`; 0.0 when it holds one pair per step."""
+    kv_usage_prefill_pairs: int = 0
+    """Disaggregated runs: how many leading pairs of `kv_usage` are the prefill pool's (the rest are
+    the decode pool's); 0 otherwise."""
     memory: MemoryBreakdown
     scenario_hash: str
     sim_version: str
@@ -561,13 +564,15 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
             (disagg.prefill, p_busy, sim.prefill_queue_s, sim.prefill_kv_trace, p_pre),
             (disagg.decode, d_busy, sim.decode_queue_s, sim.kv_trace, d_pre)))
     breakdowns = (("prefill", _breakdown(p_pricer)), ("decode", _breakdown(d_pricer)))
-    kv_usage = tuple(sorted(sim.prefill_kv_trace.series())) + sim.kv_usage
+    prefill_kv = tuple(sorted(sim.prefill_kv_trace.series()))
+    kv_usage = prefill_kv + sim.kv_usage
     classes = () if class_ids is None else class_summaries(
         records, class_ids, scenario.workload.classes, slo=scenario.slo, duration_s=summary.duration_s)
     return SimResult(
         summary=summary, classes=classes, breakdown=_sum_breakdowns([bd for _, bd in breakdowns]),
         records=tuple(records), kv_usage=kv_usage, memory=decode_mem,
         kv_usage_bucket_s=max(sim.prefill_kv_trace.bucket_s, sim.kv_trace.bucket_s),
+        kv_usage_prefill_pairs=len(prefill_kv),
         scenario_hash=scenario.scenario_hash(), sim_version=__version__,
         steps=step_log.records() if step_log is not None else (),
         num_steps_not_logged=step_log.num_dropped_steps if step_log is not None else 0,

@@ -3,9 +3,9 @@
 Bytes come from the model's real KV layout (`sim.graph.memory.kv_bytes_per_token` on the decode
 worker: GQA heads per rank, MLA's compressed latent replicated on every attention-TP rank, DSA's
 indexer keys, FP8 KV) per layer, times the model's attention layers and the decode worker's tensor
-ranks: each tensor x pipeline rank receives its stage's share. Ranks transfer in parallel, one link per GPU: the busiest side moves
-total / min(prefill ranks, decode ranks) bytes, at the link's per-GPU bandwidth, plus one fixed
-latency per request's transfer.
+ranks: each tensor x pipeline rank receives its stage's share. Ranks transfer in parallel, one
+link per GPU: the busiest side moves total / min(prefill ranks, decode ranks) bytes, at the
+link's per-GPU bandwidth, plus one fixed latency per request's transfer.
 
 Link: `nvlink` (the hardware's `intra_node_link`) when every worker of both pools fits in one
 NVLink domain (`nvlink_domain_size`: 8 GPUs of an HGX node, 72 of an NVL72 rack) of one

@@ -58,6 +58,24 @@ def test_run_out_writes_parquet(tmp_path: Path) -> None:
     assert len([e for e in events if e.get("cat") == "request"]) == 20
 
 
+def test_run_out_kv_usage_names_each_disaggregated_samples_pool(tmp_path: Path) -> None:
+    """The prefill pool's samples come first, then the decode pool's: without the column the time went
+    backwards at the join with nothing to tell the pools apart."""
+    out = tmp_path / "run"
+    assert main(["run", str(REPO / "scenarios/llama3_8b-h100-disagg-1p1d.toml"), "--set", "workload.num_prompts=20",
+                 "--out", str(out)]) == 0
+    rows = pq.read_table(out / "kv_usage.parquet").to_pylist()
+    pools = [r["pool"] for r in rows]
+    assert set(pools) == {"prefill", "decode"} and pools == sorted(pools, reverse=True)
+    for pool in ("prefill", "decode"):
+        times = [r["time_s"] for r in rows if r["pool"] == pool]
+        assert times == sorted(times)
+    aggregated = tmp_path / "agg"
+    assert main(["run", str(REPO / "scenarios/llama3_8b-h100.toml"), "--set", "workload.num_prompts=5",
+                 "--out", str(aggregated)]) == 0
+    assert "pool" not in pq.read_table(aggregated / "kv_usage.parquet").column_names
+
+
 def test_run_trace_rows_over_max_model_len_exit_2_naming_file_row_and_rule(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "trace.csv"
