@@ -423,6 +423,12 @@ def _resolve_disaggregation(data: Mapping[str, Any], section: DisaggregationSect
                                   "pool's ranks are stepped independently)"))
     prefill, decode = pools["prefill"].scenario, pools["decode"].scenario
     where = "disaggregation.decode.engine."
+    if prefill.engine.backend != decode.engine.backend:
+        raise ConfigError(
+            source=source, key=where + "backend", value=decode.engine.backend,
+            rule=(f"must equal the prefill pool's backend={prefill.engine.backend!r}: each engine's KV "
+                  "connector pairs only with its own kind (vLLM's NIXL handshake, SGLang's bootstrap "
+                  "server, TensorRT-LLM's cache transceiver)"))
     if prefill.precision.kv_cache_dtype != decode.precision.kv_cache_dtype:
         raise ConfigError(
             source=source, key=where + "kv_cache_dtype", value=decode.engine.kv_cache_dtype,

@@ -325,3 +325,13 @@ def test_transfer_bytes_under_decode_pipeline_parallelism_are_the_models_layers(
                                   "disaggregation.decode.engine.pipeline_parallel_size": pp})
         assert sc.disaggregation is not None
         assert transfer_path(sc.disaggregation).bytes_per_token == 61 * 576 * (8 // pp)
+
+
+def test_pools_of_different_engines_are_refused() -> None:
+    """A vLLM prefill pool cannot hand its KV to SGLang decoders (it was accepted)."""
+    data = scenario_dict()
+    data["disaggregation"] = {"prefill": {"num_workers": 1},
+                              "decode": {"num_workers": 1, "engine": {"backend": "sglang"}}}
+    with pytest.raises(ConfigError) as exc:
+        scenario_from_dict(data, source="t.toml")
+    assert exc.value.key == "disaggregation.decode.engine.backend" and exc.value.value == "sglang"
