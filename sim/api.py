@@ -51,7 +51,7 @@ from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.6.4"
+__version__ = "0.6.5"
 
 _GIB = float(1 << 30)
 
@@ -536,7 +536,8 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         decode=_pool_replicas(d_sc, decode, disagg.decode.num_workers), prefill_pricer=p_pricer, decode_pricer=d_pricer,
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
         max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log,
-        client_latency_s=(latency := client_latency_s(p_sc.engine, host or p_profile.host)))
+        client_latency_s=(latency := client_latency_s(p_sc.engine, host or p_profile.host)),
+        first_token_from_prefill=d_sc.engine.backend == "sglang")
     records = sim.run(first)
     gpu_prices = [scenario_price_per_gpu_hour_usd(pool.scenario) for pool in disagg.pools()]
     num_gpus = disagg.num_gpus()

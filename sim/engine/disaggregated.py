@@ -12,10 +12,15 @@ stepping) with three differences:
   read them).
 - At the transfer's end the request is routed to a decode rank and queued there
   (`VllmV1Scheduler.add_transferred`); it is admitted when its KV blocks are free and budget and
-  `max_num_seqs` allow, like any waiting request. Its first decode step computes the last prompt
-  token and samples the first output token, which is the first token the client receives (vLLM's
-  proxy streams the decode instance's output; Dynamo's frontend does the same). So TTFT = prefill
-  queueing + prefill + transfer + decode queueing + the first decode step.
+  `max_num_seqs` allow, like any waiting request. vLLM's decode worker (NIXL) computes the last
+  prompt token in its first step and samples the first output token there, which is the first
+  token the client receives (vLLM's proxy streams the decode instance's output; Dynamo's frontend
+  does the same): TTFT = prefill queueing + prefill + transfer + decode queueing + the first decode
+  step. SGLang's decode worker takes the token the prefill server sampled (`first_token_from_prefill`:
+  its waiting queue builds a `PrebuiltExtendBatch` that skips the forward) and streams it when the
+  request is admitted: TTFT = prefill queueing + prefill + transfer + decode queueing, and the decode
+  worker runs one step fewer. (A one-token request, with nothing left to decode, still takes the
+  first path.)
 
 Replicas: 0 .. P-1 are the prefill pool's, P .. P+D-1 the decode pool's; heap indices >= P+D are
 transfers in flight. A replica is one scheduler per rank, or, for an MoE model with attention DP
@@ -50,7 +55,7 @@ class DisaggregatedSimulation(Simulation):
                  decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
-                 client_latency_s: float = 0.0) -> None:
+                 client_latency_s: float = 0.0, first_token_from_prefill: bool = False) -> None:
         super().__init__(replicas=[*prefill, *decode], pricer=prefill_pricer, router=prefill_router,
                          max_concurrency=max_concurrency, limits=limits, progress=progress, step_log=step_log,
                          pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode),
@@ -60,6 +65,8 @@ class DisaggregatedSimulation(Simulation):
         for replica in self._replicas[:self._num_prefill]:
             replica.bulk = replica.group_bulk = False  # one output token: prefill ranks never decode
         self._decode_router = decode_router
+        self._first_token_from_prefill = first_token_from_prefill
+        """The decode worker delivers the token the prefill sampled when it admits the request (SGLang)."""
         self._path = path
         self._decode_states = {s.request_id: s for s in decode_states}
         """Each request's decode-phase state (its full output length), by request id."""
@@ -129,6 +136,8 @@ class DisaggregatedSimulation(Simulation):
     def _on_transfer_done(self, idx: int) -> None:
         state = self._transfers.pop(idx)
         self._ready_s[state.request_id] = self.now_s
+        if self._first_token_from_prefill and state.output_tokens > 1:
+            state.num_output = 1  # delivered at admission (`Simulation._start_step`)
         j = self._route_in(state, range(self._num_prefill, self._num_ranks), self._decode_router, 1)
         self._replicas[j].scheduler.add_transferred(state)
         state.replica = j  # the decode replica (a group sets its rank)

@@ -349,8 +349,13 @@ class Simulation:
             # They sampled in the step that just ended, or, having sat out prefill-only steps since, earlier.
             req.last_token_s = now if ends is None else ends[req.last_sample_step]
         for chunk in plan.chunks:
-            if chunk.request.first_scheduled_s is None:
-                chunk.request.first_scheduled_s = now
+            req = chunk.request
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now
+                if req.num_output and req.first_token_s is None:
+                    # It arrived with its first token (a disaggregated decode worker taking the token
+                    # the prefill sampled): the token streams as the request is admitted.
+                    req.first_token_s = req.last_token_s = now
         replica.pricer.clock_s = now
         step_s = replica.pricer.price(plan)
         if self.step_log is not None:

@@ -230,11 +230,13 @@ class VllmV1Scheduler:
     def add_transferred(self, request: RequestState) -> None:
         """Queue a request whose prompt KV arrived from a prefill worker (disaggregated serving).
 
-        As vLLM's scheduler does for a remote prefill (`WAITING_FOR_REMOTE_KVS`), all prompt tokens
+        As vLLM's scheduler does for a remote prefill (`WAITING_FOR_REMOTE_KVS`), all known tokens
         but the last count as computed: admission allocates blocks for the whole prompt without
         computing it, and the first step computes the last prompt token to sample the first output.
+        A request that arrives with the prefill's sampled token (`num_output` = 1, SGLang) has its
+        whole prompt computed: its first step computes that token and samples the second.
         """
-        request.num_computed = request.prompt_tokens - 1
+        request.num_computed = request.num_known() - 1
         self._waiting.append(request)
 
     def num_outstanding(self) -> int:

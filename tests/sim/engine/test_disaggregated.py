@@ -122,6 +122,32 @@ def test_one_request_ttft_is_prefill_plus_transfer_plus_first_decode_step() -> N
     assert result.summary.num_gpus == 2
 
 
+def test_sglang_decode_worker_streams_the_prefills_token_when_it_admits_the_request() -> None:
+    """SGLang's decode worker takes the token the prefill server sampled (its PrebuiltExtendBatch skips
+    the forward): the first token streams at admission, and the worker runs one decode step fewer than
+    vLLM's, which computes the last prompt token again to sample it."""
+    workload = {"num_prompts": 1, "random_input_len": 1000, "random_output_len": 4, "dataset_name": "fixed"}
+    runs = {}
+    for backend in ("sglang", "vllm"):
+        sc = _disagg(workload=workload, engine={"api_server_latency_s": 0.0, "backend": backend})
+        result = simulate(sc, max_step_events=100)
+        (rec,) = result.records
+        steps = sorted(result.steps, key=lambda s: s.start_s)
+        decode_steps = [st for st in steps if result.replica_pools[st.replica] == "decode"]
+        transfer_s = transfer_path(sc.disaggregation).transfer_s(1000)  # type: ignore[arg-type]
+        runs[backend] = (rec, steps[0], decode_steps, transfer_s, result)
+    rec, prefill, decode_steps, transfer_s, result = runs["sglang"]
+    assert rec.first_token_s == pytest.approx(prefill.end_s + transfer_s, abs=1e-12)
+    assert sum(st.num_steps for st in decode_steps) == 3  # tokens 2..4; token 1 came from the prefill
+    assert decode_steps[0].num_prefill_tokens == 0 and decode_steps[0].num_decodes == 1
+    assert rec.output_tokens == 4 and rec.finish_s == pytest.approx(decode_steps[-1].end_s, abs=1e-12)
+    assert result.summary.itl_mean_s == pytest.approx(result.summary.tpot_mean_s)
+    vllm_rec, vllm_prefill, vllm_decodes, vllm_transfer_s, _ = runs["vllm"]
+    assert sum(st.num_steps for st in vllm_decodes) == 4
+    assert vllm_rec.first_token_s == pytest.approx(vllm_prefill.end_s + vllm_transfer_s + vllm_decodes[0].step_s,
+                                                   abs=1e-12)
+
+
 def test_disaggregated_runs_are_deterministic_and_complete() -> None:
     sc = _disagg({"num_workers": 2}, {"num_workers": 2, "engine": {"max_num_seqs": 8}},
                  workload={"num_prompts": 60, "request_rate": 50.0, "random_input_len": 512, "random_output_len": 32})
