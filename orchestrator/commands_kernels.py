@@ -18,6 +18,7 @@ from sim.calibration.rows import (
     BASE_COLUMNS,
     PREDICTION_COLUMNS,
     ROW_COLUMNS,
+    TABLE_LEVELS,
     TABLE_ROW_COLUMNS,
     ZERO_ALLOWED,
     max_cell,
@@ -30,6 +31,7 @@ from sim.measured import measured_data_root
 from sim.perf.fitted import FittedEfficiency
 from sim.perf.table_kernels import NUMERIC as TABLE_NUMERIC
 from sim.perf.table_kernels import REQUIRED as TABLE_REQUIRED
+from sim.perf.table_kernels import TABLE_COLUMNS
 from sim.provenance import Provenance
 from sim.serde import check_unique_columns
 from sim.specs.catalog import load_hardware
@@ -177,6 +179,18 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
             v = cols.get(c)
             if v is None or bool((v[sel] == "").any()):
                 return False
+        if not sel.any():
+            continue
+        # The text levels the row-by-row reader checks (`table_row_work`): an unknown dtype or op
+        # name would otherwise be priced as some default instead of being refused.
+        for c in TABLE_COLUMNS[name]:
+            levels = TABLE_LEVELS.get(f"{c}_{name}" if c == "op_name" else c)
+            v = cols.get(c)
+            if levels is not None and v is not None and not set(v[sel].tolist()) <= {"", *levels}:
+                return False
+        v = cols.get("kv_cache_dtype")
+        if v is not None and not set(v[sel].tolist()) <= {"", "bfloat16", "fp8"}:
+            return False
     heads, kv = cols.get("num_heads"), cols.get("num_kv_heads")
     if heads is not None and kv is not None:
         both = ~np.isnan(heads) & ~np.isnan(kv)

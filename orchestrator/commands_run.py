@@ -35,7 +35,7 @@ def _cell(value: object) -> object:
 
 def result_payload(result: SimResult) -> dict[str, Any]:
     bd = result.breakdown
-    return {
+    payload: dict[str, Any] = to_jsonable({
         "scenario_hash": result.scenario_hash,
         "sim_version": result.sim_version,
         "api_server_latency_s": result.api_server_latency_s,
@@ -51,7 +51,8 @@ def result_payload(result: SimResult) -> dict[str, Any]:
         "memory": to_jsonable(result.memory),
         **_pool_payload(result),
         **({"autoscaling": to_jsonable(result.autoscaling)} if result.autoscaling is not None else {}),
-    }
+    })  # NaN and inf as the strings "nan" / "inf", as everywhere in the summary: stdout stays strict JSON
+    return payload
 
 
 def _pool_payload(result: SimResult) -> dict[str, Any]:
@@ -162,12 +163,12 @@ def cmd_run(args: Namespace) -> int:
                  for f in dataclasses.fields(result.autoscaling) if f.name != "timeline"]
     if args.intervals:
         iv = _intervals(scenario, result, args)
-        payload["summary"].update(iv.fields())
-        payload["intervals"] = {"k": iv.k, "seed": iv.seed, "tier": iv.tier, "nominal": 0.9,
-                                "e2e_log_widths": iv.e2e_log_widths}
+        payload["summary"].update(to_jsonable(iv.fields()))  # a NaN bound (no TPOT) is "nan", not bare NaN
+        payload["intervals"] = to_jsonable({"k": iv.k, "seed": iv.seed, "tier": iv.tier, "nominal": 0.9,
+                                            "e2e_log_widths": iv.e2e_log_widths})
         rows += [(f"{m} 90% interval", f"[{_cell(iv.lo[m])}, {_cell(iv.hi[m])}]") for m in iv.lo]
     if args.json:
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json.dumps(payload, indent=2, allow_nan=False) + "\n")
     else:
         _print_tables(result, rows)
     if args.out:

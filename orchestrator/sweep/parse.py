@@ -82,6 +82,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if n_trials < 1:
         raise ConfigError(source=src, key="study.n_trials", value=n_trials, rule="must be >= 1")
     seed = get(study, "seed", int, src, "study", default=0)
+    if not 0 <= seed <= 2**32 - 1:  # Optuna's samplers seed numpy's legacy RandomState: a traceback after start
+        raise ConfigError(source=src, key="study.seed", value=seed, rule="must be in [0, 2**32 - 1] (it seeds "
+                          "the Optuna sampler)")
     capacity = _capacity(table(data, "capacity", src), src) if "capacity" in data else None
     slo_confidence, interval_runs = _confidence(study, src)
     objectives = _objectives(study, src, required=capacity is None)

@@ -10,6 +10,7 @@ are documented as such in docs/scenario.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -41,6 +42,9 @@ def routing_alpha(routing: str) -> float | bool | None:
     return alpha if alpha >= 0.0 and alpha != 1.0 and alpha == alpha and alpha != float("inf") else False
 
 
+
+MAX_MAMBA_FULL_MEMORY_RATIO: Final = 1e6
+"""Largest `mamba_full_memory_ratio`: a state pool of all but a millionth of the KV-cache memory."""
 
 BLOCK_SIZES: Final = (1, 8, 16, 32, 64, 128, 256)
 MAX_REPLICAS: Final = 4096
@@ -173,10 +177,12 @@ class EngineParams:
                 "must be >= 0")
         require(0.0 <= self.batch_wait_max_tokens_ratio <= 1.0, "batch_wait_max_tokens_ratio",
                 self.batch_wait_max_tokens_ratio, "must be in [0, 1]")
-        require(self.mamba_full_memory_ratio > 0.0, "mamba_full_memory_ratio", self.mamba_full_memory_ratio,
-                "must be > 0")
-        require(self.api_server_latency_s is None or self.api_server_latency_s >= 0, "api_server_latency_s",
-                self.api_server_latency_s, "must be >= 0 (seconds)")
+        # Finite and bounded: the state pool is cache x ratio / (1 + ratio), which inf (NaN) or a huge
+        # ratio (an overflow) made a traceback in the memory model.
+        require(0.0 < self.mamba_full_memory_ratio <= MAX_MAMBA_FULL_MEMORY_RATIO, "mamba_full_memory_ratio",
+                self.mamba_full_memory_ratio, f"must be in (0, {MAX_MAMBA_FULL_MEMORY_RATIO:g}]")
+        require(self.api_server_latency_s is None or 0 <= self.api_server_latency_s < math.inf,
+                "api_server_latency_s", self.api_server_latency_s, "must be a finite number >= 0 (seconds)")
         require(self.max_attention_window is None or self.max_attention_window >= 0, "max_attention_window",
                 self.max_attention_window, "must be >= 0 (0: the whole context)")
         require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",

@@ -116,6 +116,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
     ("num_prompts billions", lambda t: ["check", scenario(t, lambda s: s.replace("num_prompts = 1000",
                                                                                 "num_prompts = 3000000000"))],
      ("workload.num_prompts=3000000000", "must be in [1, 10,000,000]")),
+    ("infinite API-server latency", lambda t: ["check", scenario(t, lambda s: s.replace(
+        "[engine]", "[engine]\napi_server_latency_s = inf"))],
+     ("s.toml", "engine.api_server_latency_s=inf", "must be a finite number >= 0")),
+    ("infinite mamba_full_memory_ratio", lambda t: ["check", scenario(t, lambda s: s.replace(
+        "[engine]", "[engine]\nmamba_full_memory_ratio = inf").replace(
+        '"meta-llama/Llama-3.1-8B"', '"Qwen/Qwen3.5-397B-A17B"').replace('name = "h100_sxm"', 'name = "h200_sxm"'))],
+     ("s.toml", "engine.mamba_full_memory_ratio=inf", "must be in (0, 1e+06]")),
     ("negative attention window", lambda t: ["check", scenario(t, lambda s: s.replace(
         "[engine]", "[engine]\nmax_attention_window = -1"))],
      ("s.toml", "engine.max_attention_window=-1", "must be >= 0")),
@@ -158,6 +165,16 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
     ("huge attention batch", lambda t: rows(t, "kernel,batch_size,kv_len,num_heads,head_dim\n"
                                                "generation_attention,2000000000,8,8,128\n"),
      ("rows.csv row 1", "batch_size=", "<= 1048576")),
+    # Text levels of table-keyed rows: the fast (Arrow) reader priced them as a default before.
+    ("unknown MLA kv_cache_dtype", lambda t: rows(t, "kernel,num_heads,batch_size,seq_len,kv_cache_dtype\n"
+                                                     "mla_context,16,1,1024,int3\n"),
+     ("rows.csv row 1", "kv_cache_dtype='int3'", "must be bfloat16 or fp8")),
+    ("unknown mla_bmm op_name", lambda t: rows(t, "kernel,op_name,bmm_dtype,num_tokens,num_heads\n"
+                                                  "mla_bmm,mla_gen_typo,bfloat16,16,16\n"),
+     ("rows.csv row 1", "op_name='mla_gen_typo'", "must be one of mla_gen_pre, mla_gen_post")),
+    ("unknown gemm_type", lambda t: rows(t, "kernel,num_heads,batch_size,seq_len,gemm_type\n"
+                                            "mla_module_context,16,1,1024,int3\n"),
+     ("rows.csv row 1", "gemm_type='int3'", "must be one of")),
     ("binary csv", lambda t: rows(t, b"kernel,dtype,m\n\xff\xfe\x00\x01gemm\n"),
      ("rows.csv", "not UTF-8", "CSV files must be UTF-8")),
     ("nul in csv", lambda t: rows(t, b"kernel,dtype,m,n,k\ngemm,bf16,1\x00,2,3\n"), ("rows.csv",)),

@@ -94,3 +94,17 @@ def test_run_trace_rows_over_max_model_len_exit_2_naming_file_row_and_rule(
 def test_run_bad_override_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(REPO / "scenarios/llama3_8b-h100.toml"), "--set", "engine.max_num_seq=3"]) == 2
     assert "engine.max_num_seq" in capsys.readouterr().err
+
+
+def test_run_json_with_intervals_is_strict_json_when_a_metric_is_nan(capsys: pytest.CaptureFixture[str]) -> None:
+    """One-token outputs have no TPOT: the summary says "nan" for it, and so must its interval bounds
+    (they were bare NaN, which RFC 8259 parsers such as JavaScript's JSON.parse reject)."""
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name} on stdout")
+
+    assert main(["run", str(REPO / "scenarios" / "llama3_8b-h100.toml"), "--set", "workload.num_prompts=3",
+                 "--set", "workload.random_output_len=1", "--set", "workload.random_range_ratio=0",
+                 "--json", "--intervals", "2"]) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=no_constants)
+    assert out["summary"]["tpot_mean_s"] == "nan"
+    assert out["summary"]["tpot_mean_s_lo"] == "nan"

@@ -91,6 +91,7 @@ BAD_CASES = [
     ("", "study.objectives[0].metric", "unknown metric"),
     ("", "slo.ttft_p91_s", "unknown metric"),
     ("", 'space."engine.max_num_seqs".type', 'holds integers; use type = "int"'),
+    ("", "study.seed", "must be in [0, 2**32 - 1]"),  # Optuna's samplers raised ValueError at start
 ]
 EDITS = {
     'space."engine.max_num_seqs".lowx': ('low = 8, high', 'lowx = 8, low = 8, high'),
@@ -107,6 +108,7 @@ EDITS = {
         '"engine.quantization"', '"engine.block_size" = { choices = [16, 48] }\n"engine.quantization"'),
     "study.objectives[0].metric": ('metric = "cost_per_million_output_tokens_usd"', 'metric = "cost_usd"'),
     "slo.ttft_p91_s": ("tpot_p90_s = 0.05", "tpot_p90_s = 0.05\nttft_p91_s = 1.0"),
+    "study.seed": ('n_trials = 8', 'n_trials = 8\nseed = -3'),
     'space."engine.max_num_seqs".type': ('"engine.max_num_seqs" = { type = "int"', '"engine.max_num_seqs" = { type = "float"'),
 }
 
