@@ -105,8 +105,12 @@ def breakdown_xlabel(breakdown: Breakdown) -> str:
     return f"share of {breakdown.total_s():.3g} s busy time (%)"
 
 
-def trial_artifacts(breakdown: Breakdown, title: str) -> dict[str, bytes]:
-    return {BREAKDOWN_PARQUET: breakdown_parquet(breakdown), BREAKDOWN_PNG: breakdown_png(breakdown, title)}
+def trial_artifacts(breakdown: Breakdown, title: str, *, plot: bool = True) -> dict[str, bytes]:
+    """The Parquet breakdown, and with `plot` its stacked-bar PNG (`--no-trial-plots` drops the PNG only)."""
+    out = {BREAKDOWN_PARQUET: breakdown_parquet(breakdown)}
+    if plot:
+        out[BREAKDOWN_PNG] = breakdown_png(breakdown, title)
+    return out
 
 
 def table_csv(rows: Sequence[Mapping[str, Any]]) -> bytes:

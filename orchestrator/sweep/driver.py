@@ -173,15 +173,23 @@ class SweepDriver:
 
     def _relog(self, ft: FrozenTrial, stored: TrialResult, run: LoggedRun | None) -> None:
         """Write the MLflow run of a trial Optuna finished but MLflow lacks (or holds half-written)."""
-        if stored.status is TrialStatus.OK and stored.breakdown is not None:
-            from orchestrator.sweep.artifacts import trial_artifacts
-
-            stored = replace(stored, artifacts=trial_artifacts(stored.breakdown, title=f"trial {ft.number}"))
+        stored = self._with_artifacts(stored)
         t0 = time.perf_counter()
         self.tracker.log_trial(stored, tags=self._state_tags(ft.state, stored), timestamp_ms=_ms(ft),
                                existing=run)
         self._t["log"] += time.perf_counter() - t0
         self._num_reconciled += 1
+
+    def _with_artifacts(self, result: TrialResult) -> TrialResult:
+        """`result` with its breakdown files rendered again when it came back from the Optuna store,
+        which keeps the breakdown but not the rendered files (a resumed study's late record, or a
+        cache hit on a trial a former session ran)."""
+        if result.status is not TrialStatus.OK or result.breakdown is None or result.artifacts:
+            return result
+        from orchestrator.sweep.artifacts import trial_artifacts
+
+        plot = getattr(self.pool, "render_artifacts", True)
+        return replace(result, artifacts=trial_artifacts(result.breakdown, title=f"trial {result.number}", plot=plot))
 
     # -- starting trials ----------------------------------------------------------------------
 
@@ -222,7 +230,7 @@ class SweepDriver:
     def _dispatch(self, ticket: TrialInput, scenario_hash: str) -> None:
         cached = self.cache.hit(scenario_hash, ticket)
         if cached is not None:
-            self._finish(cached)
+            self._finish(self._with_artifacts(cached))
         elif self.cache.claim(scenario_hash, ticket):
             assert self.pool is not None
             live = self._live[ticket.number]

@@ -92,11 +92,10 @@ class TrialEvaluator:
         bd = result.breakdown
         breakdown = Breakdown(seconds_by_kind=dict(bd.seconds_by_kind), seconds_by_name=dict(bd.seconds_by_name),
                               host_s=bd.host_s, launch_floor_s=bd.launch_floor_s)
-        artifacts: dict[str, bytes] = {}
-        if self._render:
-            from orchestrator.sweep.artifacts import trial_artifacts
+        from orchestrator.sweep.artifacts import trial_artifacts
 
-            artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}")
+        # --no-trial-plots skips the PNG only: the Parquet breakdown is logged all the same (docs/sweep.md).
+        artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}", plot=self._render)
         return replace(failed, status=TrialStatus.OK, worst_provenance=result.summary.worst_provenance,
                        metrics=metrics, breakdown=breakdown, artifacts=artifacts,
                        duration_s=time.perf_counter() - start_s,

@@ -33,6 +33,7 @@ import optuna
 from optuna.pruners import BasePruner, HyperbandPruner, SuccessiveHalvingPruner
 from optuna.trial import TrialState
 
+from orchestrator.sweep.objective import constraint_values
 from orchestrator.sweep.spec import SLO_PRUNING_METRIC, SearchSpec, SweepSpec
 
 
@@ -51,8 +52,10 @@ def rung_requests(search: SearchSpec, full_requests: int) -> tuple[int, ...]:
 def rung_score(metrics: Mapping[str, float], spec: SweepSpec) -> float:
     """What the pruner ranks at a rung; lower is better (module docstring)."""
     violation = 0.0
+    # With slo_confidence a bound is judged at the interval's pessimistic end, as Optuna's constraint is.
+    overs = constraint_values(metrics, spec.slo)
     for b in spec.slo:
-        over = b.violation(metrics[b.metric])
+        over = overs[b.metric]
         if over > 0:
             scale = abs(b.max_value if b.max_value is not None else b.min_value or 0.0) or 1.0
             violation += over / scale

@@ -112,12 +112,25 @@ def _when(raw: Any, earlier: list[ParamSpec], src: str, where: str) -> tuple[Con
         if param is None:
             raise ConfigError(source=src, key=at, value=value,
                               rule="refers to a key that is not in [space] above this entry")
-        values = tuple(value) if isinstance(value, list) else (value,)
-        for v in values:
+        raw_values = tuple(value) if isinstance(value, list) else (value,)
+        values = tuple(_as_drawn(param, v) for v in raw_values)
+        for raw_v, v in zip(raw_values, values, strict=True):
             if not param.admits(v):
-                raise ConfigError(source=src, key=at, value=v, rule=f"is not a value {key} can take in this sweep")
+                raise ConfigError(source=src, key=at, value=raw_v, rule=f"is not a value {key} can take in this sweep")
         conditions.append(Condition(key=key, values=values))
     return tuple(conditions)
+
+
+def _as_drawn(param: ParamSpec, value: Any) -> Any:
+    """A `when` value as the parameter draws it: `"none"` is None where the choices hold None (an unset
+    optional key), and an integer is a float for a float parameter (`1` matches a drawn `1.0`)."""
+    if value == "none" and param.kind == "categorical" and None in param.choices and "none" not in param.choices:
+        return None
+    float_param = param.kind == "float" or (param.kind == "categorical" and param.choices
+                                            and all(isinstance(c, float) or c is None for c in param.choices))
+    if float_param and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def check_capacity_space(space: list[ParamSpec], src: str) -> None:

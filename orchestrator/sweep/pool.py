@@ -76,6 +76,11 @@ class ShardPool:
         return [self.actor_name(s.index, s.generation) for s in self._slots]
 
     @property
+    def render_artifacts(self) -> bool:
+        """Whether trials get their stacked-bar PNG (`--no-trial-plots` turns it off)."""
+        return self._render
+
+    @property
     def num_actors(self) -> int:
         return len(self._slots)
 
