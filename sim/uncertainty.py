@@ -7,7 +7,7 @@ all its kernels in a run, as a GPU's systematic error is. Draw i of seed s uses 
 SeedSequence([s, 21, i]), families in sorted order, so the same seed gives the same factors (and
 results) in any process. The interval of a metric is the pair of order statistics of the K perturbed
 values that split-conformal uses at the table's level (k = ceil((K + 1)(1 - alpha / 2)), the range
-when k > K, i.e. K < 19 at 90%), widened to hold the point run. Then the end-to-end widening
+when k >= K, i.e. K < 39 at 90%), widened to hold the point run. Then the end-to-end widening
 (`sim.calibration.e2e_widening`, conformalized on the measured dev rows of `kernelsight validate`)
 stretches it by a per-tier, per-metric-group factor for what the kernel draws do not cover (host,
 scheduling, client protocol). Cost: K more simulations; the widening is free.

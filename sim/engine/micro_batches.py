@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from sim.specs.scenario import Scenario, ranks_in_lockstep
 
-ChunkShape = tuple[int, int, bool]
+ChunkShape = tuple[int, int, int]
 """A prompt chunk in a step key: (new tokens, context tokens, samples)."""
 
 

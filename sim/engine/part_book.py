@@ -97,7 +97,7 @@ class PartBook:
         """Whether steps run a drafter's kernels (speculative decoding with a draft model or head)."""
         return self._draft is not None
 
-    def draft(self, prefills: tuple[tuple[int, int, bool], ...], num_decode: int, mean: int,
+    def draft(self, prefills: tuple[tuple[int, int, int], ...], num_decode: int, mean: int,
               num_tokens: int, num_seqs_sampling: int, decode_only: bool = False) -> list[Part]:
         """The drafter's kernels in a step (vLLM's EAGLE / MTP / draft-model proposers): a first pass
         over every token the target computed (it fills the draft's KV cache; prompt chunks attend as

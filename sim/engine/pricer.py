@@ -40,7 +40,9 @@ from sim.provenance import Provenance
 from sim.serving.scheduler import StepPlan
 from sim.specs.scenario import Scenario
 
-StepKey = tuple[tuple[tuple[int, int, bool], ...], int, int]
+StepKey = tuple[tuple[tuple[int, int, int], ...], int, int]
+"""(prompt chunks as (new tokens, context tokens, rows sampled: 0, 1, or 1 + d for a verification whose
+drafts the budget cut to d), full verifications (or decodes), their bucketed mean context)."""
 
 
 class GroupKey(NamedTuple):
@@ -200,7 +202,7 @@ class StepPricer:
     def key(self, plan: StepPlan) -> StepKey:
         """With speculative decoding a decode is a verification of 1 + k tokens (k drafts); one whose
         drafts the token budget cut is keyed as a (1 + drafts)-token chunk that samples."""
-        prefills: list[tuple[int, int, bool]] = []
+        prefills: list[tuple[int, int, int]] = []
         num_decode = plan.num_bulk_decodes
         total_context = plan.bulk_decode_context_tokens
         k = self._k
@@ -215,7 +217,9 @@ class StepPricer:
                 num_decode += 1
                 total_context += c.num_context_tokens
             else:
-                prefills.append((c.num_new_tokens, c.num_context_tokens, c.samples))
+                # A verification cut to d drafts samples (verifies) all its 1 + d positions.
+                prefills.append((c.num_new_tokens, c.num_context_tokens,
+                                 c.num_new_tokens if c.num_draft_tokens else int(c.samples)))
         mean = 0
         if num_decode:
             mean = max(self._bucket, round(total_context / num_decode / self._bucket) * self._bucket)
@@ -495,7 +499,7 @@ class StepPricer:
         for new, _, samples in prefills:
             num_tokens += new
             num_sampled += samples
-            num_seqs_sampling += samples
+            num_seqs_sampling += samples > 0
         if token_key is None:
             token_key = -num_tokens if self._decode_modes and not prefills else num_tokens
         if self._padded and abs(token_key) <= self._padded[-1]:

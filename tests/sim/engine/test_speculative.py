@@ -424,3 +424,26 @@ def test_a_request_as_long_as_the_cache_and_max_model_len_finishes(spec: dict[st
                                               perf={"tier": "roofline"}), source="t")
     with pytest.raises(InfeasibleScenario, match="less than one request needs"):
         check_feasible(longer)
+
+
+def test_a_verification_cut_by_the_budget_samples_all_its_positions() -> None:
+    # k = 3 drafts cut to d = 2 by the token budget: the target still computes logits for (and the
+    # rejection sampler verifies) 1 + d = 3 positions, as vLLM's spec-decode metadata gathers them.
+    from sim.serving.scheduler import ScheduledChunk, StepPlan
+
+    sc = _scenario({**EAGLE3_K2, "num_speculative_tokens": 3})
+    pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("vllm"),
+                        block_pricing=False)
+    req = RequestState(request_id=0, prompt_tokens=128, output_tokens=16, arrival_s=0.0, keys=())
+    plan = StepPlan(1, (ScheduledChunk(req, 3, 512, True, 2),), 0, ())
+    key = pricer.key(plan)
+    rows: list[int] = []
+    sampling = pricer.parts.sampling
+    pricer.parts.sampling = lambda n: (rows.append(n), sampling(n))[1]  # type: ignore[method-assign]
+    pricer.step_s(key)
+    assert rows == [3]
+    _, host = pricer._key_parts[key]
+    one = host_cost(params=load_host_params("vllm"), mode="cuda_graph", num_seqs=1, num_sampled=1,
+                    is_decode_only=False, max_cudagraph_capture_size=sc.engine.max_cudagraph_capture_size or 0,
+                    num_launches=0, num_layers=sc.model.num_layers, short_kernel_gap_s=0.0, num_tokens=1)
+    assert host.cpu_s == pytest.approx(one.cpu_s)  # the host still samples one request
