@@ -17,7 +17,7 @@ class RequestState:
     """
 
     __slots__ = (
-        "arrival_s", "first_scheduled_s", "first_token_s", "keys", "last_sample_step",
+        "arrival_s", "first_scheduled_s", "first_token_s", "has_drafts", "keys", "last_sample_step",
         "last_token_s", "lazy_step", "num_computed", "num_output", "num_preemptions", "output_tokens",
         "prefix_hit_tokens", "prompt_tokens", "recomputed_tokens", "replica", "request_id", "run_seq",
         "segments", "sent_s",
@@ -53,6 +53,10 @@ class RequestState:
         request is not a bulk decode."""
         self.last_sample_step = -1
         """Id of the last step that sampled a token for this request (-1: none yet)."""
+        self.has_drafts = False
+        """Speculative decoding: the request sampled in its last scheduled step, so the drafter
+        proposed drafts for its next one (vLLM's `spec_token_ids`); preemption clears them, and a
+        resumed request's recompute chunks carry none until one samples again."""
 
     def num_known(self) -> int:
         return self.prompt_tokens + self.num_output

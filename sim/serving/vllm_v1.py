@@ -237,6 +237,9 @@ class VllmV1Scheduler:
         whole prompt computed: its first step computes that token and samples the second.
         """
         request.num_computed = request.num_known() - 1
+        # SGLang's prefill server also runs the drafter's extend and sends its proposals with the KV
+        # (the metadata buffers' top-k drafts and hidden states): the first decode step verifies them.
+        request.has_drafts = request.num_output > 0
         self._waiting.append(request)
 
     def num_outstanding(self) -> int:
@@ -665,7 +668,7 @@ class VllmV1Scheduler:
                 i += 1  # attention-DP balance: every context request waits, a chunked prompt's next chunk too
                 continue
             drafts = 0
-            if k and req.num_pending() == 1 and req.num_computed >= req.prompt_tokens:
+            if k and req.has_drafts and req.num_pending() == 1:
                 # A decode verifies its drafts (vLLM cuts them to the budget and to max_model_len - 1).
                 drafts = max(0, min(k, budget - 1, self._max_len - 2 - req.num_computed))
                 num_new = 1 + drafts
@@ -798,7 +801,10 @@ class VllmV1Scheduler:
                 # (Alone on the replica a request is admitted whatever it reserves: a request as large as
                 # the cache, which the scenario check lets through, would otherwise never run.)
                 room -= need
-            if not self._chunked and (pending > budget or pending > self._micro_room):
+            # Without chunked prefill vLLM cuts a prompt to `long_prefill_token_threshold` first and
+            # then holds it if the cut count exceeds the budget left (`Scheduler.schedule`).
+            whole = self._base_threshold if 0 < self._base_threshold < pending else pending
+            if not self._chunked and (whole > budget or pending > self._micro_room):
                 break
             num_new = self._cap(pending, budget)
             if not num_new:
@@ -887,6 +893,7 @@ class VllmV1Scheduler:
         victim.recomputed_tokens += victim.num_computed
         victim.num_computed = 0
         victim.num_preemptions += 1
+        victim.has_drafts = False  # vLLM clears a preempted request's `spec_token_ids`
         victim.run_seq = -1
         if self._reserve_full_output:
             self._reserved_blocks -= self._full_blocks(victim)
@@ -974,6 +981,7 @@ class VllmV1Scheduler:
                 else:
                     req.num_output += 1
                 req.last_sample_step = step
+                req.has_drafts = True
                 if req.is_finished():
                     finished.append(req)
                 elif self._bulk:
