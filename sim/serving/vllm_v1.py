@@ -669,8 +669,11 @@ class VllmV1Scheduler:
                 continue
             drafts = 0
             if k and req.has_drafts and req.num_pending() == 1:
-                # A decode verifies its drafts (vLLM cuts them to the budget and to max_model_len - 1).
+                # A decode verifies its drafts (vLLM cuts them to the budget, to max_model_len - 1 and,
+                # when it is set, to `long_prefill_token_threshold`, which caps `num_tokens_with_spec` too).
                 drafts = max(0, min(k, budget - 1, self._max_len - 2 - req.num_computed))
+                if 0 < self._base_threshold <= drafts:
+                    drafts = self._base_threshold - 1
                 num_new = 1 + drafts
             else:
                 num_new = self._cap(req.num_pending(), budget)

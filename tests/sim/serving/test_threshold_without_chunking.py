@@ -1,11 +1,13 @@
-"""Chunked prefill off with `long_prefill_token_threshold` set: vLLM's scheduler cuts a waiting
-prompt to the threshold before it compares it with the budget left, so a prompt longer than the
-budget left beside the running decodes starts as a threshold-sized chunk in the same step."""
+"""`long_prefill_token_threshold` as vLLM's scheduler applies it: with chunked prefill off it cuts a
+waiting prompt before the budget check, so a prompt longer than the budget left beside the running
+decodes starts as a threshold-sized chunk in the same step; and it caps a verification's 1 + drafts
+tokens (`num_tokens_with_spec`) like any running request's."""
 
 from __future__ import annotations
 
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
+from sim.serving.speculative import AcceptanceSampler
 from sim.serving.vllm_v1 import VllmV1Scheduler
 
 
@@ -26,3 +28,19 @@ def test_a_prompt_cut_to_the_threshold_is_admitted_in_the_budget_left() -> None:
     assert plan is not None
     chunks = {c.request.request_id: c.num_new_tokens for c in plan.chunks}
     assert chunks.get(9) == 4
+
+
+def test_the_threshold_caps_a_verifications_drafts() -> None:
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=3, bulk_decodes=False, num_speculative_tokens=4,
+                            speculation=AcceptanceSampler((1.0,) * 4, seed=0), max_model_len=64)
+    req = RequestState(request_id=0, prompt_tokens=3, output_tokens=20, arrival_s=0.0, keys=())
+    sched.add(req)
+    plan = sched.schedule()
+    assert plan is not None and plan.chunks[0].num_new_tokens == 3
+    sched.finish_step(plan)
+    plan = sched.schedule()  # 1 + 4 drafts cut to the threshold: 1 + 2
+    assert plan is not None
+    (chunk,) = plan.chunks
+    assert (chunk.num_new_tokens, chunk.num_draft_tokens) == (3, 2)
