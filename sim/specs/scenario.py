@@ -612,6 +612,14 @@ def _check_combination(
                      f"class {c.name!r}: prompt plus output can reach {longest} tokens, over "
                      f"max_model_len={engine.max_model_len}")
     elif workload.dataset_name in ("random", "fixed"):
+        if workload.dataset_name == "random" and workload.request_rate_profile is None:
+            # The rule `generate` enforces (as vLLM's RandomDataset does), caught on load so that
+            # `kernelsight check` and a sweep's grid see it before anything runs.
+            low = length_bounds(workload.random_input_len, workload.random_range_ratio, min_tokens=0)[0]
+            if workload.random_prefix_len + low < 1:
+                fail("workload.random_input_len", workload.random_input_len,
+                     f"with random_range_ratio={workload.random_range_ratio} and random_prefix_len=0 a prompt "
+                     "can have 0 tokens; raise random_input_len or random_prefix_len, or lower the ratio")
         longest = workload.max_request_tokens()
         if longest > engine.max_model_len:
             fail("workload.random_input_len", workload.random_input_len,

@@ -136,7 +136,9 @@ def profile_arrivals_s(rates_per_s: npt.NDArray[np.float64], max_requests: int, 
     unit = np.concatenate(parts)
     unit = unit[unit <= total][:max_requests]
     # Second k holds unit times in [cum[k], cum[k+1]); zero-rate seconds hold none (side="right"
-    # skips past them: cum repeats their value).
+    # skips past them: cum repeats their value). A unit time equal to the total (evenly spaced
+    # times reach it exactly) belongs to the end of the last second with requests, not to a
+    # trailing zero-rate second (that would divide by its zero rate).
     k = np.searchsorted(cum, unit, side="right") - 1
-    k = np.minimum(k, rates_per_s.size - 1)
+    k = np.minimum(k, int(np.flatnonzero(mass > 0)[-1]))
     return k + (unit - cum[k]) / rates_per_s[k]

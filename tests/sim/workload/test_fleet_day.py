@@ -192,3 +192,15 @@ def test_a_class_too_long_for_max_model_len_is_named_by_its_own_keys() -> None:
                                  "workload.diurnal_peak_rate": 1.0, "workload.diurnal_trough_rate": 0.5,
                                  "workload.classes": classes})
     assert err.value.key == "workload.classes[1].input_len" and err.value.value == 9000
+
+
+@pytest.mark.parametrize("burstiness", [math.inf, 1.0])
+def test_a_profile_ending_in_zero_rate_seconds_keeps_arrivals_finite(burstiness: float) -> None:
+    # 30 requests in the first minute, none in the second: evenly spaced unit times reach the
+    # total (30) exactly, which used to land in the last, zero-rate second and divide by zero.
+    rates = np.concatenate([np.full(60, 0.5), np.zeros(60)])
+    arrivals = profile_arrivals_s(rates, 10_000, burstiness, _rng())
+    assert np.all(np.isfinite(arrivals))
+    assert arrivals.max() <= 60.0
+    if math.isinf(burstiness):
+        assert arrivals.size == 30 and arrivals[-1] == pytest.approx(60.0)

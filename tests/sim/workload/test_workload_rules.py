@@ -44,3 +44,15 @@ def test_the_longest_request_of_several_classes_is_one_class_long() -> None:
     spec = WorkloadSpec(classes=(TrafficClass(name="rag", share=1.0, input_len=20_000, output_len=16),
                                  TrafficClass(name="gen", share=1.0, input_len=16, output_len=20_000)))
     assert spec.max_request_tokens() == 20_016
+
+
+def test_a_possible_empty_random_prompt_is_refused_on_load() -> None:
+    # `generate` refuses it at run time; `kernelsight check` (load_scenario) must too.
+    from conftest import REPO
+
+    from sim.api import load_scenario
+
+    with pytest.raises(ConfigError) as info:
+        load_scenario(str(REPO / "scenarios" / "llama3_8b-h100.toml"),
+                      {"workload.random_input_len": 1, "workload.random_range_ratio": 0.5})
+    assert info.value.key == "workload.random_input_len"
