@@ -24,6 +24,8 @@ FLEET_DAY_KEYS: Final = ("request_rate_profile", "diurnal_peak_rate", "diurnal_t
 """Keys added for fleet-day workloads; a scenario's hash leaves them out while they hold their defaults."""
 
 MAX_PROFILE_S: Final = 7 * 86_400.0
+DAY_S: Final = 86_400.0
+"""Length of a diurnal profile without `profile_duration_s`."""
 """Longest rate profile: the simulation stops at a week of simulated time (`SimLimits.max_sim_time_s`),
 and the profile holds a rate per second in memory."""
 MAX_NUM_PROMPTS: Final = 10_000_000
@@ -159,6 +161,13 @@ class WorkloadSpec:
                 "request_rate_profile and classes apply to dataset_name = 'random' only")
         names = [c.name for c in self.classes]
         require(len(set(names)) == len(names), "classes", names, "class names must be distinct")
+        shares = sum(c.share for c in self.classes)  # inf when it overflows
+        require(math.isfinite(shares), "classes", [c.share for c in self.classes],
+                "the shares must sum to a finite number (they are normalised over the classes)")
+        if diurnal:
+            end_s = self.profile_duration_s or DAY_S
+            late = [b.start_s for b in self.bursts if b.start_s >= end_s]
+            require(not late, "bursts", late, f"a burst must start before the profile's end at {end_s:,.0f} s")
         require(not self.classes or (self.random_prefix_len == 0 and self.num_prefix_groups == 1),
                 "random_prefix_len", self.random_prefix_len, "does not apply with classes")
 

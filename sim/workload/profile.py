@@ -21,9 +21,8 @@ import numpy.typing as npt
 
 from sim.errors import ConfigError
 from sim.serde import check_unique_columns
-from sim.specs.workload import DIURNAL, WorkloadSpec
+from sim.specs.workload import DAY_S, DIURNAL, MAX_PROFILE_S, WorkloadSpec
 
-DAY_S: Final = 86_400.0
 CSV_COLUMN: Final = "requests_per_min"
 MINUTE_COLUMN: Final = "minute"
 """Optional: when present, the minutes 0, 1, 2, ... of the rows, checked."""
@@ -49,6 +48,14 @@ def rate_per_s(spec: WorkloadSpec) -> npt.NDArray[np.float64]:
         if spec.profile_duration_s is not None:
             n = math.ceil(spec.profile_duration_s)
             rates = np.resize(rates, n) if n > rates.size else rates[:n]  # a longer day repeats the file
+        elif rates.size > MAX_PROFILE_S:
+            raise ConfigError(source=profile, key=CSV_COLUMN, value=per_min.size,
+                              rule=f"at most {MAX_PROFILE_S / 60:,.0f} minutes (a week: the simulation's time limit); "
+                                   "profile_duration_s cuts a longer file")
+        late = [b.start_s for b in spec.bursts if b.start_s >= rates.size]
+        if late:
+            raise ConfigError(source=profile, key="bursts", value=late,
+                              rule=f"a burst must start before the profile's end at {rates.size:,} s")
     for burst in spec.bursts:
         lo = math.floor(burst.start_s)
         hi = min(math.ceil(burst.start_s + burst.duration_s), rates.size)

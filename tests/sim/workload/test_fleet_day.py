@@ -113,12 +113,31 @@ def test_existing_scenarios_keep_their_hash() -> None:
      "workload.classes[0].slo"),
     ({"workload.classes": [{"name": "a", "share": 1.0, "input_len": 1, "output_len": 1},
                            {"name": "a", "share": 1.0, "input_len": 1, "output_len": 1}]}, "workload.classes"),
+    # Shares whose sum overflows (a traceback in the class draw), a burst after a diurnal day's end (ignored).
+    ({"workload.classes": [{"name": "a", "share": 1e308, "input_len": 1, "output_len": 1},
+                           {"name": "b", "share": 1e308, "input_len": 1, "output_len": 1}]}, "workload.classes"),
+    ({"workload.request_rate": math.inf, "workload.request_rate_profile": "diurnal",
+      "workload.diurnal_peak_rate": 2.0, "workload.diurnal_trough_rate": 1.0,
+      "workload.bursts": [{"start_s": 90000.0, "duration_s": 5.0, "rate_factor": 2.0}]}, "workload.bursts"),
 ])
 def test_bad_fleet_day_keys_name_file_key_and_rule(overrides: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_scenario(SCENARIO, overrides)
     assert info.value.key == key
     assert "llama3_8b-h100.toml" in info.value.source
+
+
+@pytest.mark.parametrize(("minutes", "burst_s", "key"), [(10_081, None, "requests_per_min"), (10, 600.0, "bursts")])
+def test_a_rate_csv_past_a_week_or_a_burst_past_its_end_is_refused(tmp_path: Path, minutes: int,
+                                                                    burst_s: float | None, key: str) -> None:
+    path = tmp_path / "rates.csv"
+    path.write_text("requests_per_min\n" + "1\n" * minutes)
+    overrides: dict[str, object] = {"workload.request_rate": math.inf, "workload.request_rate_profile": str(path)}
+    if burst_s is not None:
+        overrides["workload.bursts"] = [{"start_s": burst_s, "duration_s": 5.0, "rate_factor": 2.0}]
+    with pytest.raises(ConfigError) as info:
+        simulate(load_scenario(SCENARIO, overrides))
+    assert info.value.source == str(path) and info.value.key == key
 
 
 def test_a_bad_csv_row_is_named(tmp_path: Path) -> None:
