@@ -164,10 +164,10 @@ class WorkloadSpec:
         shares = sum(c.share for c in self.classes)  # inf when it overflows
         require(math.isfinite(shares), "classes", [c.share for c in self.classes],
                 "the shares must sum to a finite number (they are normalised over the classes)")
-        if diurnal:
-            end_s = self.profile_duration_s or DAY_S
-            late = [b.start_s for b in self.bursts if b.start_s >= end_s]
-            require(not late, "bursts", late, f"a burst must start before the profile's end at {end_s:,.0f} s")
+        if diurnal and self.profile_duration_s is None:
+            # (A `profile_duration_s` that cuts the day short may leave the day's bursts after it.)
+            late = [b.start_s for b in self.bursts if b.start_s >= DAY_S]
+            require(not late, "bursts", late, f"a burst must start before the diurnal day's end at {DAY_S:,.0f} s")
         require(not self.classes or (self.random_prefix_len == 0 and self.num_prefix_groups == 1),
                 "random_prefix_len", self.random_prefix_len, "does not apply with classes")
 

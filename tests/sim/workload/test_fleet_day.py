@@ -131,13 +131,16 @@ def test_bad_fleet_day_keys_name_file_key_and_rule(overrides: dict[str, object],
 def test_a_rate_csv_past_a_week_or_a_burst_past_its_end_is_refused(tmp_path: Path, minutes: int,
                                                                     burst_s: float | None, key: str) -> None:
     path = tmp_path / "rates.csv"
-    path.write_text("requests_per_min\n" + "1\n" * minutes)
+    path.write_text("requests_per_min\n" + "60\n" * minutes)
     overrides: dict[str, object] = {"workload.request_rate": math.inf, "workload.request_rate_profile": str(path)}
     if burst_s is not None:
         overrides["workload.bursts"] = [{"start_s": burst_s, "duration_s": 5.0, "rate_factor": 2.0}]
     with pytest.raises(ConfigError) as info:
         simulate(load_scenario(SCENARIO, overrides))
     assert info.value.source == str(path) and info.value.key == key
+    # A duration that cuts the profile short may leave its bursts (and minutes) after it.
+    assert simulate(load_scenario(SCENARIO, {**overrides, "workload.profile_duration_s": 120.0,
+                                             "workload.num_prompts": 5})).summary.num_requests > 0
 
 
 def test_a_bad_csv_row_is_named(tmp_path: Path) -> None:
