@@ -68,7 +68,8 @@ def _pool_payload(result: SimResult) -> dict[str, Any]:
     }
 
 
-def _write_out(result: SimResult, out: Path, trace: bool) -> None:
+def _write_out(result: SimResult, out: Path, trace: bool, payload: dict[str, Any]) -> None:
+    """`payload` is what `--json` prints (the intervals' fields included): summary.json holds it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -99,7 +100,7 @@ def _write_out(result: SimResult, out: Path, trace: bool) -> None:
             row["pool"] = "prefill" if i < result.kv_usage_prefill_pairs else "decode"
     parquet(kv_rows, "kv_usage.parquet")
     try:
-        (out / "summary.json").write_text(json.dumps(result_payload(result), indent=2))
+        (out / "summary.json").write_text(json.dumps(payload, indent=2, allow_nan=False))
         if trace:
             with (out / "trace.json").open("w") as f:
                 write_chrome_trace(f, result.steps, result.records,
@@ -174,7 +175,7 @@ def cmd_run(args: Namespace) -> int:
     if args.out:
         # Written after the summary is out: a file that cannot be written loses no result.
         sys.stdout.flush()
-        _write_out(result, Path(args.out), args.trace)
+        _write_out(result, Path(args.out), args.trace, payload)
     return 0
 
 

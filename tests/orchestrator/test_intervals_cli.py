@@ -149,6 +149,13 @@ def test_widened_rates_stay_within_the_offered_load(capsys: pytest.CaptureFixtur
         span / summary["duration_s"]) * (1 - 1e-12)
 
 
+def test_run_out_summary_json_holds_the_intervals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """summary.json is what --json prints, the intervals' fields included (they were left out)."""
+    printed = _run_json(capsys, "--intervals", "2", "--out", str(tmp_path / "run"))
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written == printed and "ttft_p90_s_lo" in written["summary"] and written["intervals"]["k"] == 2
+
+
 def test_run_intervals_must_not_be_negative(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(SCENARIO), *SMALL, "--intervals", "-1"]) == 2
     assert "--intervals" in capsys.readouterr().err
