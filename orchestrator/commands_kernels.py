@@ -106,7 +106,7 @@ def interval_columns(cols: dict[str, np.ndarray], latency_s: np.ndarray, tier: s
 
 
 def _read_header(src: Path) -> list[str]:
-    with src.open(newline="", encoding="utf-8") as f:
+    with src.open(newline="", encoding="utf-8-sig") as f:
         header = next(csv.reader(f), None)
     if not header or "kernel" not in header:
         raise ConfigError(source=str(src), key="kernel", value=None, rule="column is required")
@@ -201,7 +201,7 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
 
 def _validate_rows(src: Path) -> tuple[list[str], list[list[str]]]:
     """Row-by-row reading: names the first malformed row and column (ConfigError)."""
-    with src.open(newline="", encoding="utf-8") as f:
+    with src.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
         rows = list(reader)

@@ -158,6 +158,28 @@ def test_predict_kernels_roofline_contract(tmp_path: Path) -> None:
     assert "variant" in pred[0]
 
 
+def test_predict_kernels_reads_a_csv_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """Excel writes UTF-8 CSVs with a BOM; the header's first name was read as "\ufeffkernel" and the
+    file refused with "kernel=None: column is required". Both readers (the row-by-row one on a bad
+    cell) take it as the plain file."""
+    text = "kernel,dtype,m,n,k\ngemm,bfloat16,1,2,3\n"
+    plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
+    plain.write_text(text, encoding="utf-8")
+    bom.write_text(text, encoding="utf-8-sig")
+    outs = []
+    for src in (plain, bom):
+        out = tmp_path / f"pred-{src.stem}.csv"
+        assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(src),
+                     "--out", str(out)]) == 0
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("kernel,dtype,m,n,k\ngemm,bfloat16,x,2,3\n", encoding="utf-8-sig")
+    proc = run_cli("predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(bad),
+                   "--out", str(tmp_path / "o.csv"))
+    assert proc.returncode == 2 and "row 1" in proc.stderr and "m=" in proc.stderr
+
+
 def test_predict_kernels_bad_row_names_row_and_column(tmp_path: Path) -> None:
     rows = tmp_path / "rows.csv"
     _write_rows(rows, [{"kernel": "gemm", "dtype": "bfloat16", "m": "1", "n": "2", "k": "3"},
