@@ -242,8 +242,18 @@ def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, 
                     write_options=pacsv.WriteOptions(quoting_style="needed"))
 
 
+def _hardware_flag(name: str, verb: str) -> HardwareSpec:
+    """`--hardware NAME`, an unknown name named as the flag it came from (not the scenario key)."""
+    try:
+        return load_hardware(name)
+    except ConfigError as exc:
+        if exc.key != "hardware.name":
+            raise
+        raise ConfigError(source=verb, key="--hardware", value=name, rule=exc.rule) from None
+
+
 def cmd_predict_kernels(args: Namespace) -> int:
-    hw = load_hardware(args.hardware)
+    hw = _hardware_flag(args.hardware, "predict-kernels")
     src = Path(args.input)
     try:
         header = _read_header(src)
@@ -312,7 +322,7 @@ def cmd_calibrate(args: Namespace) -> int:
     from sim.calibration.calibrate import calibrate_dir
     from sim.measured import measured_data_root
 
-    hw = load_hardware(args.hardware)
+    hw = _hardware_flag(args.hardware, "calibrate")
     directory = Path(args.microbench)
     if not directory.is_dir():
         raise ConfigError(source="calibrate", key="--microbench", value=str(directory), rule="must be a directory")
@@ -343,7 +353,7 @@ def _plan_latency(hw: HardwareSpec) -> Any:
 
 
 def cmd_microbench_plan(args: Namespace) -> int:
-    hw = load_hardware(args.hardware)
+    hw = _hardware_flag(args.hardware, "microbench plan")
     rows = microbench_plan(hw)
     gpu_s = estimate_gpu_s(rows, _plan_latency(hw))
     if len(rows) > MAX_POINTS or gpu_s > MAX_GPU_S:

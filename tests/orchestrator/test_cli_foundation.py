@@ -180,6 +180,15 @@ def test_predict_kernels_reads_a_csv_with_a_byte_order_mark(tmp_path: Path) -> N
     assert proc.returncode == 2 and "row 1" in proc.stderr and "m=" in proc.stderr
 
 
+@pytest.mark.parametrize("verb", [["predict-kernels", "--tier", "roofline", "--in", "x.csv", "--out", "y.csv"],
+                                  ["microbench", "plan"], ["calibrate", "--microbench", ".", "--out", "c.json"]])
+def test_an_unknown_hardware_flag_is_named_as_the_flag(verb: list[str]) -> None:
+    """The error named the scenario key `hardware.name` with no source, not the `--hardware` flag."""
+    proc = run_cli(*verb, "--hardware", "h100")
+    assert proc.returncode == 2
+    assert "--hardware='h100': unknown hardware; did you mean 'h100_sxm'" in proc.stderr, proc.stderr
+
+
 def test_predict_kernels_bad_row_names_row_and_column(tmp_path: Path) -> None:
     rows = tmp_path / "rows.csv"
     _write_rows(rows, [{"kernel": "gemm", "dtype": "bfloat16", "m": "1", "n": "2", "k": "3"},
