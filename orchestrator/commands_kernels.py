@@ -18,6 +18,7 @@ from sim.calibration.rows import (
     BASE_COLUMNS,
     PREDICTION_COLUMNS,
     ROW_COLUMNS,
+    TABLE_KV_CACHE_DTYPES,
     TABLE_LEVELS,
     TABLE_ROW_COLUMNS,
     ZERO_ALLOWED,
@@ -189,7 +190,7 @@ def _valid_numbers(cols: dict[str, np.ndarray]) -> bool:
             if levels is not None and v is not None and not set(v[sel].tolist()) <= {"", *levels}:
                 return False
         v = cols.get("kv_cache_dtype")
-        if v is not None and not set(v[sel].tolist()) <= {"", "bfloat16", "fp8"}:
+        if v is not None and not set(v[sel].tolist()) <= {"", *TABLE_KV_CACHE_DTYPES}:
             return False
     heads, kv = cols.get("num_heads"), cols.get("num_kv_heads")
     if heads is not None and kv is not None:

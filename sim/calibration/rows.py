@@ -65,6 +65,8 @@ KERNELS: Final[tuple[str, ...]] = ("gemm", "context_attention", "generation_atte
                                    *POINTWISE_KERNELS, *TABLE_FAMILY)
 ZERO_ALLOWED: Final = frozenset({"window_size", "prefix_len", "aic_step"})
 """Integer columns that may be 0 (all others are >= 1)."""
+TABLE_KV_CACHE_DTYPES: Final = ("bfloat16", "fp8")
+"""`kv_cache_dtype` of the table-keyed (MLA) rows."""
 TABLE_LEVELS: Final[dict[str, tuple[str, ...]]] = {
     "moe_dtype": tuple(MOE_DTYPES), "quant_type": tuple(MOE_DTYPES), "bmm_dtype": ("bfloat16", "fp8"),
     "gemm_type": ("bfloat16", "fp8", "fp8_block", "nvfp4"), "op_name_mla_bmm": ("mla_gen_pre", "mla_gen_post"),
@@ -227,7 +229,7 @@ def table_row_work(r: _Row, kernel: str) -> KernelWork:
         levels = TABLE_LEVELS.get(f"{c}_{kernel}" if c == "op_name" else c)
         if levels is not None and r.text(c) and r.text(c) not in levels:
             raise r.fail(c, f"must be one of {', '.join(levels)}")
-    if r.text("kv_cache_dtype") not in ("", "bfloat16", "fp8"):
+    if r.text("kv_cache_dtype") not in ("", *TABLE_KV_CACHE_DTYPES):
         raise r.fail("kv_cache_dtype", "must be bfloat16 or fp8")
     if not valid_distribution(r.text("distribution")):
         raise r.fail("distribution", DISTRIBUTION_RULE)
