@@ -141,7 +141,13 @@ def profile_arrivals_s(rates_per_s: npt.NDArray[np.float64], max_requests: int, 
         parts.append(s)
         reached, count = float(s[-1]), count + chunk
     unit = np.concatenate(parts)
-    unit = unit[unit <= total][:max_requests]
+    if math.isinf(burstiness):
+        # Evenly spaced unit times are whole numbers, and the cumulative sum of the rates rounds
+        # (0.1 req/s for 100 s sums to 9.99999999999998): a time within rounding of the total is
+        # the profile's last request, not one past its end.
+        unit = np.minimum(unit[unit <= total * (1.0 + 1e-9)], total)[:max_requests]
+    else:
+        unit = unit[unit <= total][:max_requests]
     # Second k holds unit times in [cum[k], cum[k+1]); zero-rate seconds hold none (side="right"
     # skips past them: cum repeats their value). A unit time equal to the total (evenly spaced
     # times reach it exactly) belongs to the end of the last second with requests, not to a

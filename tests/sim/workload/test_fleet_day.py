@@ -226,3 +226,14 @@ def test_a_profile_ending_in_zero_rate_seconds_keeps_arrivals_finite(burstiness:
     assert arrivals.max() <= 60.0
     if math.isinf(burstiness):
         assert arrivals.size == 30 and arrivals[-1] == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize(("seconds", "rate", "expected"), [(100, 0.1, 10), (86_400, 0.3, 25_920), (7, 1 / 3, 2)])
+def test_evenly_spaced_arrivals_keep_the_last_request_the_rates_round_away(seconds: int, rate: float,
+                                                                            expected: int) -> None:
+    # 0.1 req/s sums to 9.99999999999998 over 100 s: the tenth whole unit time lies just past that
+    # total, so a strict comparison dropped the profile's last request.
+    rates = np.full(seconds, rate)
+    arrivals = profile_arrivals_s(rates, 10_000_000, math.inf, _rng())
+    assert arrivals.size == expected
+    assert arrivals[-1] <= seconds and np.all(np.diff(arrivals) > 0)
