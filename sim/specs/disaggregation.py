@@ -53,7 +53,8 @@ class PoolSection:
         require(1 <= self.num_workers <= MAX_REPLICAS, "num_workers", self.num_workers,
                 f"must be in [1, {MAX_REPLICAS:,}] (each worker's ranks keep their own schedulers and KV pools)")
         price = self.price_per_gpu_hour_usd
-        require(price is None or price >= 0, "price_per_gpu_hour_usd", price, "must be >= 0")
+        require(price is None or (math.isfinite(price) and price >= 0), "price_per_gpu_hour_usd", price,
+                "must be a finite number >= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -56,7 +57,8 @@ class HardwareSection:
 
     def __post_init__(self) -> None:
         price = self.price_per_gpu_hour_usd
-        require(price is None or price >= 0, "price_per_gpu_hour_usd", price, "must be >= 0")
+        require(price is None or (math.isfinite(price) and price >= 0), "price_per_gpu_hour_usd", price,
+                "must be a finite number >= 0")
         peers = self.pcie_peer_group_size
         require(peers is None or peers >= 1, "pcie_peer_group_size", peers, "must be >= 1")
 

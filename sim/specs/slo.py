@@ -6,6 +6,7 @@ second. Targets are in seconds here; the CLI flags that take milliseconds say so
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.serde import require
@@ -22,7 +23,8 @@ class SloSpec:
     def __post_init__(self) -> None:
         for key in ("ttft_s", "tpot_s", "e2el_s"):
             value = getattr(self, key)
-            require(value is None or value > 0, key, value, "must be > 0")
+            require(value is None or (math.isfinite(value) and value > 0), key, value,
+                    "must be a finite number > 0 (leave it unset for no target)")
 
     def is_met(self, *, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
         return (

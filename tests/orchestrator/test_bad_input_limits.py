@@ -74,6 +74,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], tuple[str, ...]]] = [
     ("negative interval seed", lambda t: ["run", scenario(t), "--intervals", "2", "--interval-seed", "-5"],
      ("--interval-seed=-5", "must be >= 0")),
     ("negative intervals", lambda t: ["run", scenario(t), "--intervals", "-1"], ("--intervals=-1", "must be >= 0")),
+    ("scenario slo inf", lambda t: ["run", scenario(t), "--set", "slo.ttft_s=inf"],
+     ("slo.ttft_s=inf", "must be a finite number > 0")),
+    ("hardware price inf", lambda t: ["run", scenario(t), "--set", "hardware.price_per_gpu_hour_usd=inf"],
+     ("hardware.price_per_gpu_hour_usd=inf", "must be a finite number >= 0")),
+    ("pool price inf", lambda t: ["run", disagg(t), "--set", "disaggregation.decode.price_per_gpu_hour_usd=inf"],
+     ("disaggregation.decode.price_per_gpu_hour_usd=inf", "must be a finite number >= 0")),
 ]
 
 
