@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from sim.serde import require
+
+TARGET_KEYS: Final = ("ttft_s", "tpot_s", "e2el_s")
+
+
+def require_targets(owner: object) -> None:
+    """The per-request targets of `owner` (`[slo]` or a traffic class) are unset or finite and > 0."""
+    for key in TARGET_KEYS:
+        value = getattr(owner, key)
+        require(value is None or (math.isfinite(value) and value > 0), key, value,
+                "must be a finite number > 0 (leave it unset for no target)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,10 +32,7 @@ class SloSpec:
     """End-to-end latency per request."""
 
     def __post_init__(self) -> None:
-        for key in ("ttft_s", "tpot_s", "e2el_s"):
-            value = getattr(self, key)
-            require(value is None or (math.isfinite(value) and value > 0), key, value,
-                    "must be a finite number > 0 (leave it unset for no target)")
+        require_targets(self)
 
     def is_met(self, *, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
         return (

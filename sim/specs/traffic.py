@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from sim.serde import require
+from sim.specs.slo import require_targets
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -36,9 +37,7 @@ class TrafficClass:
         require(self.input_len >= 1, "input_len", self.input_len, "must be >= 1")
         require(self.output_len >= 1, "output_len", self.output_len, "must be >= 1")
         require(0.0 <= self.range_ratio < 1.0, "range_ratio", self.range_ratio, "must be in [0, 1)")
-        for key in ("ttft_s", "tpot_s", "e2el_s"):
-            value = getattr(self, key)
-            require(value is None or (math.isfinite(value) and value > 0), key, value, "must be > 0")
+        require_targets(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
