@@ -23,6 +23,7 @@ from sim.api import (
 )
 from sim.errors import ConfigError, InfeasibleScenario, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
+from sim.graph.memory import MemoryBreakdown
 from sim.perf.profile import TABLE_SOURCE_KEYS
 from sim.serde import build, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases, read_toml
@@ -232,7 +233,7 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
                 scenario_efficiency(pool.scenario)
                 pm = scenario_memory(pool.scenario)
                 pools.append(f"{pool.name} {pool.num_workers} x {pool.scenario.engine.num_gpus()} GPUs on "
-                             f"{pool.scenario.hardware.name}, {pm.num_kv_blocks} KV blocks of {pm.block_size} per GPU")
+                             f"{pool.scenario.hardware.name}, {_kv_blocks(pm)}")
             latency = _latency_note(scenario.disaggregation.prefill.scenario)
             return f"disaggregated scenario {scenario.model.name}: " + "; ".join(pools) + latency
         states = ""
@@ -240,10 +241,16 @@ def check_file(path: Path, overrides: dict[str, Any] | None = None) -> str:
             states = (f", linear-attention states for {mem.max_state_requests} requests "
                       f"({mem.state_bytes_per_request / 2**20:.1f} MiB each)")
         return (f"scenario {scenario.model.name} on {scenario.hardware.name}: "
-                f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU{states}{_latency_note(scenario)}")
+                f"{_kv_blocks(mem)}{states}{_latency_note(scenario)}")
     raise ConfigError(source=str(path), key="<root>", value=sorted(data),
                       rule="not a scenario ([hardware], [model]), sweep ([study]) "
                            "or hardware spec ([peak_flops_per_s])")
+
+
+def _kv_blocks(mem: MemoryBreakdown) -> str:
+    """The KV blocks per GPU, as vLLM's `num_gpu_blocks` counts them (its null block among them)."""
+    null = " (1 is vLLM's null block)" if mem.null_blocks else ""
+    return f"{mem.num_kv_blocks} KV blocks of {mem.block_size} per GPU{null}"
 
 
 def _latency_note(scenario: Scenario) -> str:

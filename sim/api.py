@@ -407,7 +407,7 @@ def micro_batches(scenario: Scenario, limits: SimLimits) -> int:
 def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EngineProfile, num_ranks: int,
                      limits: SimLimits) -> list[VllmV1Scheduler]:
     """One scheduler per engine rank (a replica, an attention-DP rank, a pool worker's rank), each
-    with its own KV cache of `mem.num_kv_blocks` blocks. A pipeline's scheduler plans all its
+    with its own KV cache of `mem.usable_kv_blocks()` blocks. A pipeline's scheduler plans all its
     micro-batches in flight at once (`sim.engine.micro_batches`): a token budget per micro-batch,
     a prompt chunk at most what one leaves beside its share of the running requests, running
     requests bounded together or, where the profile says so (TensorRT-LLM), per micro-batch."""
@@ -421,7 +421,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     batch_wait = not ranks_in_lockstep(scenario.model, engine)
     return [
         VllmV1Scheduler(
-            kv=kv_cache_for(num_blocks=mem.num_kv_blocks, block_size=engine.block_size,
+            kv=kv_cache_for(num_blocks=mem.usable_kv_blocks(), block_size=engine.block_size,
                             enable_prefix_caching=engine.enable_prefix_caching),
             max_num_seqs=mem.running_request_cap(seqs),
             max_num_batched_tokens=engine.max_num_batched_tokens * m,

@@ -66,9 +66,17 @@ class MemoryBreakdown:
     """Linear-attention state (recurrent + conv) one request holds on this rank; 0 without linear layers."""
     max_state_requests: int | None = None
     """Requests the linear-attention state pool holds (a cap on running requests); None = no cap."""
+    null_blocks: int = 0
+    """Of `num_kv_blocks`, those the engine keeps for itself: vLLM v1's block pool takes block 0 as
+    its null block (`BlockPool.null_block`, padding and sliding-window placeholders) and schedules
+    and reports usage over the other `num_gpu_blocks - 1`."""
+
+    def usable_kv_blocks(self) -> int:
+        """The blocks requests can hold."""
+        return max(self.num_kv_blocks - self.null_blocks, 0)
 
     def kv_capacity_tokens(self) -> int:
-        return self.num_kv_blocks * self.block_size
+        return self.usable_kv_blocks() * self.block_size
 
     def running_request_cap(self, max_num_seqs: int) -> int:
         """`max_num_seqs`, or fewer when a hybrid model's linear-attention state pool holds fewer requests."""
@@ -342,4 +350,5 @@ def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: Precisio
         runtime_overhead_bytes=params.runtime_overhead_bytes, kv_cache_bytes=max(kv_cache, 0),
         kv_bytes_per_token=per_token, num_kv_blocks=int(blocks), block_size=engine.block_size,
         state_bytes_per_request=state, max_state_requests=max_states,
+        null_blocks=1 if engine.backend == "vllm" and blocks > 0 else 0,
     )

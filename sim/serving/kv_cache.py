@@ -29,8 +29,8 @@ single_type_kv_cache_manager.py, kv_cache_utils.py):
 Departures from vLLM:
 
 - No null block. Ids 0..num_blocks-1 are all usable. vLLM reserves block 0 as a placeholder for
-  sliding-window and padding entries, which this full-attention model does not need. To match a
-  vLLM run with `num_gpu_blocks` blocks, pass `num_gpu_blocks - 1`.
+  sliding-window and padding entries, which this full-attention model does not need: the caller
+  passes vLLM's `num_gpu_blocks - 1` (`MemoryBreakdown.usable_kv_blocks`).
 - Prompts are described by segments, not token ids. Keys are blake2b chains over int64 fields
   (`segment_block_keys`), so they are the same in every process, and the root parent is 0. vLLM
   hashes (parent, token ids, extra keys) per block from a random or seeded root. Here a run of

@@ -475,7 +475,7 @@ def test_shared_prefix_keys_until_preemption_give_the_records_of_full_keys() -> 
     assert lazy.summary.num_preemptions > 0
     engine = sc.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
-    kv = KVCacheManager(num_blocks=lazy.memory.num_kv_blocks, block_size=engine.block_size,
+    kv = KVCacheManager(num_blocks=lazy.memory.usable_kv_blocks(), block_size=engine.block_size,
                         enable_prefix_caching=True)
     sched = VllmV1Scheduler(kv=kv, max_num_seqs=engine.max_num_seqs,
                             max_num_batched_tokens=engine.max_num_batched_tokens,
