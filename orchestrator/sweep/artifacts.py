@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from orchestrator.plot_style import gpu_color, short_gpu, wrap_title
 from orchestrator.sweep import raster
 from orchestrator.sweep.results import Breakdown
+from orchestrator.sweep.spec import ParamValue
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -103,6 +104,14 @@ def breakdown_png(breakdown: Breakdown, title: str) -> bytes:
 
 def breakdown_xlabel(breakdown: Breakdown) -> str:
     return f"share of {breakdown.total_s():.3g} s busy time (%)"
+
+
+def trial_title(number: int, params: Mapping[str, ParamValue], limit: int = 110) -> str:
+    """The breakdown PNG's title of trial `number`: its number and parameters (last key part), the
+    same whether the trial was simulated or answered from the cache."""
+    text = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"trial {number}: {text}"
 
 
 def trial_artifacts(breakdown: Breakdown, title: str, *, plot: bool = True) -> dict[str, bytes]:

@@ -181,15 +181,17 @@ class SweepDriver:
         self._num_reconciled += 1
 
     def _with_artifacts(self, result: TrialResult) -> TrialResult:
-        """`result` with its breakdown files rendered again when it came back from the Optuna store,
-        which keeps the breakdown but not the rendered files (a resumed study's late record, or a
-        cache hit on a trial a former session ran)."""
+        """`result` with its breakdown files rendered for it when it has none: it came back from the
+        Optuna store, which keeps the breakdown but not the rendered files (a resumed study's late
+        record), or it is a cache hit, whose files were the answering trial's (`TrialResult.for_trial`).
+        The title is the one the trial's own simulation renders."""
         if result.status is not TrialStatus.OK or result.breakdown is None or result.artifacts:
             return result
-        from orchestrator.sweep.artifacts import trial_artifacts
+        from orchestrator.sweep.artifacts import trial_artifacts, trial_title
 
         plot = getattr(self.pool, "render_artifacts", True)
-        return replace(result, artifacts=trial_artifacts(result.breakdown, title=f"trial {result.number}", plot=plot))
+        title = trial_title(result.number, result.params)
+        return replace(result, artifacts=trial_artifacts(result.breakdown, title=title, plot=plot))
 
     # -- starting trials ----------------------------------------------------------------------
 

@@ -92,16 +92,12 @@ class TrialEvaluator:
         bd = result.breakdown
         breakdown = Breakdown(seconds_by_kind=dict(bd.seconds_by_kind), seconds_by_name=dict(bd.seconds_by_name),
                               host_s=bd.host_s, launch_floor_s=bd.launch_floor_s)
-        from orchestrator.sweep.artifacts import trial_artifacts
+        from orchestrator.sweep.artifacts import trial_artifacts, trial_title
 
         # --no-trial-plots skips the PNG only: the Parquet breakdown is logged all the same (docs/sweep.md).
-        artifacts = trial_artifacts(breakdown, title=f"trial {trial.number}: {_describe(params)}", plot=self._render)
+        artifacts = trial_artifacts(breakdown, title=trial_title(trial.number, params), plot=self._render)
         return replace(failed, status=TrialStatus.OK, worst_provenance=result.summary.worst_provenance,
                        metrics=metrics, breakdown=breakdown, artifacts=artifacts,
                        duration_s=time.perf_counter() - start_s,
                        fidelity_requests=result.summary.num_requests if cut else 0)
 
-
-def _describe(params: Mapping[str, ParamValue], limit: int = 110) -> str:
-    text = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

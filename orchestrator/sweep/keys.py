@@ -3,7 +3,8 @@
 A key such as `engine.max_num_seqs` names a field of the scenario's sections as written in a
 scenario TOML (`ScenarioSections`). Values are checked field by field (type, the section's own
 rules, catalog names for `hardware.name` and `model.name`); rules that couple several fields
-(TP dividing the head count, memory fit) depend on the combination and are left to each trial.
+(TP dividing the head count, memory fit) depend on the combination and are left to each trial
+(`tp_choices` refuses only a TP entry that every combination breaks).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ set = { "workload.num_prompts" = 60 }           # overrides applied before the s
 
 Everything is checked here, before any trial runs: unknown keys, value types, bounds against the
 field they vary, `when` conditions referring to earlier space keys and to values those keys can
-take. Errors are `ConfigError(file, key, value, rule)`. No Ray, Optuna or MLflow import.
+take, tensor-parallel sizes no trial can use (`tp_choices`). Errors are `ConfigError(file, key, value,
+rule)`. No Ray, Optuna or MLflow import.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from orchestrator.sweep.parse_search import parse_search
 from orchestrator.sweep.parse_space import check_capacity_space, check_grid, is_entry, parse_param
 from orchestrator.sweep.spec import BoundSpec, CapacitySpec, Direction, ObjectiveSpec, ParamSpec, SamplerName, SweepSpec
 from orchestrator.sweep.toml_fields import flatten, get, known_keys, table
+from orchestrator.sweep.tp_choices import check_tp_choices
 from sim.errors import ConfigError
 from sim.specs.catalog import read_toml_text
 
@@ -111,6 +113,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     space: list[ParamSpec] = []
     for key, entry in raw_space.items():
         space.append(parse_param(key, entry, space, base.sections(), src))
+    check_tp_choices(space, base, src)
     if capacity is not None:
         check_capacity_space(space, src)
         if base.workload.request_rate_profile is not None:

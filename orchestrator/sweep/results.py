@@ -78,9 +78,11 @@ class TrialResult:
     """Requests of each rung this trial ran -> the score the pruner ranked it by (lower is better)."""
 
     def for_trial(self, number: int, params: Mapping[str, ParamValue]) -> TrialResult:
-        """This result answering another trial with the same scenario."""
+        """This result answering another trial with the same scenario, without the rendered files: they
+        name this trial (the PNG's title), and the driver renders the other's."""
         source = self.cached_from if self.cached_from is not None else self.number
-        return dataclasses.replace(self, number=number, params=dict(params), cached_from=source, duration_s=0.0)
+        return dataclasses.replace(self, number=number, params=dict(params), cached_from=source, duration_s=0.0,
+                                   artifacts={})
 
     def to_attrs(self) -> dict[str, Any]:
         """JSON-compatible copy for an Optuna user attribute (artifacts left out)."""

@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.evaluate import build_scenario
+from orchestrator.sweep.serving import POOL_PREFIX, POOLS, SERVING_KEY
+from orchestrator.sweep.space import iter_combos, probe_values
+from orchestrator.sweep.spec import ParamSpec, ParamValue, SweepSpec
 from orchestrator.sweep.tracker_process import TrackerProcess
 from sim.errors import ConfigError
 from sim.specs.scenario import Scenario
@@ -130,14 +134,70 @@ def default_num_actors() -> int:
     return max(1, int(resources.get("CPU", 1)))
 
 
+MAX_GPU_PROBES: Final = 4096
+"""Scenario builds `trial_gpus` may spend (a few per swept GPU in practice)."""
+_HW_KEYS: Final = ("hardware.name", *(f"{POOL_PREFIX}{pool}.hardware" for pool in POOLS))
+
+
+def trial_gpus(base: Scenario, spec: SweepSpec) -> set[str]:
+    """Every GPU a trial runs on, each disaggregated pool's own included: the hardware of the scenarios
+    that the combinations of the keys choosing it build (`hardware.name`, the pools' `hardware`, the
+    `serving` switch, the pool keys whose presence makes a trial disaggregated, and the keys their
+    `when` conditions test; every other key keeps the base's value, which no GPU depends on)."""
+    space = _gpu_space(spec.space)
+    # A pool's engine key or worker count chooses no GPU: its presence alone makes a trial disaggregated.
+    presence_only = {p.key for p in space if p.key.startswith(POOL_PREFIX) and p.key not in _HW_KEYS} - {
+        c.key for p in space for c in p.when}
+
+    def values(p: ParamSpec) -> tuple[ParamValue, ...]:
+        probe = probe_values(p, spec.space)
+        return probe[:1] if p.key in presence_only else probe
+
+    names: set[str] = set()
+    for i, combo in enumerate(iter_combos(space, values)):
+        if i == MAX_GPU_PROBES:
+            return names | _named_gpus(base, spec.space)
+        try:
+            scenario = build_scenario(base, combo)
+        except ConfigError:
+            # Broken with the base's other keys: count every GPU it names, as a trial could run on them.
+            names |= _named_gpus(base, spec.space, combo)
+            continue
+        pools = scenario.disaggregation.pools() if scenario.disaggregation is not None else ()
+        names |= {pool.scenario.hardware.name for pool in pools} or {scenario.hardware.name}
+    return names
+
+
+def _gpu_space(space: Sequence[ParamSpec]) -> list[ParamSpec]:
+    """The entries that choose a trial's GPUs, with the earlier entries their conditions test (file order)."""
+    needed: set[str] = set()
+    kept: list[ParamSpec] = []
+    for p in reversed(space):
+        if p.key in _HW_KEYS or p.key == SERVING_KEY or p.key.startswith(POOL_PREFIX) or p.key in needed:
+            kept.append(p)
+            needed |= {c.key for c in p.when}
+    return kept[::-1]
+
+
+def _named_gpus(base: Scenario, space: Sequence[ParamSpec], drawn: Mapping[str, ParamValue] | None = None
+                ) -> set[str]:
+    """The base's GPUs (its pools' too) and the hardware values `drawn` names (else every swept choice)."""
+    names = {base.hardware.name}
+    if base.disaggregation is not None:
+        names |= {pool.scenario.hardware.name for pool in base.disaggregation.pools()}
+    for p in space:
+        if p.key in _HW_KEYS:
+            chosen = p.choices if drawn is None else (drawn.get(p.key),)
+            names |= {str(c) for c in chosen if c is not None}  # None: the pool runs on [hardware]
+    return names
+
+
 def calibration_files(base: Scenario, spec: SweepSpec) -> list[Path]:
-    """Calibration artifacts the sweep's trials can read (shipped per-GPU or cross-generation)."""
+    """Calibration artifacts the sweep's trials can read (shipped per-GPU or cross-generation), for
+    every GPU a trial or one of its pools can run on."""
     from sim.calibration.select import CALIBRATION_DIR, CROSS_GENERATION_FILE, shipped_calibration
 
-    names: set[str] = {base.hardware.name}
-    for p in spec.space:
-        if p.key == "hardware.name":
-            names |= {str(c) for c in p.choices}
+    names = trial_gpus(base, spec)
     tier, custom = base.perf.tier, base.perf.calibration
     if tier == "roofline":
         return []

@@ -8,7 +8,7 @@ parameter is not drawn at all and keeps the base scenario's value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from orchestrator.sweep.spec import ParamSpec, ParamValue
@@ -71,3 +71,35 @@ def candidate_grid(space: Sequence[ParamSpec]) -> list[dict[str, ParamValue]]:
     for combo in combos:
         unique.setdefault(tuple(sorted((k, (type(v).__name__, v)) for k, v in combo.items())), combo)
     return list(unique.values())
+
+
+def probe_values(param: ParamSpec, space: Sequence[ParamSpec]) -> tuple[ParamValue, ...]:
+    """Values that stand for `param` when combinations are enumerated: its choices, or a range's two
+    ends and the values `when` conditions of `space` test it for (so that they can hold)."""
+    if param.kind == "categorical":
+        return param.choices
+    assert param.low is not None and param.high is not None
+    cast = int if param.kind == "int" else float
+    tested = [v for p in space for c in p.when if c.key == param.key for v in c.values]
+    return tuple(dict.fromkeys([cast(param.low), cast(param.high), *tested]))
+
+
+def iter_combos(space: Sequence[ParamSpec], values: Callable[[ParamSpec], Sequence[ParamValue]]
+                ) -> Iterator[dict[str, ParamValue]]:
+    """Every combination of `values(param)` over `space` in file order, conditions applied (an inactive
+    parameter is left out), one at a time: callers stop at the first combination that answers them."""
+
+    def walk(i: int, drawn: dict[str, ParamValue]) -> Iterator[dict[str, ParamValue]]:
+        if i == len(space):
+            yield dict(drawn)
+            return
+        p = space[i]
+        if not is_active(p, drawn):
+            yield from walk(i + 1, drawn)
+            return
+        for v in values(p):
+            drawn[p.key] = v
+            yield from walk(i + 1, drawn)
+            del drawn[p.key]
+
+    return walk(0, {})

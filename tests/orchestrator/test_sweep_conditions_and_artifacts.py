@@ -1,6 +1,6 @@
 """Sweep edge cases: the seed's range, `when` on "none" and on float values, --no-trial-plots keeping the
-Parquet breakdown, the breakdown files of a cache hit on a former session's trial, the pruning score
-under slo_confidence. No Ray, no MLflow."""
+Parquet breakdown, the breakdown files of a cache hit (the PNG its own simulation renders, on a former
+session's trial too), the pruning score under slo_confidence. No Ray, no MLflow."""
 
 from __future__ import annotations
 
@@ -120,6 +120,25 @@ def test_a_cache_hit_on_a_former_sessions_trial_logs_its_breakdown_files(tmp_pat
     (hit,) = [r for r in tracker.logged if r.number == 1]  # trial 0 is re-logged: NullTracker holds no runs
     assert hit.cached_from == 0
     assert {BREAKDOWN_PARQUET, BREAKDOWN_PNG} <= set(hit.artifacts)
+
+
+@pytest.mark.parametrize("sessions", [((2, False),), ((1, False), (2, True))], ids=["same-session", "former-session"])
+def test_a_cache_hits_breakdown_png_is_the_one_its_own_simulation_renders(
+        tmp_path: Path, sessions: tuple[tuple[int, bool], ...]) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = load_sweep(_sweep(tmp_path, '"engine.max_num_seqs" = { choices = [16] }'))
+    base = spec.load_base()
+    evaluator = TrialEvaluator(base, render_artifacts=True)
+    for n_trials, resume in sessions:
+        storage, _ = open_storage(None, tmp_path / "study")
+        study, _ = open_study(spec, storage, identity=spec.identity(base), resume=resume)
+        tracker = _Recording()
+        SweepDriver(spec, base, study, tracker, _InlinePool(evaluator), n_trials=n_trials).run()  # type: ignore[arg-type]
+    (hit,) = [r for r in tracker.logged if r.number == 1]
+    assert hit.cached_from == 0
+    fresh = evaluator.evaluate(TrialInput(number=1, params=dict(hit.params)))
+    assert hit.artifacts[BREAKDOWN_PNG] == fresh.artifacts[BREAKDOWN_PNG]
+    assert hit.artifacts[BREAKDOWN_PARQUET] == fresh.artifacts[BREAKDOWN_PARQUET]
 
 
 def test_pruning_score_judges_slo_at_the_intervals_pessimistic_end() -> None:

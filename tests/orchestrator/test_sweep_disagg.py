@@ -22,6 +22,8 @@ from orchestrator.sweep.launch import launch_commands
 from orchestrator.sweep.metrics import METRIC_NAMES
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.serving import scale_workers, scenario_overrides
+from orchestrator.sweep.session import calibration_files
+from sim.calibration.select import shipped_calibration
 from sim.errors import ConfigError
 
 SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
@@ -105,6 +107,27 @@ def test_serving_switch_resolves_to_scenario_overrides(tmp_path: Path) -> None:
         "disaggregation.prefill.num_workers": 6, "disaggregation.decode.num_workers": 3}
     assert config_label({"serving": "disaggregated", "disaggregation.prefill.num_workers": 2,
                          "disaggregation.decode.engine.tensor_parallel_size": 8}) == "disagg 2P D:tp8"
+
+
+@pytest.mark.parametrize(("space", "gpus"), [
+    # both pools on swept GPUs: the base's H100 runs no trial
+    ('"disaggregation.prefill.hardware" = { choices = ["a100_sxm", "l40s"] }\n'
+     '"disaggregation.decode.hardware" = { choices = ["h200_sxm"] }', {"a100_sxm", "l40s", "h200_sxm"}),
+    # aggregated trials run on [hardware]; a disaggregated trial's prefill pool on its own GPU
+    ('"serving" = { choices = ["aggregated", "disaggregated"] }\n'
+     '"disaggregation.prefill.hardware" = { choices = ["a100_sxm"], when = { serving = "disaggregated" } }\n'
+     '"disaggregation.decode.engine.max_num_seqs" = { choices = [32], when = { serving = "disaggregated" } }',
+     {"h100_sxm", "a100_sxm"}),
+    # a pool without its own GPU runs on the swept [hardware]
+    ('"hardware.name" = { choices = ["h200_sxm"] }\n'
+     '"disaggregation.decode.hardware" = { choices = ["l40s"] }', {"h200_sxm", "l40s"}),
+])
+def test_parent_run_calibrations_are_the_gpus_each_pool_runs_on(space: str, gpus: set[str], tmp_path: Path) -> None:
+    text = SWEEP.replace(SWEEP[SWEEP.index("[space]"):], "[space]\n" + space + "\n")
+    spec = load_sweep(write(tmp_path, text))
+    base = spec.load_base()
+    assert all(shipped_calibration(g) is not None for g in gpus)  # so each GPU has its own file
+    assert {f.name for f in calibration_files(base, spec)} == {f"{g}.json" for g in gpus}
 
 
 def test_disaggregated_launch_lines_one_per_pool(tmp_path: Path) -> None:

@@ -130,6 +130,64 @@ def test_bad_sweep_exits_2_naming_the_key(prefix: str, key: str, rule: str, tmp_
     assert not (tmp_path / "study").exists()
 
 
+TP_SWEEP = f"""
+[study]
+name = "tp"
+sampler = "random"
+n_trials = 4
+objective = "ttft_p90_s"
+
+[base]
+scenario = "{SCENARIO}"
+set = {{ "workload.num_prompts" = 8 }}
+
+[space]
+"""
+
+
+@pytest.mark.parametrize(("space", "key", "rules"), [
+    ('"engine.tensor_parallel_size" = { choices = [3, 5] }\n"engine.max_num_seqs" = { type = "int", low = 8, high = 64 }',
+     'space."engine.tensor_parallel_size".choices', ["3: must divide the model's num_attention_heads=32",
+                                                    "5: must divide the model's num_attention_heads=32"]),
+    # 64 divides Llama-3.1-70B's 64 heads, not the 32 of either model here
+    ('"model.name" = { choices = ["meta-llama/Llama-3.1-8B", "mistralai/Mistral-7B-v0.1"] }\n'
+     '"engine.tensor_parallel_size" = { choices = [64] }', 'space."engine.tensor_parallel_size".choices',
+     ["64: must divide the model's num_attention_heads=32"]),
+    ('"engine.tensor_parallel_size" = { type = "int", low = 3, high = 3 }', 'space."engine.tensor_parallel_size"',
+     ["3: must divide"]),
+    ('"serving" = { choices = ["aggregated", "disaggregated"] }\n'
+     '"disaggregation.decode.engine.tensor_parallel_size" = { choices = [6], when = { serving = "disaggregated" } }',
+     'space."disaggregation.decode.engine.tensor_parallel_size".choices', ["6: must divide", "in the decode pool"]),
+])
+def test_tp_values_no_trial_can_use_are_refused_on_check(space: str, key: str, rules: list[str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, TP_SWEEP + space + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(path)
+    assert exc.value.key == key and exc.value.source == str(path)
+    assert all(rule in exc.value.rule for rule in rules), exc.value.rule
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert key in err and str(path) in err and rules[0] in err
+
+
+@pytest.mark.parametrize("space", [
+    # 3 fails, 2 works: the sweep can run
+    '"engine.tensor_parallel_size" = { choices = [3, 2] }',
+    # 64 fails for the 8B model but works for the 70B one
+    '"model.name" = { choices = ["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"] }\n'
+    '"engine.tensor_parallel_size" = { choices = [64] }',
+    # the 70B model is drawn only where TP is 64: the combination works
+    '"engine.tensor_parallel_size" = { choices = [64] }\n'
+    '"model.name" = { choices = ["meta-llama/Llama-3.1-70B"], when = { "engine.tensor_parallel_size" = 64 } }',
+    # TP 16 spans two 8-GPU H100 nodes, which a trial simulates
+    '"engine.tensor_parallel_size" = { choices = [16] }',
+])
+def test_tp_values_some_trial_can_use_are_accepted(space: str, tmp_path: Path) -> None:
+    spec = load_sweep(write(tmp_path, TP_SWEEP + space + "\n"))
+    assert any(p.key == "engine.tensor_parallel_size" for p in spec.space)
+
+
 def test_when_on_a_later_key_is_rejected(tmp_path: Path) -> None:
     text = GOOD.replace('"engine.enable_chunked_prefill" = { choices = [true, false] }\n', "")
     text += '"engine.enable_chunked_prefill" = { choices = [true, false] }\n'
