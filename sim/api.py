@@ -51,7 +51,7 @@ from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.6.5"
+__version__ = "0.6.6"
 
 _GIB = float(1 << 30)
 
