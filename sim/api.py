@@ -435,7 +435,7 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             batch_wait_max_tokens_ratio=engine.batch_wait_max_tokens_ratio if batch_wait else 0.0,
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
             context_chunk_unit=unit, num_lookahead_tokens=vllm_lookahead_tokens(scenario),
-            max_model_len=engine.max_model_len,
+            max_model_len=engine.max_model_len, drop_last_hit_block=vllm_drops_last_hit_block(scenario),
         )
         for _ in range(num_ranks)
     ]
@@ -450,6 +450,15 @@ def vllm_lookahead_tokens(scenario: Scenario) -> int:
     if config is None or scenario.engine.backend != "vllm" or config.method == "ngram":
         return 0
     return config.num_speculative_tokens
+
+
+def vllm_drops_last_hit_block(scenario: Scenario) -> bool:
+    """vLLM v1 gives back the last block of a prefix-cache hit when its drafter reads the target's
+    hidden states (`SpeculativeConfig.use_eagle()`: eagle, eagle3, mtp; `find_longest_cache_hit`
+    pops it), so that the step recomputes the hidden states the drafter needs; not for ngram and
+    draft_model, nor other engines' schedulers."""
+    config = scenario.engine.speculative_config
+    return config is not None and scenario.engine.backend == "vllm" and config.method in ("eagle", "eagle3", "mtp")
 
 
 def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],

@@ -17,7 +17,7 @@ class RequestState:
     """
 
     __slots__ = (
-        "arrival_s", "first_scheduled_s", "first_token_s", "has_drafts", "keys", "last_sample_step",
+        "accepted_drafts", "arrival_s", "first_scheduled_s", "first_token_s", "has_drafts", "keys", "last_sample_step",
         "last_token_s", "lazy_step", "num_computed", "num_output", "num_preemptions", "output_tokens",
         "prefix_hit_tokens", "prompt_tokens", "recomputed_tokens", "replica", "request_id", "run_seq",
         "segments", "sent_s",
@@ -57,6 +57,11 @@ class RequestState:
         """Speculative decoding: the request sampled in its last scheduled step, so the drafter
         proposed drafts for its next one (vLLM's `spec_token_ids`); preemption clears them, and a
         resumed request's recompute chunks carry none until one samples again."""
+        self.accepted_drafts = 0
+        """Speculative decoding: drafts its last scheduled step accepted (0 after a step without
+        drafts). Their KV was written while they were drafts, and vLLM's `allocate_slots` indexes
+        blocks only up to the known tokens (`request.num_tokens`, drafts excluded), so a block they
+        complete is indexed by its next step, not by a preemption before it."""
 
     def num_known(self) -> int:
         return self.prompt_tokens + self.num_output

@@ -134,7 +134,8 @@ class VllmV1Scheduler:
                  reserve_full_output: bool = False, batch_wait_timeout_iters: int = 0,
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
                  speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
-                 micro_batches: int = 1, num_lookahead_tokens: int = 0, max_model_len: int | None = None) -> None:
+                 micro_batches: int = 1, num_lookahead_tokens: int = 0, max_model_len: int | None = None,
+                 drop_last_hit_block: bool = False) -> None:
         """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
         multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
         `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
@@ -146,10 +147,15 @@ class VllmV1Scheduler:
         num_lookahead_tokens)`; a waiting request that has computed nothing allocates none).
         `max_model_len`: with speculation, a verification's drafts stop at the position max_model_len - 1
         and its slots (lookahead included) at max_model_len, as vLLM's scheduler and `allocate_slots`
-        cut them, so a cache that holds one max_model_len request always runs it (None: no cap)."""
+        cut them, so a cache that holds one max_model_len request always runs it (None: no cap).
+        `drop_last_hit_block`: a waiting request's prefix-cache hit gives back its last block, which
+        is computed again (vLLM v1 with a drafter that reads the target's hidden states, `use_eagle()`:
+        `FullAttentionManager.find_longest_cache_hit` pops the last hit block so that the step
+        computes those hidden states)."""
         self._kv = kv
         self._max_len = max_model_len if max_model_len is not None else 1 << 62
         self._lookahead = num_lookahead_tokens if speculation is not None else 0
+        self._hit_give_back = kv.block_size if drop_last_hit_block else 0
         self._unit = context_chunk_unit
         self._batch_wait_iters = batch_wait_timeout_iters
         self._batch_wait_tokens = batch_wait_max_tokens_ratio * max_num_batched_tokens
@@ -795,6 +801,8 @@ class VllmV1Scheduler:
             hit = 0
             if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
+                if hit:
+                    hit -= self._hit_give_back
             pending = req.num_known() - hit - remote
             if self._sglang_admission:
                 need = pending + min(req.output_tokens - req.num_output, SGLANG_CLIP_MAX_NEW_TOKENS)
@@ -887,16 +895,19 @@ class VllmV1Scheduler:
         kv = self._kv
         if kv.enable_prefix_caching and victim.segments:
             # Index everything it computed, prompt and generated tokens, before the blocks are
-            # freed: it hits them when it resumes unless they are evicted first (as in vLLM).
+            # freed: it hits them when it resumes unless they are evicted first (as in vLLM). But
+            # for the drafts its last verification accepted: vLLM indexed its blocks when it
+            # scheduled that step, up to the tokens then known (`accepted_drafts`).
             num_tokens = max(victim.num_computed, len(victim.keys) * self._block_size)
             victim.keys = kv.prompt_block_keys(cast(Sequence[SegmentLike], victim.segments),
                                                victim.request_id, num_tokens)
-            kv.commit(victim.request_id, victim.num_computed, victim.keys)
+            kv.commit(victim.request_id, victim.num_computed - victim.accepted_drafts, victim.keys)
         kv.free(victim.request_id)
         victim.recomputed_tokens += victim.num_computed
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.has_drafts = False  # vLLM clears a preempted request's `spec_token_ids`
+        victim.accepted_drafts = 0
         victim.run_seq = -1
         if self._reserve_full_output:
             self._reserved_blocks -= self._full_blocks(victim)
@@ -981,8 +992,10 @@ class VllmV1Scheduler:
                                   req.output_tokens - req.num_output)
                     req.num_computed -= chunk.num_new_tokens - emitted
                     req.num_output += emitted
+                    req.accepted_drafts = emitted - 1
                 else:
                     req.num_output += 1
+                    req.accepted_drafts = 0
                 req.last_sample_step = step
                 req.has_drafts = True
                 if req.is_finished():

@@ -14,6 +14,7 @@ from sim.api import (
     scenario_efficiency,
     scenario_memory,
     simulate,
+    vllm_drops_last_hit_block,
     vllm_lookahead_tokens,
 )
 from sim.engine.pricer import NGRAM_LOOKUP_S_PER_REQUEST, StepPricer
@@ -316,6 +317,16 @@ def test_lookahead_slots_follow_the_method_and_the_engine() -> None:
     assert vllm_lookahead_tokens(_scenario({"method": "ngram", "num_speculative_tokens": 3})) == 0
     assert vllm_lookahead_tokens(_scenario(eagle3, engine={"backend": "sglang"})) == 0
     assert vllm_lookahead_tokens(_scenario(None)) == 0
+
+
+def test_the_last_hit_block_is_given_back_for_vllms_hidden_state_drafters() -> None:
+    """`SpeculativeConfig.use_eagle()` (eagle, eagle3, mtp) makes vLLM's prefix-cache lookup pop the
+    last hit block; ngram and draft_model drafters, and other engines, keep it."""
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+    assert vllm_drops_last_hit_block(_scenario(eagle3))
+    assert not vllm_drops_last_hit_block(_scenario({"method": "ngram", "num_speculative_tokens": 3}))
+    assert not vllm_drops_last_hit_block(_scenario(eagle3, engine={"backend": "sglang"}))
+    assert not vllm_drops_last_hit_block(_scenario(None))
 
 
 def test_a_verification_steps_cuda_graph_is_chosen_by_its_tokens() -> None:
