@@ -894,14 +894,21 @@ class VllmV1Scheduler:
     def _preempt(self, victim: RequestState) -> None:
         kv = self._kv
         if kv.enable_prefix_caching and victim.segments:
-            # Index everything it computed, prompt and generated tokens, before the blocks are
-            # freed: it hits them when it resumes unless they are evicted first (as in vLLM). But
-            # for the drafts its last verification accepted: vLLM indexed its blocks when it
-            # scheduled that step, up to the tokens then known (`accepted_drafts`).
+            if self._sglang_admission:
+                # SGLang's retraction frees the KV without inserting it into the radix tree
+                # (`release_kv_cache(..., is_insert=False)`): what stays cached is the prompt its
+                # prefill inserted (`cache_unfinished_req`); generated tokens are computed again.
+                indexed = min(victim.num_computed, victim.prompt_tokens)
+            else:
+                # vLLM: everything it computed, prompt and generated tokens, stays indexed after the
+                # blocks are freed, and it hits them on resuming unless they are evicted first. But
+                # for the drafts its last verification accepted: vLLM indexed its blocks when it
+                # scheduled that step, up to the tokens then known (`accepted_drafts`).
+                indexed = victim.num_computed - victim.accepted_drafts
             num_tokens = max(victim.num_computed, len(victim.keys) * self._block_size)
             victim.keys = kv.prompt_block_keys(cast(Sequence[SegmentLike], victim.segments),
                                                victim.request_id, num_tokens)
-            kv.commit(victim.request_id, victim.num_computed - victim.accepted_drafts, victim.keys)
+            kv.commit(victim.request_id, indexed, victim.keys)
         kv.free(victim.request_id)
         victim.recomputed_tokens += victim.num_computed
         victim.num_computed = 0

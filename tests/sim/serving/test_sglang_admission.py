@@ -19,6 +19,7 @@ from sim.serving.vllm_v1 import (
     VllmV1Scheduler,
 )
 from sim.specs.scenario import scenario_from_dict
+from sim.workload.requests import UNIQUE_CONTENT_BASE, Segment
 
 
 def _scheduler(num_blocks: int, *, sglang: bool) -> VllmV1Scheduler:
@@ -135,3 +136,23 @@ def test_a_request_alone_on_the_replica_is_admitted_whatever_it_reserves() -> No
     capacity = check_feasible(scenario(100, 100)).kv_capacity_tokens()
     result = simulate(scenario(capacity - 1024, 1024))
     assert result.summary.num_completed == 3 and not result.summary.truncated
+
+
+@pytest.mark.parametrize("sglang", [True, False])
+def test_a_retracted_request_keeps_only_its_prompt_cached_in_sglang(sglang: bool) -> None:
+    """SGLang frees a retracted request's KV without inserting it into the radix tree: its prompt
+    (inserted after its prefill) stays cached, its generated tokens do not. vLLM keeps every block
+    it computed indexed, so the resumed request hits its own outputs as well."""
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=True)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=4096, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, prefill_priority=sglang, reserve_new_token_ratio=sglang,
+                            bulk_decodes=False)
+    req = RequestState(request_id=0, prompt_tokens=64, output_tokens=400, arrival_s=0.0, keys=(),
+                       segments=(Segment(content_id=UNIQUE_CONTENT_BASE, num_tokens=64),))
+    sched.add(req)
+    for _ in range(70):  # its prompt, then 69 decodes: 64 + 70 known tokens, 133 computed
+        _step(sched)
+    assert req.num_computed == 133
+    sched._running.remove(req)
+    sched._preempt(req)
+    assert kv.get_computed_tokens(req.keys, req.num_known()) == (64 if sglang else 128)
