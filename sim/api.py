@@ -15,7 +15,7 @@ import numpy as np
 
 from sim.calibration.select import EfficiencyModels, efficiency_model_for
 from sim.engine.autoscaled import AutoscaledSimulation
-from sim.engine.disaggregated import DisaggregatedSimulation
+from sim.engine.disaggregated import PREFILL_TOKEN, DisaggregatedSimulation
 from sim.engine.micro_batches import pipeline_micro_batches
 from sim.engine.part_prices import PriceCache
 from sim.engine.pricer import StepPricer
@@ -546,7 +546,7 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
         max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log,
         client_latency_s=(latency := client_latency_s(p_sc.engine, host or p_profile.host)),
-        first_token_from_prefill=d_sc.engine.backend == "sglang")
+        prefill_token=PREFILL_TOKEN[d_sc.engine.backend])
     records = sim.run(first)
     gpu_prices = [scenario_price_per_gpu_hour_usd(pool.scenario) for pool in disagg.pools()]
     num_gpus = disagg.num_gpus()

@@ -16,11 +16,15 @@ stepping) with three differences:
   prompt token in its first step and samples the first output token there, which is the first
   token the client receives (vLLM's proxy streams the decode instance's output; Dynamo's frontend
   does the same): TTFT = prefill queueing + prefill + transfer + decode queueing + the first decode
-  step. SGLang's decode worker takes the token the prefill server sampled (`first_token_from_prefill`:
-  its waiting queue builds a `PrebuiltExtendBatch` that skips the forward) and streams it when the
-  request is admitted: TTFT = prefill queueing + prefill + transfer + decode queueing, and the decode
-  worker runs one step fewer. (A one-token request, with nothing left to decode, still takes the
-  first path.)
+  step. SGLang's and TensorRT-LLM's decode workers take the token the prefill server sampled
+  (`PrefillToken`) and run one step fewer. SGLang's waiting queue builds a `PrebuiltExtendBatch` that
+  skips the forward and streams the token when the request is admitted: TTFT = prefill queueing +
+  prefill + transfer + decode queueing. TensorRT-LLM's generation server adds it to the request when
+  the transfer completes (`_prepare_disagg_gen_transmission_complete`: `add_new_token(first_gen_tokens)`)
+  and its first response, after its first generation step, carries it with the second token; the
+  disaggregated server streams only the generation server's responses: TTFT = prefill queueing +
+  prefill + transfer + decode queueing + the first decode step, with two tokens in the first chunk.
+  (A one-token request, with nothing left to decode, takes vLLM's path.)
 
 Replicas: 0 .. P-1 are the prefill pool's, P .. P+D-1 the decode pool's; heap indices >= P+D are
 transfers in flight. A replica is one scheduler per rank, or, for an MoE model with attention DP
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from typing import Final, Literal
 
 from sim.engine.pricer import StepPricer
 from sim.engine.simulation import Scheduler, SimLimits, Simulation
@@ -43,7 +48,17 @@ from sim.metrics.kv_usage import KvUsageTrace
 from sim.serving.dp_group import DataParallelGroup
 from sim.serving.kv_transfer import TransferPath
 from sim.serving.request import RequestState
-from sim.specs.engine import RouterName
+from sim.specs.engine import BackendName, RouterName
+
+PrefillToken = Literal["resampled", "at_admission", "with_first_step"]
+"""What a decode worker does with the token the prefill sampled: samples the first token again
+from the last prompt token (`resampled`: vLLM), streams it when it admits the request
+(`at_admission`: SGLang), or streams it with the token its first step samples (`with_first_step`:
+TensorRT-LLM)."""
+
+PREFILL_TOKEN: Final[dict[BackendName, PrefillToken]] = {"vllm": "resampled", "sglang": "at_admission",
+                                                 "trtllm": "with_first_step"}
+"""Each backend's `PrefillToken`."""
 
 
 class DisaggregatedSimulation(Simulation):
@@ -55,7 +70,7 @@ class DisaggregatedSimulation(Simulation):
                  decode_router: RouterName, path: TransferPath, decode_states: Sequence[RequestState],
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
-                 client_latency_s: float = 0.0, first_token_from_prefill: bool = False) -> None:
+                 client_latency_s: float = 0.0, prefill_token: PrefillToken = "resampled") -> None:
         super().__init__(replicas=[*prefill, *decode], pricer=prefill_pricer, router=prefill_router,
                          max_concurrency=max_concurrency, limits=limits, progress=progress, step_log=step_log,
                          pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode),
@@ -65,8 +80,8 @@ class DisaggregatedSimulation(Simulation):
         for replica in self._replicas[:self._num_prefill]:
             replica.bulk = replica.group_bulk = False  # one output token: prefill ranks never decode
         self._decode_router = decode_router
-        self._first_token_from_prefill = first_token_from_prefill
-        """The decode worker delivers the token the prefill sampled when it admits the request (SGLang)."""
+        self._prefill_token = prefill_token
+        self.stream_known_token_at_admission = prefill_token == "at_admission"
         self._path = path
         self._decode_states = {s.request_id: s for s in decode_states}
         """Each request's decode-phase state (its full output length), by request id."""
@@ -136,8 +151,10 @@ class DisaggregatedSimulation(Simulation):
     def _on_transfer_done(self, idx: int) -> None:
         state = self._transfers.pop(idx)
         self._ready_s[state.request_id] = self.now_s
-        if self._first_token_from_prefill and state.output_tokens > 1:
-            state.num_output = 1  # delivered at admission (`Simulation._start_step`)
+        if self._prefill_token != "resampled" and state.output_tokens > 1:
+            # Known from the prefill: streamed at admission or with the first step's token
+            # (`Simulation._start_step`, `_finish_step`).
+            state.num_output = 1
         j = self._route_in(state, range(self._num_prefill, self._num_ranks), self._decode_router, 1)
         self._replicas[j].scheduler.add_transferred(state)
         state.replica = j  # the decode replica (a group sets its rank)

@@ -218,6 +218,11 @@ class Simulation:
     """Whether this loop may run a replica's decode steps ahead (a subclass with other events
     between replicas turns it off)."""
 
+    stream_known_token_at_admission = True
+    """A request admitted with an output token it already knows (a disaggregated decode worker
+    given the token the prefill sampled) streams it as it is admitted (SGLang); otherwise it
+    streams with the token the request's first step samples (TensorRT-LLM)."""
+
     def run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         with gc_paused():
             records = self._run(requests)
@@ -352,7 +357,7 @@ class Simulation:
             req = chunk.request
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now
-                if req.num_output and req.first_token_s is None:
+                if req.num_output and req.first_token_s is None and self.stream_known_token_at_admission:
                     # It arrived with its first token (a disaggregated decode worker taking the token
                     # the prefill sampled): the token streams as the request is admitted.
                     req.first_token_s = req.last_token_s = now
