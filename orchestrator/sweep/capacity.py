@@ -16,7 +16,7 @@ the GPU-hour price. With `[autoscaling]` in the base, probes are one fixed repli
 removed) and the verified fleet is autoscaled with that replica count as its `max_replicas`: the
 chosen plan then reports its peak replicas, provisioned GPU-hours and SLO attainment, and its fleet
 cost is the provisioned GPU-hours' (`sim.metrics.autoscaling`). The cheapest feasible candidate
-wins (fewer GPUs on ties). With
+wins (fewer GPUs on ties), by its fixed fleet's cost (an autoscaled one's `max_replicas` fleet). With
 `verify_fleet`, the winner is simulated as a whole fleet at the target rate (`data_parallel_size`
 replicas behind the scenario's router, `num_prompts` scaled by the replica count; an MoE fleet as one
 engine at 1/replicas of the rate) and gains replicas until it passes. Bisection assumes that
@@ -96,6 +96,11 @@ class CandidatePlan:
     def num_gpus(self) -> int:
         return self.replicas * self.gpus_per_replica
 
+    def fixed_cost_per_hour_usd(self) -> float:
+        """The fixed fleet's cost (`replicas` always on): what candidates are ranked by, an autoscaled
+        verified fleet's included (its `cost_per_hour_usd` is then the provisioned GPU-hours')."""
+        return self.autoscaled["max_replicas_cost_per_hour_usd"] if self.autoscaled else self.cost_per_hour_usd
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityReport:
@@ -117,8 +122,7 @@ class CapacityReport:
         out = []
         for i, c in enumerate(self.candidates):
             m = c.at_capacity.metrics if c.at_capacity is not None else {}
-            fixed_cost = c.autoscaled["max_replicas_cost_per_hour_usd"] if c.autoscaled else c.cost_per_hour_usd
-            per_replica_cost = fixed_cost / c.replicas if c.replicas else math.nan
+            per_replica_cost = c.fixed_cost_per_hour_usd() / c.replicas if c.replicas else math.nan
             out.append({"chosen": i == self.chosen, **c.params, "serving": c.serving, "status": c.status,
                         "capacity_rate_per_replica": c.capacity_rate_per_replica,
                         "saturation_rate_per_replica": c.saturation_rate_per_replica, "replicas": c.replicas,
@@ -182,7 +186,7 @@ class CapacityReport:
         """The cheapest candidate of one kind (`aggregated` or `disaggregated`) that meets the SLOs
         at the target rate, by the plan's own order; None when none does."""
         ok = [i for i, c in enumerate(self.candidates) if c.status == "ok" and c.serving == serving]
-        return min(ok, key=lambda i: (self.candidates[i].cost_per_hour_usd, self.candidates[i].num_gpus(),
+        return min(ok, key=lambda i: (self.candidates[i].fixed_cost_per_hour_usd(), self.candidates[i].num_gpus(),
                                       -self.candidates[i].capacity_rate_per_replica, i)) if ok else None
 
     def _serving_line(self, serving: str) -> str:
@@ -361,7 +365,9 @@ class CapacityPlanner:
         ok = [i for i, p in enumerate(plans) if p.status == "ok"]
         if not ok:
             return None
-        return min(ok, key=lambda i: (plans[i].cost_per_hour_usd, plans[i].num_gpus(),
+        # By the fixed fleets' cost: a verified autoscaled fleet's provisioned cost would otherwise be
+        # weighed against the other candidates' always-on fleets.
+        return min(ok, key=lambda i: (plans[i].fixed_cost_per_hour_usd(), plans[i].num_gpus(),
                                       -plans[i].capacity_rate_per_replica, i))
 
     def _verify(self, plans: tuple[CandidatePlan, ...], chosen: int
@@ -399,11 +405,15 @@ class CapacityPlanner:
             if result.status is not TrialStatus.OK:
                 notes.append(f"fleet simulation with {replicas} replicas did not run: {result.reason.splitlines()[0]}")
                 break
+            ramp = self._ramp_note(replicas) if autoscaled and attempt == 0 else ""
+            if ramp:
+                notes.append(ramp)
             if attempt + 1 == _MAX_VERIFY_STEPS or replicas + 1 > self.cap.max_replicas:
                 notes.append(f"{replicas} replicas miss the SLOs as a fleet after {attempt + 1} fleet "
                              f"simulation(s) (up to {_MAX_VERIFY_STEPS}, at most max_replicas)")
                 break
-            notes.append(f"{replicas} replicas miss the SLOs as a fleet (routing imbalance); trying {replicas + 1}")
+            why = "routing imbalance, or the autoscaler's ramp" if autoscaled else "routing imbalance"
+            notes.append(f"{replicas} replicas miss the SLOs as a fleet ({why}); trying {replicas + 1}")
             replicas += 1
         if replicas != plan.replicas:
             per_replica = plan.cost_per_hour_usd / plan.replicas
@@ -417,6 +427,23 @@ class CapacityPlanner:
             plans = tuple(replace(p, cost_per_hour_usd=m["cost_per_hour_usd"], autoscaled=provisioned)
                           if i == chosen else p for i, p in enumerate(plans))
         return plans, result, notes, met
+
+    def _ramp_note(self, replicas: int) -> str:
+        """Why an autoscaled verified fleet of `replicas` may miss whatever its size: its run, at the
+        target rate, ends before a replica the autoscaler starts could take traffic, so it is served
+        by `initial_replicas` alone; "" when the run is long enough or starts with every replica."""
+        scaling = self.base.autoscaling
+        assert scaling is not None
+        initial = min(scaling.initial_replicas or 1, replicas)
+        span_s = self.base.workload.num_prompts * replicas / self.cap.target_request_rate
+        react_s = scaling.interval_s + scaling.upscale_delay_s + scaling.startup_delay_s
+        if initial >= replicas or span_s >= react_s:
+            return ""
+        return (f"the autoscaled fleet starts with initial_replicas={initial}, and its run (~{span_s:.3g} s: "
+                f"{self.base.workload.num_prompts * replicas} requests at {self.cap.target_request_rate:g}/s) ends "
+                f"before a replica the autoscaler starts can take traffic (interval_s + upscale_delay_s + "
+                f"startup_delay_s = {react_s:g} s), so more replicas do not help it: raise workload.num_prompts or "
+                "the base's autoscaling.initial_replicas")
 
 
 def _one_replica(base: Scenario, params: Mapping[str, ParamValue]) -> dict[str, ParamValue]:

@@ -107,6 +107,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     base = spec_base.load_base()
     if base.autoscaling is None:
         _check_no_autoscaling_metrics(objectives, slo, src)
+    elif capacity is not None:
+        _check_capacity_slo(slo, src)
     raw_space = flatten(table(data, "space", src), src, "space", leaf=is_entry)
     if not raw_space:
         raise ConfigError(source=src, key="space", value={}, rule="must name at least one scenario key to vary")
@@ -144,6 +146,19 @@ def _check_no_autoscaling_metrics(objectives: tuple[ObjectiveSpec, ...], slo: tu
             raise ConfigError(source=src, key=f"slo.{b.metric}", value=b.max_value if b.min_value is None
                               else b.min_value, rule="only trials of a base scenario with [autoscaling] report it; "
                                                      "add [autoscaling] to the base scenario")
+
+
+def _check_capacity_slo(slo: tuple[BoundSpec, ...], src: str) -> None:
+    """A capacity plan judges `[slo]` on its probes, one fixed replica each (the base's
+    `[autoscaling]` removed): they report no autoscaling metric, so a bound on one is refused."""
+    for b in slo:
+        if needs_autoscaling(b.metric):
+            raise ConfigError(source=src, key=f"slo.{b.metric}", value=b.max_value if b.min_value is None
+                              else b.min_value,
+                              rule=("capacity planning judges [slo] on one fixed replica per probe (the base's "
+                                    "[autoscaling] is removed for them), which reports no autoscaling metric; bound "
+                                    "the latency metrics instead (the verified autoscaled fleet's peak_replicas, "
+                                    "fleet_gpu_hours and slo_attainment are in the plan's chosen row)"))
 
 
 def _confidence(study: Mapping[str, Any], src: str) -> tuple[float | None, int]:

@@ -73,7 +73,8 @@ class AutoscalingSpec:
                 f"must be >= min_replicas={self.min_replicas}")
         init = self.initial_replicas
         require(init is None or (init >= self.min_replicas and (mx is None or init <= mx)), "initial_replicas",
-                init, "must be within [min_replicas, max_replicas]")
+                init, f"must be within [min_replicas, max_replicas] = [{self.min_replicas}, "
+                f"{mx if mx is not None else 'engine.data_parallel_size'}]")
         for key in TARGET_KEYS:
             value = getattr(self, key)
             require(value is None or (math.isfinite(value) and value > 0), key, value, "must be a finite number > 0")

@@ -210,6 +210,14 @@ def test_bad_autoscaling_keys_name_file_key_and_rule(overrides: dict[str, object
     assert "llama3_8b-h100.toml" in info.value.source and info.value.rule
 
 
+def test_an_initial_count_out_of_bounds_names_the_bounds() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_scenario(SCENARIO, {**AUTOSCALED, "engine.data_parallel_size": 8, "autoscaling.min_replicas": 2,
+                                 "autoscaling.max_replicas": 6, "autoscaling.initial_replicas": 1})
+    assert (info.value.key, info.value.value) == ("autoscaling.initial_replicas", 1)
+    assert info.value.rule.endswith("[min_replicas, max_replicas] = [2, 6]")
+
+
 def test_the_disaggregated_rejection_says_why() -> None:
     with pytest.raises(ConfigError, match="per-pool autoscaling is not simulated"):
         load_scenario(SCENARIO, {**AUTOSCALED, "disaggregation.prefill.num_workers": 1,
