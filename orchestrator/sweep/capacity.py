@@ -76,8 +76,8 @@ class _Chain:
 class CandidatePlan:
     params: Mapping[str, ParamValue]
     status: str
-    """ok, slo_unreachable, too_many_replicas, fleet_misses_slo (verified fleets never met the SLOs),
-    infeasible, invalid or failed."""
+    """ok, slo_unreachable, too_many_replicas, unpriced (no GPU price to rank it by), fleet_misses_slo
+    (verified fleets never met the SLOs), infeasible, invalid or failed."""
     capacity_rate_per_replica: float = math.nan
     saturation_rate_per_replica: float = math.nan
     replicas: int = 0
@@ -353,12 +353,19 @@ class CapacityPlanner:
                                  serving=serving)
         replicas = max(1, math.ceil(self.cap.target_request_rate / chain.lo - 1e-9))
         price_per_replica = chain.best.metrics["cost_per_hour_usd"]
-        status = "ok" if replicas <= self.cap.max_replicas else "too_many_replicas"
+        status, reason = "ok", ""
+        if replicas > self.cap.max_replicas:
+            status, reason = "too_many_replicas", f"needs {replicas} replicas, over max_replicas"
+        elif not math.isfinite(price_per_replica):
+            # Candidates are ranked by cost: one without a price cannot be, and NaN would compare as
+            # neither cheaper nor dearer than the others (the file's order would choose).
+            status, reason = "unpriced", (
+                "no GPU price for its hardware (a hardware TOML of your own has none in sim/data/prices.toml): "
+                "set hardware.price_per_gpu_hour_usd (USD per GPU-hour) in the base or [space] to rank it")
         return CandidatePlan(params=chain.params, status=status, capacity_rate_per_replica=chain.lo,
                              saturation_rate_per_replica=chain.saturation_rate, replicas=replicas,
                              gpus_per_replica=gpus, cost_per_hour_usd=replicas * price_per_replica,
-                             at_capacity=chain.best, probes=chain.probes, serving=serving,
-                             reason="" if status == "ok" else f"needs {replicas} replicas, over max_replicas")
+                             at_capacity=chain.best, probes=chain.probes, serving=serving, reason=reason)
 
     @staticmethod
     def _choose(plans: tuple[CandidatePlan, ...]) -> int | None:

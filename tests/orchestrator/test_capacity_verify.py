@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import pytest
 import ray
 from conftest import REPO
 
-from orchestrator.sweep.capacity import _MAX_VERIFY_STEPS, CandidatePlan, CapacityPlanner
+from orchestrator.sweep.capacity import _MAX_VERIFY_STEPS, CandidatePlan, CapacityPlanner, _Chain
 from orchestrator.sweep.objective import meets_slo
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.pool import ShardPool
+from orchestrator.sweep.results import TrialResult, TrialStatus
 
 SCENARIO = REPO / "scenarios" / "llama3_8b-h100.toml"
 
@@ -96,3 +98,33 @@ set = {{ "workload.num_prompts" = 60, "engine.data_parallel_size" = 2, "engine.e
     assert verified is not None and verified["num_gpus"] == 4  # one engine of the fleet, at its share
     if chosen["replicas"] > 1:
         assert any("lockstep" in n for n in out["notes"])
+
+
+def test_a_candidate_without_a_gpu_price_is_reported_unpriced_and_never_chosen(tmp_path: Path) -> None:
+    """A hardware TOML of your own has no price: its cost is NaN, which compares as neither cheaper
+    nor dearer, so the file's order chose it (`cheapest: ... $nan/hour`) when it came first."""
+    path = tmp_path / "cap.toml"
+    path.write_text(f"""
+[study]
+name = "capprice"
+[capacity]
+target_request_rate = 4.0
+[slo]
+ttft_p90_s = 2.0
+[base]
+scenario = "{SCENARIO}"
+[space]
+"hardware.name" = {{ choices = ["h200_sxm", "h100_sxm"] }}
+""")
+    spec = load_sweep(path)
+    planner = CapacityPlanner(spec, spec.load_base(), cast(ShardPool, None))
+
+    def plan(hardware: str, cost_per_hour_usd: float) -> CandidatePlan:
+        probe = TrialResult(number=0, status=TrialStatus.OK, params={"hardware.name": hardware},
+                            metrics={"cost_per_hour_usd": cost_per_hour_usd, "ttft_p90_s": 0.1})
+        return planner._plan(_Chain(index=0, params={"hardware.name": hardware}, lo=25.0, best=probe, status="ok"))
+
+    unpriced, priced = plan("h200_sxm", math.nan), plan("h100_sxm", 2.99)
+    assert unpriced.status == "unpriced" and "hardware.price_per_gpu_hour_usd" in unpriced.reason
+    assert priced.status == "ok"
+    assert planner._choose((unpriced, priced)) == 1
