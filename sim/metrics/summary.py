@@ -1,8 +1,9 @@
 """Run metrics with `vllm bench serve` meanings, cost, and the kernel-level time breakdown.
 
 TTFT counts from the request's send to its first token; TPOT is per request
-(finish - first token) / (output tokens - 1); ITL is every gap between consecutive tokens of a
-request (exact: kept as counts per distinct value); E2E is send to last token. KV usage
+(finish - first token) / (output tokens - 1); ITL is every gap between consecutive streamed chunks
+of a request (exact: kept as counts per distinct value; a truncated run's include the gaps of the
+requests it did not finish); E2E is send to last token. KV usage
 statistics are over the per-step samples (the used fraction after each step). Duration runs
 from the first send to the last finish. Goodput counts requests meeting every `[slo]` target per
 second of duration.

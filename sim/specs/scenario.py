@@ -614,9 +614,9 @@ def _check_combination(
                      f"class {c.name!r}: prompt plus output can reach {longest} tokens, over "
                      f"max_model_len={engine.max_model_len}")
     elif workload.dataset_name in ("random", "fixed"):
-        if workload.dataset_name == "random" and workload.request_rate_profile is None:
-            # The rule `generate` enforces (as vLLM's RandomDataset does), caught on load so that
-            # `kernelsight check` and a sweep's grid see it before anything runs.
+        if workload.dataset_name == "random":
+            # The rule `generate` enforces (as vLLM's RandomDataset does; a rate profile's requests too),
+            # caught on load so that `kernelsight check` and a sweep's grid see it before anything runs.
             low = length_bounds(workload.random_input_len, workload.random_range_ratio, min_tokens=0)[0]
             if workload.random_prefix_len + low < 1:
                 fail("workload.random_input_len", workload.random_input_len,

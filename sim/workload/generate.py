@@ -51,17 +51,7 @@ def _synthetic(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[RequestSpe
         input_tokens = np.full(n, spec.random_input_len, dtype=np.int64)
         output_tokens = np.full(n, spec.random_output_len, dtype=np.int64)
     else:
-        ratio = spec.random_range_ratio
-        in_low, in_high = length_bounds(spec.random_input_len, ratio, min_tokens=0)
-        out_low, out_high = length_bounds(spec.random_output_len, ratio, min_tokens=1)
-        if spec.random_prefix_len + in_low < 1:
-            raise ConfigError(
-                source=_SOURCE, key="random_input_len", value=spec.random_input_len,
-                rule=f"with random_range_ratio={ratio} and random_prefix_len=0 a prompt can have "
-                "0 tokens; raise random_input_len or random_prefix_len, or lower the ratio",
-            )
-        input_tokens = rng.integers(in_low, in_high + 1, size=n, dtype=np.int64)
-        output_tokens = rng.integers(out_low, out_high + 1, size=n, dtype=np.int64)
+        input_tokens, output_tokens = _random_lengths(spec, rng, n)
     arrivals_s = sample_arrivals_s(n, spec.request_rate, spec.burstiness, rng)
     prefix_len = spec.random_prefix_len
     return build_requests(
@@ -71,6 +61,23 @@ def _synthetic(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[RequestSpe
         prefix_groups=np.arange(n, dtype=np.int64) % spec.num_prefix_groups,
         prefix_tokens=np.full(n, prefix_len, dtype=np.int64),
     )
+
+
+def _random_lengths(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `random_*` input (before the shared prefix) and output lengths of `n` requests, as vLLM's
+    `RandomDataset` draws them (module docstring); a workload that could draw an empty prompt raises."""
+    ratio = spec.random_range_ratio
+    in_low, in_high = length_bounds(spec.random_input_len, ratio, min_tokens=0)
+    out_low, out_high = length_bounds(spec.random_output_len, ratio, min_tokens=1)
+    if spec.random_prefix_len + in_low < 1:
+        raise ConfigError(
+            source=_SOURCE, key="random_input_len", value=spec.random_input_len,
+            rule=f"with random_range_ratio={ratio} and random_prefix_len=0 a prompt can have "
+            "0 tokens; raise random_input_len or random_prefix_len, or lower the ratio",
+        )
+    input_tokens = rng.integers(in_low, in_high + 1, size=n, dtype=np.int64)
+    output_tokens = rng.integers(out_low, out_high + 1, size=n, dtype=np.int64)
+    return input_tokens, output_tokens
 
 
 def generate_fleet(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[tuple[RequestSpec, ...], np.ndarray]:
@@ -87,11 +94,7 @@ def generate_fleet(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[tuple[
         arrivals_s = sample_arrivals_s(spec.num_prompts, spec.request_rate, spec.burstiness, rng)
     n = arrivals_s.size
     if not spec.classes:
-        ratio = spec.random_range_ratio
-        in_low, in_high = length_bounds(spec.random_input_len, ratio, min_tokens=1)
-        out_low, out_high = length_bounds(spec.random_output_len, ratio, min_tokens=1)
-        input_tokens = rng.integers(in_low, in_high + 1, size=n, dtype=np.int64)
-        output_tokens = rng.integers(out_low, out_high + 1, size=n, dtype=np.int64)
+        input_tokens, output_tokens = _random_lengths(spec, rng, n)
         class_ids = np.zeros(n, dtype=np.int64)
         prefix_len = spec.random_prefix_len
     else:

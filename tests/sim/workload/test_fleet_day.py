@@ -12,7 +12,7 @@ from conftest import REPO
 from sim.api import load_scenario, simulate
 from sim.errors import ConfigError
 from sim.specs.traffic import Burst, TrafficClass
-from sim.specs.workload import WorkloadSpec
+from sim.specs.workload import WorkloadSpec, length_bounds
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.profile import last_bin_s, profile_arrivals_s, rate_per_s
 
@@ -237,3 +237,22 @@ def test_evenly_spaced_arrivals_keep_the_last_request_the_rates_round_away(secon
     arrivals = profile_arrivals_s(rates, 10_000_000, math.inf, _rng())
     assert arrivals.size == expected
     assert arrivals[-1] <= seconds and np.all(np.diff(arrivals) > 0)
+
+
+def test_a_rate_profile_draws_the_random_lengths_as_a_fixed_rate_does() -> None:
+    """Without classes a profile's requests take the `random_*` lengths vLLM's RandomDataset draws: the
+    sampled part may be empty behind a shared prefix (it was raised to 1 token: 16 + {1, 2}, not
+    16 + {0, 1, 2}), and a workload that could draw an empty prompt is refused as with a fixed rate."""
+    lengths = {"random_input_len": 1, "random_range_ratio": 0.5, "random_output_len": 4}
+    spec = _diurnal(num_prompts=3_000, random_prefix_len=16, **lengths)
+    prompts = {r.prompt_tokens for r in generate(spec, _rng())}
+    assert prompts == {16 + k for k in range(length_bounds(1, 0.5, min_tokens=0)[1] + 1)} == {16, 17, 18}
+    with pytest.raises(ConfigError) as info:
+        generate(_diurnal(num_prompts=3_000, **lengths), _rng())
+    assert info.value.key == "random_input_len"
+    overrides = {"workload.request_rate": math.inf, "workload.request_rate_profile": "diurnal",
+                 "workload.diurnal_peak_rate": 2.0, "workload.diurnal_trough_rate": 1.0,
+                 **{f"workload.{k}": v for k, v in lengths.items()}}
+    with pytest.raises(ConfigError) as load_info:
+        load_scenario(SCENARIO, overrides)
+    assert load_info.value.key == "workload.random_input_len"
