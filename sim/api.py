@@ -410,13 +410,18 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
     with its own KV cache of `mem.usable_kv_blocks()` blocks. A pipeline's scheduler plans all its
     micro-batches in flight at once (`sim.engine.micro_batches`): a token budget per micro-batch,
     a prompt chunk at most what one leaves beside its share of the running requests, running
-    requests bounded together or, where the profile says so (TensorRT-LLM), per micro-batch."""
+    requests bounded together (vLLM) or, where the profile says so, per micro-batch (TensorRT-LLM:
+    `max_num_seqs` each; SGLang: max(`max_num_seqs` // p, 1) each)."""
     engine = scenario.engine
     assert engine.max_num_seqs is not None and engine.max_num_batched_tokens is not None
     speculation = speculation_sampler(scenario)
     unit = context_chunk_unit(scenario, profile)
     m = micro_batches(scenario, limits)
-    seqs = engine.max_num_seqs * (m if profile.policy.max_num_seqs_per_micro_batch else 1)
+    seqs = engine.max_num_seqs
+    if profile.policy.max_num_seqs_per_micro_batch:
+        seqs *= m
+    elif profile.policy.max_num_seqs_split_over_micro_batches:
+        seqs = m * max(seqs // m, 1)
     # TensorRT-LLM waits for batches only without attention DP (`PyExecutor._schedule`).
     batch_wait = not ranks_in_lockstep(scenario.model, engine)
     return [

@@ -8,14 +8,20 @@ pipeline's steady state with one scheduler per replica and one step per pipeline
 - the step holds all p micro-batches: p times the token budget (each micro-batch has its own
   `max_num_batched_tokens`; a prompt chunk gets at most what one budget leaves beside that
   micro-batch's share of the running requests: `VllmV1Scheduler`), and the running
-  requests of all of them (vLLM and SGLang bound them together by `max_num_seqs`; TensorRT-LLM's
-  `max_batch_size` bounds each micro-batch: `SchedulingPolicy.max_num_seqs_per_micro_batch`);
+  requests of all of them (vLLM bounds them together by `max_num_seqs`; TensorRT-LLM's
+  `max_batch_size` bounds each micro-batch: `SchedulingPolicy.max_num_seqs_per_micro_batch`;
+  SGLang's `pp_max_micro_batch_size`, max(`max_num_seqs` // p, 1), each micro-batch:
+  `SchedulingPolicy.max_num_seqs_split_over_micro_batches`);
 - the step is split into p micro-batches (`split_step`): the decodes spread evenly, the prompt
   chunks placed largest first on the micro-batch with the fewest tokens;
-- it lasts as long as its slowest micro-batch takes through the whole pipeline (every stage's
-  kernels and the stage-to-stage sends, as a one-batch step): in a full pipeline each stage runs
-  every micro-batch once per cycle, which takes the mean of their pipeline times, and each
-  micro-batch crosses every stage once, which takes its own; the cycle is the larger, the slowest.
+- it lasts the longest of (`StepPricer._pipeline_step_s`): its slowest micro-batch's step through
+  the whole pipeline (every stage's kernels and the stage-to-stage sends, as a one-batch step: each
+  micro-batch crosses every stage once per cycle); the busiest stage's GPU work on every
+  micro-batch (each stage runs each micro-batch once per cycle: its share of the layers, by the
+  engine's split `stage_layer_ranges`, the embedding on the first stage, the final norm, LM head
+  and sampler on the last, the hop into it); and the busiest stage's host thread (the scheduling
+  work of every micro-batch, and its share of their kernel launches: each rank launches its own
+  stage's kernels).
 
 One scheduler keeps the KV cache, preemption and admission exactly as one engine has them; what
 the model leaves out is that the real micro-batches are offset in time (a request arriving

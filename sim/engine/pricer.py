@@ -30,9 +30,10 @@ from sim.engine.block_pricing import Part
 from sim.engine.micro_batches import split_step
 from sim.engine.part_book import PartBook
 from sim.engine.part_prices import PartPrices
+from sim.graph.memory import stage_layer_ranges
 from sim.graph.moe import uses_expert_all_to_all
 from sim.graph.shared_experts import depends_on_decode_only
-from sim.graph.transformer import one_token_chunks_decode
+from sim.graph.transformer import one_token_chunks_decode, pp_hops_leaving_domains
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
 from sim.perf.profile import load_engine_profile, resolved_async_scheduling
 from sim.perf.step import StepCostModel
@@ -53,6 +54,9 @@ class GroupKey(NamedTuple):
 
 
 AnyKey = StepKey | GroupKey
+_FIRST_STAGE_KERNELS = frozenset({"embedding"})
+_LAST_STAGE_KERNELS = frozenset({"final_norm", "lm_head", "logits_all_gather", "sampler"})
+"""Kernels a pipeline's first and last stage run alone (`build_step_graph`'s nodes outside the layers)."""
 NGRAM_LOOKUP_S_PER_REQUEST = 10e-6
 """Host time of vLLM's ngram proposer per request per step (an assumption: a numba n-gram match over
 the request's tokens; nothing in the data measures it). Added to the step's CPU time."""
@@ -147,6 +151,14 @@ class StepPricer:
         resolves it with the backend's shipped profile."""
         self._sc = scenario
         self._micro_batches = micro_batches
+        self._stage_memo: dict[StepKey, tuple[list[float], list[float]]] = {}
+        """Pipeline micro-batches' device and launch seconds per stage (`_stage_seconds`), by micro-batch key."""
+        pp = scenario.engine.pipeline_parallel_size
+        layers = stage_layer_ranges(scenario.model.num_layers, pp, scenario.engine.backend)
+        self._stage_shares = [len(r) / scenario.model.num_layers for r in layers]
+        """Each pipeline stage's share of the layers (the engine's split, `stage_layer_ranges`)."""
+        self._hops_leave = pp_hops_leaving_domains(scenario.engine.tensor_parallel_size, pp,
+                                                   scenario.hardware.nvlink_domain())
         self._cost = cost
         self._host = host
         self._bucket = decode_context_bucket_tokens
@@ -442,23 +454,69 @@ class StepPricer:
         return step_s
 
     def _pipeline_step_s(self, key: StepKey) -> float:
-        """Seconds of a pipeline cycle (`sim.engine.micro_batches`): its slowest micro-batch's step
-        through every stage, and no less than the host work of all its micro-batches, which one
-        scheduler thread does in turn. The breakdown keeps the slowest micro-batch's parts."""
+        """Seconds of a pipeline cycle (`sim.engine.micro_batches`): the longest of its slowest
+        micro-batch's step through every stage, each stage's GPU running its share of every
+        micro-batch (`_stage_seconds`: its layers, the embedding on the first stage, the final norm,
+        LM head and sampler on the last, the hop into it), and each stage's host thread scheduling
+        every micro-batch in turn and launching its own kernels of each. The breakdown keeps the
+        slowest micro-batch's parts."""
         prefills, num_decode, mean = key
         memo = self._rank_steps
         micro = split_step(prefills, num_decode, self._micro_batches)
         assert micro, "a step key with neither prompt chunks nor decodes"
         priced: list[tuple[float, list[Part], HostCost]] = []
+        stages = len(self._stage_shares)
+        device = [0.0] * stages
+        host = [0.0] * stages
         for chunks, n in micro:
             micro_key: StepKey = (chunks, n, mean if n else 0)
             one = memo.get((micro_key, None))
             if one is None:
                 one = memo[(micro_key, None)] = self._rank_step(micro_key, None)
             priced.append(one)
-        slowest_s, parts, host = max(priced, key=lambda p: p[0])  # the first of equals
-        self._key_parts[key] = (parts, host)
-        return max(slowest_s, sum(h.cpu_s + h.launch_s for _, _, h in priced))
+            split = self._stage_memo.get(micro_key)
+            if split is None:
+                split = self._stage_memo[micro_key] = self._stage_seconds(one[1], one[2])
+            for s, (d, h) in enumerate(zip(*split, strict=True)):
+                device[s] += d
+                host[s] += h
+        slowest_s, parts, slowest_host = max(priced, key=lambda p: p[0])  # the first of equals
+        self._key_parts[key] = (parts, slowest_host)
+        return max(slowest_s, max(device), max(host))
+
+    def _stage_seconds(self, parts: Sequence[Part], host: HostCost) -> tuple[list[float], list[float]]:
+        """One micro-batch's seconds on each pipeline stage: GPU (its kernels, the embedding on the
+        first stage, the final norm, LM head, logits gather and sampler on the last, each hop's
+        send, receive and gather on the stage it enters, the layers' kernels and the eager-launch
+        floor by the stage's share of the layers) and host thread (the step's scheduling and input
+        work, which every stage's loop does, and its share of the launches)."""
+        shares = self._stage_shares
+        stages = len(shares)
+        device = [0.0] * stages
+        layered = host.launch_floor_s
+        intra = inter = gather = 0.0
+        for part in parts:
+            for (_, name), seconds in zip(part.labels, part.seconds, strict=True):
+                if name in _LAST_STAGE_KERNELS:
+                    device[-1] += float(seconds)
+                elif name in _FIRST_STAGE_KERNELS:
+                    device[0] += float(seconds)
+                elif name == "pp_send_recv":
+                    intra += float(seconds)
+                elif name == "pp_send_recv_internode":
+                    inter += float(seconds)
+                elif name == "pp_recv_all_gather":
+                    gather += float(seconds)
+                else:
+                    layered += float(seconds)
+        leave = self._hops_leave
+        num_inter = sum(leave)
+        num_intra = len(leave) - num_inter
+        for s, crosses in enumerate(leave):
+            device[s + 1] += (inter / num_inter if crosses else intra / num_intra) + gather / len(leave)
+        for s, share in enumerate(shares):
+            device[s] += layered * share
+        return device, [host.cpu_s + host.launch_s * share for share in shares]
 
     def _group_step_s(self, key: GroupKey) -> float:
         """Seconds of a data-parallel group step: the slowest rank's.

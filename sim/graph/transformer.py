@@ -90,12 +90,18 @@ class ShardedShapes:
         )
 
 
+def pp_hops_leaving_domains(tp: int, pp: int, domain: int) -> list[bool]:
+    """Per stage-to-stage hop (stage s to s + 1, s < pp - 1), whether it leaves an NVLink domain of
+    `domain` GPUs, with vLLM's rank layout (tensor parallelism innermost: rank r of stage s is GPU
+    s * tp + r). A hop crosses when any rank's pair of GPUs lies in two domains."""
+    return [any((stage * tp + r) // domain != ((stage + 1) * tp + r) // domain for r in range(tp))
+            for stage in range(pp - 1)]
+
+
 def pp_hops_across_domains(tp: int, pp: int, domain: int) -> int:
     """How many of a pipeline's `pp - 1` stage-to-stage hops leave an NVLink domain of `domain`
-    GPUs, with vLLM's rank layout (tensor parallelism innermost: rank r of stage s is GPU
-    s * tp + r). A hop crosses when any rank's pair of GPUs lies in two domains."""
-    return sum(1 for stage in range(pp - 1)
-               if any((stage * tp + r) // domain != ((stage + 1) * tp + r) // domain for r in range(tp)))
+    GPUs (`pp_hops_leaving_domains`)."""
+    return sum(pp_hops_leaving_domains(tp, pp, domain))
 
 
 def collective_work(kind: KernelKind, name: str, message_bytes: float, group: int) -> KernelWork:

@@ -8,7 +8,8 @@ A profile has three parts:
   scheduler: a request is admitted only when KV blocks for its prompt and all its output tokens
   are free, so nothing is ever preempted) and `context_chunks_in_blocks` (TensorRT-LLM: a prompt
   chunk cut by the token budget is cut to whole KV blocks) and `max_num_seqs_per_micro_batch`
-  (TensorRT-LLM: with pipeline parallelism `max_batch_size` bounds each micro-batch in flight);
+  (TensorRT-LLM: with pipeline parallelism `max_batch_size` bounds each micro-batch in flight) and
+  `max_num_seqs_split_over_micro_batches` (SGLang: each micro-batch holds max(`max_num_seqs` // p, 1));
 - kernel sources (`[kernel_sources]`): which framework's measured kernel series prices this
   engine's kernels where its own microbenchmark series is not what it runs when serving
   (`gemm`: weight format -> backend level of the GEMM model; `mla_prefill`, `mla_decode`: the
@@ -52,8 +53,12 @@ class SchedulingPolicy:
     of the queue when the KV runs out (`sim.serving.vllm_v1`, `SGLANG_*`)."""
     max_num_seqs_per_micro_batch: bool = False
     """TensorRT-LLM: with pipeline parallelism `max_num_seqs` (its `max_batch_size`) bounds each of the
-    `pipeline_parallel_size` micro-batches in flight, not all of them together (vLLM's and SGLang's
-    bound the scheduler's running requests, which the micro-batches share)."""
+    `pipeline_parallel_size` micro-batches in flight, not all of them together (vLLM's bounds the
+    scheduler's running requests, which the micro-batches share)."""
+    max_num_seqs_split_over_micro_batches: bool = False
+    """SGLang: with pipeline parallelism p, each micro-batch holds at most max(`max_num_seqs` // p, 1)
+    running requests (`pp_max_micro_batch_size`'s default, from `--max-running-requests`), so
+    p x that in all: fewer than `max_num_seqs` when p does not divide it, more when it is below p."""
     context_chunks_in_blocks: bool = False
     """TensorRT-LLM: a context chunk that does not finish its prompt is cut down to whole KV blocks
     (`MicroBatchScheduler::setCtxRequestsChunkSize`, chunk unit = `tokens_per_block`); a chunk that

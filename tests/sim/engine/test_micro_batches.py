@@ -64,33 +64,86 @@ def test_micro_batches_only_with_a_pipeline_outside_lockstep_groups() -> None:
     assert pipeline_micro_batches(moe_dp) == 1
 
 
-def test_a_cycle_costs_its_slowest_micro_batch_through_the_whole_pipeline() -> None:
-    sc = _pp(pp=2)
+_LAST_STAGE = ("final_norm", "lm_head", "logits_all_gather", "sampler")
+
+
+def _seconds_by_name(pricer: StepPricer, key: StepKey) -> dict[str, float]:
+    """Device seconds of a one-batch step by kernel name."""
+    _, parts, _ = pricer._rank_step(key, None)
+    out: dict[str, float] = {}
+    for part in parts:
+        for (_, name), seconds in zip(part.labels, part.seconds, strict=True):
+            out[name] = out.get(name, 0.0) + float(seconds)
+    return out
+
+
+def _pricers(sc: Scenario, m: int, host: Any = None) -> tuple[StepPricer, StepPricer]:
     cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
-    host = load_host_params("vllm")
-    cycle = StepPricer(sc, cost, host, micro_batches=2)
-    one = StepPricer(sc, cost, host)
-    key: StepKey = ((), 64, 512)
-    assert cycle.step_s(key) == one.step_s(((), 32, 512))
+    host = host or load_host_params(sc.engine.backend)
+    return StepPricer(sc, cost, host, micro_batches=m), StepPricer(sc, cost, host)
+
+
+def test_a_cycle_costs_at_least_its_slowest_micro_batch_through_the_whole_pipeline() -> None:
+    sc = _pp(pp=2)
+    cycle, one = _pricers(sc, 2)
     mixed: StepKey = (((100, 0, True), (2000, 0, True)), 9, 256)
     # 5 + 4 decodes; the 2,000-token chunk joins the 4 (fewest tokens), the 100-token chunk the 5.
-    expected = max(one.step_s((((2000, 0, True),), 4, 256)), one.step_s((((100, 0, True),), 5, 256)))
-    assert cycle.step_s(mixed) == expected
-    assert cycle.step_s(mixed) < one.step_s(mixed)
+    slowest = max(one.step_s((((2000, 0, True),), 4, 256)), one.step_s((((100, 0, True),), 5, 256)))
+    assert slowest <= cycle.step_s(mixed) < one.step_s(mixed)
+    # One micro-batch alone crosses the stages in turn: its own step.
+    assert cycle.step_s(((), 1, 512)) == one.step_s(((), 1, 512))
 
 
-def test_one_host_thread_prepares_every_micro_batch_of_a_cycle() -> None:
-    """A host-bound cycle lasts the host work of all its micro-batches, done in turn."""
+def test_the_last_stage_runs_the_lm_head_of_every_micro_batch() -> None:
+    """A full pipeline's cycle is its busiest stage's work on every micro-batch: with the LM head and
+    the sampler on the last stage, two micro-batches of 32 decodes take twice (half the layers + the
+    LM head + the hop into it), more than one of them crossing both stages (vLLM's even split of
+    Llama-3.1-8B's 32 layers)."""
+    sc = _pp(pp=2)
+    cycle, one = _pricers(sc, 2)
+    by_name = _seconds_by_name(one, ((), 32, 512))
+    last_only = sum(by_name.get(n, 0.0) for n in _LAST_STAGE)
+    hop = by_name["pp_send_recv"]
+    layered = sum(by_name.values()) - last_only - hop - by_name["embedding"]
+    last_stage = layered / 2 + last_only + hop
+    assert cycle.step_s(((), 64, 512)) == pytest.approx(2 * last_stage, rel=1e-9)
+    assert cycle.step_s(((), 64, 512)) > 1.03 * one.step_s(((), 32, 512))
+
+
+def test_uneven_stages_bound_the_cycle_by_the_one_with_more_layers() -> None:
+    """32 layers on 3 stages are 11, 11 and 10 (vLLM's `get_pp_indices`): three micro-batches of a
+    prompt chunk that samples nothing (no LM head) take three times 11 / 32 of one's layers."""
+    sc = _pp(pp=3)
+    cycle, one = _pricers(sc, 3)
+    chunk = (512, 0, False)
+    by_name = _seconds_by_name(one, ((chunk,), 0, 0))
+    hops = by_name["pp_send_recv"]
+    layered = sum(by_name.values()) - hops - by_name["embedding"] - by_name["final_norm"]
+    assert cycle.step_s(((chunk,) * 3, 0, 0)) == pytest.approx(3 * (layered * 11 / 32 + hops / 2), rel=1e-9)
+    assert cycle.step_s(((chunk,) * 3, 0, 0)) > 1.02 * one.step_s(((chunk,), 0, 0))
+
+
+def test_one_host_thread_schedules_every_micro_batch_of_a_cycle() -> None:
+    """A host-bound cycle lasts the scheduling work of all its micro-batches, done in turn."""
     sc = _pp(pp=4)
-    cost = StepCostModel(sc.hardware, scenario_efficiency(sc))
     host = load_host_params("vllm")
     slow_host = replace(host, schedule=replace(host.schedule, base_s=0.05))
-    cycle = StepPricer(sc, cost, slow_host, micro_batches=4)
-    one = StepPricer(sc, cost, slow_host)
+    cycle, one = _pricers(sc, 4, slow_host)
     key: StepKey = ((), 64, 512)
     assert one.step_s(((), 16, 512)) < 0.1
     assert cycle.step_s(key) > 4 * 0.05
-    assert StepPricer(sc, cost, host, micro_batches=4).step_s(key) == StepPricer(sc, cost, host).step_s(((), 16, 512))
+
+
+def test_each_stage_launches_only_its_own_kernels() -> None:
+    """SGLang launches a prompt step's kernels eagerly, each rank those of its own stage: four
+    micro-batches of one 256-token prompt on 4 stages launch a quarter of their kernels per stage
+    each, about one micro-batch's launches in all, not four."""
+    sc = _pp("sglang", pp=4)
+    cycle, one = _pricers(sc, 4)
+    chunk = (256, 0, True)
+    _, _, host = one._rank_step(((chunk,), 0, 0), None)
+    assert host.launch_s > 0.5 * one.step_s(((chunk,), 0, 0))  # launch-bound
+    assert cycle.step_s(((chunk,) * 4, 0, 0)) < 1.3 * one.step_s(((chunk,), 0, 0))
 
 
 def test_scheduler_bounds_per_micro_batch() -> None:
@@ -109,6 +162,18 @@ def test_scheduler_bounds_per_micro_batch() -> None:
         flat = simulate(sc, max_step_events=100_000, limits=SimLimits(pipeline_micro_batches=False))
         assert max(s.num_prefill_tokens + s.num_decodes for s in flat.steps) <= budget
         assert max(s.num_prefills + s.num_decodes for s in flat.steps) == 16
+
+
+@pytest.mark.parametrize(("seqs", "pp", "most"), [(6, 4, 4), (2, 4, 4), (10, 3, 9), (16, 2, 16)])
+def test_sglang_bounds_each_micro_batch_by_its_share_of_the_running_requests(seqs: int, pp: int, most: int) -> None:
+    """SGLang's `pp_max_micro_batch_size` defaults to max(max_running_requests // pp, 1) per micro-batch."""
+    sc = scenario_from_dict(scenario_dict(
+        engine={"backend": "sglang", "pipeline_parallel_size": pp, "max_num_seqs": seqs},
+        workload={"num_prompts": 40, "max_concurrency": 32, "random_input_len": 200, "random_output_len": 40}),
+        source="pp.toml")
+    result = simulate(sc, max_step_events=100_000)
+    assert result.summary.num_completed == 40
+    assert max(s.num_prefills + s.num_decodes for s in result.steps) == most
 
 
 def test_tensorrt_llm_cuts_pipeline_chunks_to_whole_blocks() -> None:
