@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario")
     run.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a scenario key")
     run.add_argument("--json", action="store_true", help="summary and kernel breakdown as JSON on stdout")
-    run.add_argument("--out", metavar="DIR", help="write requests, kernel breakdown and KV usage as Parquet")
+    run.add_argument("--out", metavar="DIR",
+                     help="write requests, kernel breakdown and KV usage as Parquet, and summary.json (what --json "
+                          "prints)")
     run.add_argument("--trace", action="store_true", help="with --out, also write a Chrome trace")
     run.add_argument("--intervals", type=int, default=0, metavar="K",
                      help="add 90%% intervals (<metric>_lo/_hi) from K seeded kernel-model perturbations; "
@@ -101,7 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # argparse would name the top-level parser: name the verb, whose flags they are not
+            raise UsageError(_verb_parser(parser, args).prog, f"unrecognized arguments: {' '.join(extras)}")
     except UsageError as exc:
         sys.stderr.write(f"error: {exc.prog}: {exc.message} (see {exc.prog} --help)\n")
         return 2
@@ -126,6 +130,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("\ninterrupted\n")
         return 130
     return code
+
+
+def _verb_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the verb `args` ran (`kernelsight microbench plan`): the one the
+    unrecognized arguments were given to."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None or name not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[name]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from orchestrator.out_dir import prepare_out_file
 from sim.calibration.artifact import load_artifact
 from sim.calibration.batch import predict_latency_s
 from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microbench_plan
@@ -205,7 +206,7 @@ def _validate_rows(src: Path) -> tuple[list[str], list[list[str]]]:
     with src.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None) or []
-        rows = list(reader)
+        rows = [row for row in reader if row]  # blank lines hold no row (as Arrow's reader skips them)
     for number, row in enumerate(rows, start=1):
         if len(row) != len(header):  # a short or long row would shift or drop cells
             raise ConfigError(source=f"{src} row {number}", key="<columns>", value=len(row),
@@ -330,6 +331,7 @@ def cmd_calibrate(args: Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():  # checked before the fit, not after it
         raise ConfigError(source="calibrate", key="--out", value=str(out), rule="is a directory; name a .json file")
+    prepare_out_file(out)  # an unwritable --out fails now, not after the fit and the bridge (~15 s)
     base = load_artifact(args.base or CALIBRATION_DIR / CROSS_GENERATION_FILE)
     reference = None
     if not args.no_bridge:
@@ -340,7 +342,10 @@ def cmd_calibrate(args: Namespace) -> int:
                               rule="must be a directory written by `kernelsight microbench run`")
         reference = load_reference(measured_data_root(), ref_gpu, ref_dir)
     art = calibrate_dir(hw, directory, base, allow_dry_run=args.allow_dry_run, reference=reference)
-    art.save(out)
+    try:
+        art.save(out)
+    except OSError as exc:
+        raise file_error(exc, path=out, key="--out", writing=True) from None
     sys.stderr.write(f"wrote target-measured calibration of {hw.name} to {out}: {art.notes}\n")
     return 0
 
@@ -355,6 +360,8 @@ def _plan_latency(hw: HardwareSpec) -> Any:
 
 def cmd_microbench_plan(args: Namespace) -> int:
     hw = _hardware_flag(args.hardware, "microbench plan")
+    if args.out is not None:
+        prepare_out_file(Path(args.out))
     rows = microbench_plan(hw)
     gpu_s = estimate_gpu_s(rows, _plan_latency(hw))
     if len(rows) > MAX_POINTS or gpu_s > MAX_GPU_S:
@@ -365,10 +372,13 @@ def cmd_microbench_plan(args: Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        with Path(args.out).open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
-            writer.writeheader()
-            writer.writerows(rows)
+        try:
+            with Path(args.out).open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(ROW_COLUMNS))
+                writer.writeheader()
+                writer.writerows(rows)
+        except OSError as exc:
+            raise file_error(exc, path=args.out, key="--out", writing=True) from None
     sys.stderr.write(f"{len(rows)} points, estimated {gpu_s / 60:.1f} GPU-minutes on {hw.name}\n")
     return 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.optional import require
-from orchestrator.out_dir import prepare_out_dir
+from orchestrator.out_dir import prepare_out_dir, prepare_out_file
 from orchestrator.progress import ProgressBar
 from orchestrator.validate_pool import Task, run_pool
 from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_widening
@@ -146,17 +146,7 @@ def _prepare_out(out: Path) -> None:
 
 def _check_widening_out(path: Path) -> None:
     """`--e2e-widening-out` can be written (its directory is created now, as `save` would later)."""
-    try:
-        if path.is_dir():
-            raise IsADirectoryError(21, "Is a directory", str(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise PermissionError(13, "Permission denied", str(path))
-    except FileExistsError:
-        raise ConfigError(source=str(path), key="--e2e-widening-out", value=str(path),
-                          rule="a parent of it is a file, not a directory") from None
-    except OSError as exc:
-        raise file_error(exc, path=path, key="--e2e-widening-out", writing=True) from None
+    prepare_out_file(path, key="--e2e-widening-out")
 
 
 def _fit_api_latencies(rows: list[ValidationRow], results: list[RowResult], profiles: dict[str, EngineProfile]
