@@ -280,15 +280,15 @@ def cmd_predict_kernels(args: Namespace) -> int:
             raise
         _validate_rows(src)
         raise ConfigError(source=str(src), key="<rows>", value=None, rule=str(exc)) from None
-    bounds = interval_columns(cols, latency_s, resolved_tier(hw, args.tier, args.calibration), hw.sm_version,
-                              plain_families, prov)
+    tier = resolved_tier(hw, args.tier, args.calibration)
+    bounds = interval_columns(cols, latency_s, tier, hw.sm_version, plain_families, prov)
     out = Path(args.out)
     try:
         _write_predictions(out, fast is not None, text if fast is not None else {}, header, rows, n,
                            latency_s, prov, bounds)
     except OSError as exc:
         raise file_error(exc, path=out, key="--out", writing=True) from None
-    sys.stderr.write(f"wrote {n} predictions ({args.tier}) to {out}\n")
+    sys.stderr.write(f"wrote {n} predictions ({tier}) to {out}\n")  # the tier priced with, after a fallback
     return 0
 
 

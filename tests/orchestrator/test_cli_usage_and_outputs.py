@@ -77,3 +77,18 @@ def test_predict_kernels_skips_blank_lines_on_both_readers(arrow: bool, tmp_path
     assert main(["predict-kernels", "--hardware", "h100_sxm", "--in", str(src), "--out", str(out)]) == 0
     lines = [line for line in out.read_text().splitlines() if line]
     assert len(lines) == 3
+
+
+def test_predict_kernels_names_the_tier_it_priced_with_after_a_fallback(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """b200_sxm ships no calibration, so target-measured falls back to cross-generation: the closing
+    line names the tier the predictions come from (it named the one asked for)."""
+    rows = tmp_path / "rows.csv"
+    rows.write_text("kernel,dtype,m,n,k\ngemm,bfloat16,128,4096,4096\n")
+    out = tmp_path / "pred.csv"
+    argv = ["predict-kernels", "--hardware", "b200_sxm", "--tier", "target-measured", "--in", str(rows),
+            "--out", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "target-measured falls back to cross-generation" in err
+    assert f"wrote 1 predictions (cross-generation) to {out}" in err
