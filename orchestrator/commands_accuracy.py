@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from argparse import Namespace
@@ -16,6 +15,7 @@ from typing import Any
 from orchestrator.commands_kernels import DATA_HELP, data_root
 from sim.errors import ConfigError
 from sim.perf.kernel_features import FAMILIES
+from sim.serde import json_text
 
 _ACCURACY_MD = Path("docs/accuracy.md")
 
@@ -57,7 +57,7 @@ def cmd_accuracy_kernels(args: Namespace) -> int:
         table.save(Path(args.intervals_out))
         sys.stderr.write(f"wrote the interval table to {args.intervals_out}\n")
     if args.json:
-        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        sys.stdout.write(json_text(result, indent=1) + "\n")
     if families is not None:
         # A family subset is a diagnostic: printed, never written into docs/accuracy.md.
         sys.stdout.write(_family_table(result))
@@ -91,7 +91,7 @@ def cmd_accuracy_microbench(args: Namespace) -> int:
                f"--reference-hardware {args.reference_hardware} --reference-microbench {args.reference_microbench}")
     section = render_own_tables(result, command, wall_s)
     if args.json:
-        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        sys.stdout.write(json_text(result, indent=1) + "\n")
     else:
         sys.stdout.write(section)
     if not args.no_doc:
@@ -126,7 +126,7 @@ def cmd_accuracy_modules(args: Namespace) -> int:
     command = f"kernelsight accuracy modules{' --candidates' if args.candidates else ''}{sample}"
     section = render_module_section(scores, command, wall_s, args.tier, EVAL_ONLY)
     if args.json:
-        sys.stdout.write(json.dumps([dataclasses.asdict(s) for s in scores], indent=1) + "\n")
+        sys.stdout.write(json_text([dataclasses.asdict(s) for s in scores], indent=1) + "\n")
     else:
         sys.stdout.write(section)
     # Only the full default run is the report; a subset or another tier stays a diagnostic.

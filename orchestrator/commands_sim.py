@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -25,7 +24,7 @@ from sim.errors import ConfigError, InfeasibleScenario, file_error
 from sim.graph.batch import BatchShape, PrefillChunk
 from sim.graph.memory import MemoryBreakdown
 from sim.perf.profile import TABLE_SOURCE_KEYS
-from sim.serde import build, parse_override
+from sim.serde import build, json_text, parse_override
 from sim.specs.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases, read_toml
 from sim.specs.hardware import HardwareSpec
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
@@ -144,7 +143,7 @@ def cmd_step(args: Namespace) -> int:
                 for k in timing.kernels
             ],
         }
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json_text(payload) + "\n")
         return 0
     rows = [
         (k.estimate.work.name, k.estimate.work.kind.value, "x".join(map(str, k.estimate.work.shape)),

@@ -185,6 +185,12 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot make {type(obj).__name__} JSON-compatible; refusing to under-hash it")
 
 
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON (RFC 8259) of `obj` for files and `--json` output: NaN and inf as strings, as
+    `to_jsonable` writes them, never the bare `NaN` / `Infinity` that `jq` and most parsers refuse."""
+    return json.dumps(to_jsonable(obj), indent=indent, allow_nan=False)
+
+
 def config_hash(obj: Any, *extra: str) -> str:
     """SHA-256 of the canonical JSON of `obj` plus any extra identity strings."""
     canonical = json.dumps(_canonical_floats(to_jsonable(obj)), sort_keys=True, separators=(",", ":"))

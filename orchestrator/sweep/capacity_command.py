@@ -8,7 +8,6 @@ per candidate with its capacity, replica count, fleet cost and the metrics at ca
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.sweep.spec import SweepSpec
+from sim.serde import json_text
 
 
 def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Callable[[str], None]) -> int:
@@ -96,7 +96,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
                               duration_s=0.0, role="candidate")
         payload = report.to_json()
         tracker.finish_study(files={"capacity_plan.csv": table_csv(report.rows()),
-                                    "capacity_plan.json": json.dumps(payload, indent=2).encode(),
+                                    "capacity_plan.json": json_text(payload).encode(),
                                     "vllm_serve.sh": (report.vllm_serve + "\n").encode(),
                                     **({"dynamo_launch.sh": (report.dynamo_launch + "\n").encode()}
                                        if report.dynamo_launch else {}),
@@ -112,7 +112,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
     if args.json:
         payload = report.to_json()
         payload["mlflow_ui"] = ui_hint(tracker.tracking_uri)
-        emit(json.dumps(payload, indent=2) + "\n")
+        emit(json_text(payload) + "\n")
     else:
         emit(report.render() + f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
     return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -23,6 +22,7 @@ from typing import Any, Final
 from orchestrator.sweep.parse import load_sweep
 from orchestrator.sweep.spec import SweepSpec
 from sim.errors import ConfigError
+from sim.serde import json_text
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
         payload = report.to_json()
         payload["mlflow_ui"] = ui_hint(tracker.tracking_uri)
         payload["reproducibility"] = repro
-        emit(json.dumps(payload, indent=2) + "\n")
+        emit(json_text(payload) + "\n")
     else:
         emit(report.render())
         emit(f"\nresults: {ui_hint(tracker.tracking_uri)}\n")
