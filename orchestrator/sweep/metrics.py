@@ -78,8 +78,8 @@ def _vllm_bench_names() -> dict[str, str]:
              "total_token_throughput": "total_token_throughput_tokens_per_s",
              "request_goodput": "goodput_requests_per_s", "completed": "num_completed", "duration": "duration_s"}
     for metric in ("ttft", "tpot", "itl", "e2el"):
-        for theirs, ours in (("mean", "mean"), ("median", "median"), ("p50", "median"), ("p90", "p90"),
-                             ("p99", "p99")):
+        for theirs, ours in (("mean", "mean"), ("median", "median"), ("std", "std"), ("p50", "median"),
+                             ("p90", "p90"), ("p99", "p99")):
             names[f"{theirs}_{metric}_ms"] = f"{metric}_{ours}_s"
     return names
 

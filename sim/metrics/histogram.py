@@ -35,3 +35,15 @@ def counted_stats(counts: Mapping[float, int], percentiles: Sequence[float] = (5
         b = values[int(np.searchsorted(cum, min(lo + 1, total - 1), side="right"))]
         out.append(float(a + (b - a) * frac))
     return tuple(out)
+
+
+def counted_std(counts: Mapping[float, int]) -> float:
+    """Population standard deviation of the values, each repeated `count` times: `numpy.std` of
+    the expanded list (ddof 0, as `vllm bench serve`'s `std_*_ms`). NaN for an empty multiset."""
+    total = sum(counts.values())
+    if total == 0:
+        return math.nan
+    values = np.fromiter(counts.keys(), dtype=np.float64, count=len(counts))
+    weights = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+    mean = float(np.dot(values, weights) / total)
+    return math.sqrt(float(np.dot(weights, (values - mean) ** 2)) / total)

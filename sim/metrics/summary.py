@@ -3,7 +3,8 @@
 TTFT counts from the request's send to its first token; TPOT is per request
 (finish - first token) / (output tokens - 1); ITL is every gap between consecutive streamed chunks
 of a request (exact: kept as counts per distinct value; a truncated run's include the gaps of the
-requests it did not finish); E2E is send to last token. KV usage
+requests it did not finish); E2E is send to last token. Each has its mean, median, p90, p99 and
+standard deviation (`numpy.std`, ddof 0, as `vllm bench serve`'s `std_*_ms`). KV usage
 statistics are over the per-step samples (the used fraction after each step). Duration runs
 from the first send to the last finish. Goodput counts requests meeting every `[slo]` target per
 second of duration.
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from sim.engine.records import RequestRecord
-from sim.metrics.histogram import counted_stats
+from sim.metrics.histogram import counted_stats, counted_std
 from sim.metrics.kv_usage import KvUsageTrace
 from sim.specs.slo import SloSpec
 
@@ -64,18 +65,22 @@ class SimSummary:
     ttft_median_s: float
     ttft_p90_s: float
     ttft_p99_s: float
+    ttft_std_s: float
     tpot_mean_s: float
     tpot_median_s: float
     tpot_p90_s: float
     tpot_p99_s: float
+    tpot_std_s: float
     itl_mean_s: float
     itl_median_s: float
     itl_p90_s: float
     itl_p99_s: float
+    itl_std_s: float
     e2el_mean_s: float
     e2el_median_s: float
     e2el_p90_s: float
     e2el_p99_s: float
+    e2el_std_s: float
     goodput_requests_per_s: float
     num_preemptions: int
     prefix_hit_frac: float
@@ -94,11 +99,13 @@ class SimSummary:
     worst_provenance: str
 
 
-def _stats(values: np.ndarray) -> tuple[float, float, float, float]:
+def _stats(values: np.ndarray) -> tuple[float, float, float, float, float]:
+    """Mean, median, p90, p99 and (population) standard deviation, as `vllm bench serve` computes
+    them (`np.mean`, `np.percentile`, `np.std`); NaN without values."""
     if values.size == 0:
-        return (math.nan,) * 4
+        return (math.nan,) * 5
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return float(values.mean()), float(p50), float(p90), float(p99)
+    return float(values.mean()), float(p50), float(p90), float(p99), float(values.std())
 
 
 def kv_usage_stats(kv_usage: Sequence[float] | np.ndarray | KvUsageTrace) -> tuple[float, float]:
@@ -142,18 +149,18 @@ def summarize(
         cost_per_million = cost_per_hour / (out_rate * 3600.0) * 1e6 if out_rate > 0 else math.inf
     kv_mean, kv_max = kv_usage_stats(kv_usage)
     i_mean, i_p50, i_p90, i_p99 = counted_stats(itl)
-    t_mean, t_p50, t_p90, t_p99 = _stats(ttft)
-    p_mean, p_p50, p_p90, p_p99 = _stats(tpot[out_tok > 1])
-    e_mean, e_p50, e_p90, e_p99 = _stats(e2el)
+    t_mean, t_p50, t_p90, t_p99, t_std = _stats(ttft)
+    p_mean, p_p50, p_p90, p_p99, p_std = _stats(tpot[out_tok > 1])
+    e_mean, e_p50, e_p90, e_p99, e_std = _stats(e2el)
     return SimSummary(
         num_requests=num_requests, num_completed=n, duration_s=duration,
         request_throughput_per_s=n * per_s, output_throughput_tokens_per_s=out_rate,
         total_token_throughput_tokens_per_s=float(out_tok.sum() + in_tok.sum()) * per_s,
-        ttft_mean_s=t_mean, ttft_median_s=t_p50, ttft_p90_s=t_p90, ttft_p99_s=t_p99,
-        tpot_mean_s=p_mean, tpot_median_s=p_p50, tpot_p90_s=p_p90, tpot_p99_s=p_p99,
-        itl_mean_s=i_mean, itl_median_s=i_p50, itl_p90_s=i_p90,
-        itl_p99_s=i_p99, e2el_mean_s=e_mean, e2el_median_s=e_p50, e2el_p90_s=e_p90,
-        e2el_p99_s=e_p99, goodput_requests_per_s=float(good.sum()) * per_s,
+        ttft_mean_s=t_mean, ttft_median_s=t_p50, ttft_p90_s=t_p90, ttft_p99_s=t_p99, ttft_std_s=t_std,
+        tpot_mean_s=p_mean, tpot_median_s=p_p50, tpot_p90_s=p_p90, tpot_p99_s=p_p99, tpot_std_s=p_std,
+        itl_mean_s=i_mean, itl_median_s=i_p50, itl_p90_s=i_p90, itl_p99_s=i_p99, itl_std_s=counted_std(itl),
+        e2el_mean_s=e_mean, e2el_median_s=e_p50, e2el_p90_s=e_p90, e2el_p99_s=e_p99, e2el_std_s=e_std,
+        goodput_requests_per_s=float(good.sum()) * per_s,
         num_preemptions=num_preemptions,
         prefix_hit_frac=prefix_hit_tokens / prefix_query_tokens if prefix_query_tokens else 0.0,
         kv_usage_mean_frac=kv_mean, kv_usage_max_frac=kv_max,

@@ -51,6 +51,7 @@ def test_every_vllm_bench_name_maps_to_a_metric_here() -> None:
     assert VLLM_BENCH_NAMES["mean_ttft_ms"] == "ttft_mean_s"
     assert VLLM_BENCH_NAMES["p99_tpot_ms"] == "tpot_p99_s"
     assert VLLM_BENCH_NAMES["median_itl_ms"] == "itl_median_s"
+    assert VLLM_BENCH_NAMES["std_e2el_ms"] == "e2el_std_s"  # vllm bench serve's std_*_ms, ddof 0
 
 
 def _sweep(tmp_path: Path, body: str) -> Path:

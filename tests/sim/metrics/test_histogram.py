@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.metrics.histogram import counted_stats
+from sim.metrics.histogram import counted_stats, counted_std
 
 
 def test_hand_computed_percentiles_interpolate_between_order_statistics() -> None:
@@ -27,3 +27,16 @@ def test_matches_numpy_on_the_expanded_values(counts: dict[float, int]) -> None:
     values = np.repeat(np.array(list(counts)), list(counts.values()))
     expected = [values.mean(), *np.percentile(values, [50, 90, 99])]
     assert counted_stats(counts) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_std_is_numpys_population_std_of_the_expanded_values() -> None:
+    # Expanded: 1, 1, 1, 2, 10 -> mean 3, variance (3 x 4 + 1 + 49) / 5 = 12.4 (ddof 0, as np.std)
+    assert counted_std({1.0: 3, 2.0: 1, 10.0: 1}) == pytest.approx(math.sqrt(12.4), rel=1e-12)
+    assert counted_std({0.5: 7}) == 0.0
+    assert math.isnan(counted_std({}))
+
+
+@given(st.dictionaries(st.floats(1e-6, 10.0), st.integers(1, 50), min_size=1, max_size=30))
+def test_std_matches_numpy_on_the_expanded_values(counts: dict[float, int]) -> None:
+    values = np.repeat(np.array(list(counts)), list(counts.values()))
+    assert counted_std(counts) == pytest.approx(float(np.std(values)), rel=1e-9, abs=1e-12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -48,6 +49,27 @@ def test_goodput_counts_requests_meeting_every_slo_by_hand() -> None:
     assert _summary(RECORDS, slo=SloSpec(e2el_s=5.0)).goodput_requests_per_s == pytest.approx(2 / 10.0)
     assert _summary(RECORDS, slo=SloSpec(ttft_s=0.05)).goodput_requests_per_s == 0.0
     assert _summary(RECORDS).request_throughput_per_s == pytest.approx(3 / 10.0)
+
+
+def test_latency_stats_have_vllm_bench_serves_std() -> None:
+    """`vllm bench serve` reports std_{ttft,tpot,itl,e2el}_ms as np.std (ddof 0) of the same lists
+    its means and percentiles come from: TPOT over requests with more than one output token."""
+    import numpy as np
+
+    records = [*RECORDS, _record(3, first_token_s=0.4, finish_s=0.4, output_tokens=1)]  # no TPOT
+    itl = {0.01: 5, 0.03: 2, 0.2: 1}
+    s = _summary(records, itl=itl)
+    ttft = [0.1, 0.5, 0.2, 0.4]
+    e2el = [10.0, 5.0, 2.0, 0.4]
+    tpot = [9.9 / 999, 4.5 / 999, 1.8 / 9]
+    gaps = [0.01] * 5 + [0.03] * 2 + [0.2]
+    assert s.ttft_std_s == pytest.approx(float(np.std(ttft)), rel=1e-12)
+    assert s.e2el_std_s == pytest.approx(float(np.std(e2el)), rel=1e-12)
+    assert s.tpot_std_s == pytest.approx(float(np.std(tpot)), rel=1e-12)
+    assert s.itl_std_s == pytest.approx(float(np.std(gaps)), rel=1e-12)
+    assert s.itl_mean_s == pytest.approx(float(np.mean(gaps)), rel=1e-12)
+    empty = _summary([_record(0, first_token_s=0.1, finish_s=0.1, output_tokens=1)])
+    assert math.isnan(empty.tpot_std_s) and math.isnan(empty.itl_std_s) and empty.ttft_std_s == 0.0
 
 
 def test_cost_per_hour_and_per_million_output_tokens_by_hand() -> None:
