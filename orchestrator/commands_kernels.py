@@ -17,6 +17,7 @@ from sim.calibration.batch import predict_latency_s
 from sim.calibration.plan import MAX_GPU_S, MAX_POINTS, estimate_gpu_s, microbench_plan
 from sim.calibration.rows import (
     BASE_COLUMNS,
+    INTERVAL_COLUMNS,
     PREDICTION_COLUMNS,
     ROW_COLUMNS,
     TABLE_KV_CACHE_DTYPES,
@@ -227,8 +228,19 @@ def _six_significant(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def passthrough_columns(header: list[str]) -> list[str]:
+    """Input columns the model does not read (an id, the measured `latency_ms` of a data table,
+    ...), in input order: the output copies them after the table-keyed columns, before the
+    interval's ends. An input column named as an output column is recomputed, not copied."""
+    return [h for h in header if h not in ROW_COLUMNS and h not in PREDICTION_COLUMNS]
+
+
+def _output_columns(extra: list[str]) -> list[str]:
+    return [*PREDICTION_COLUMNS[:-len(INTERVAL_COLUMNS)], *extra, *INTERVAL_COLUMNS]
+
+
 def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, prov: np.ndarray,
-                bounds: tuple[np.ndarray, np.ndarray]) -> None:
+                bounds: tuple[np.ndarray, np.ndarray], extra: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -239,8 +251,9 @@ def _write_fast(out: Path, text: dict[str, Any], n: int, latency_s: np.ndarray, 
     arrays.append(pc.cast(pa.array(_six_significant(latency_s * 1e3)), pa.string()))
     arrays.append(pa.array(labels[prov], type=pa.string()))
     arrays += [text.get(c, blank) for c in TABLE_ROW_COLUMNS]
+    arrays += [text[c] for c in extra]
     arrays += [pc.cast(pa.array(_six_significant(b * 1e3)), pa.string()) for b in bounds]
-    pacsv.write_csv(pa.table(arrays, names=list(PREDICTION_COLUMNS)), out,
+    pacsv.write_csv(pa.table(arrays, names=_output_columns(extra)), out,
                     write_options=pacsv.WriteOptions(quoting_style="needed"))
 
 
@@ -300,19 +313,21 @@ def _write_predictions(out: Path, fast: bool, text: dict[str, Any], header: list
         raise IsADirectoryError(21, "Is a directory", str(out))
     tmp = out.with_suffix(out.suffix + ".tmp")
     try:
+        passthrough = passthrough_columns(header)
         if fast:
-            _write_fast(tmp, text, n, latency_s, prov, bounds)
+            _write_fast(tmp, text, n, latency_s, prov, bounds, passthrough)
         else:
             labels = {int(p): p.label() for p in Provenance}
             pos = [header.index(c) if c in header else -1 for c in BASE_COLUMNS]
-            extra = [header.index(c) if c in header else -1 for c in TABLE_ROW_COLUMNS]
+            table_pos = [header.index(c) if c in header else -1 for c in TABLE_ROW_COLUMNS]
+            copied = [header.index(c) for c in passthrough]
             with tmp.open("w", newline="") as f:
                 writer = csv.writer(f)
-                writer.writerow(PREDICTION_COLUMNS)
+                writer.writerow(_output_columns(passthrough))
                 for row, t, p, lo, hi in zip(rows, latency_s.tolist(), prov.tolist(), bounds[0].tolist(),
                                              bounds[1].tolist(), strict=True):
                     writer.writerow([row[i] if i >= 0 else "" for i in pos] + [f"{t * 1e3:.6g}", labels[p]]
-                                    + [row[i] if i >= 0 else "" for i in extra]
+                                    + [row[i] if i >= 0 else "" for i in table_pos] + [row[i] for i in copied]
                                     + [f"{lo * 1e3:.6g}", f"{hi * 1e3:.6g}"])
         tmp.replace(out)
     finally:

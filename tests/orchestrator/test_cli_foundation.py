@@ -158,6 +158,32 @@ def test_predict_kernels_roofline_contract(tmp_path: Path) -> None:
     assert "variant" in pred[0]
 
 
+@pytest.mark.parametrize("fast_reader", [True, False])
+def test_predict_kernels_copies_columns_it_does_not_read(tmp_path: Path, fast_reader: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id or the measured latency of a data table comes back beside the prediction (they were
+    dropped, so joining the output to the input needed the row order), after the table-keyed
+    columns and before the interval's ends, on both readers."""
+    import orchestrator.commands_kernels as ck
+
+    if not fast_reader:
+        monkeypatch.setattr(ck, "_read_fast", lambda src, header: None)
+    src = tmp_path / "rows.csv"
+    src.write_text("row_id,kernel,dtype,m,n,k,latency_ms,note,predicted_latency_ms\n"
+                   '7,gemm,bfloat16,128,4096,4096,0.05,"a, b",9\n9,gemm,bfloat16,1,8192,8192,0.07,x,9\n')
+    out = tmp_path / "pred.csv"
+    assert main(["predict-kernels", "--hardware", "h100_sxm", "--tier", "roofline", "--in", str(src),
+                 "--out", str(out)]) == 0
+    with out.open() as f:
+        header = next(csv.reader(f))
+        f.seek(0)
+        pred = list(csv.DictReader(f))
+    assert header[-5:] == ["row_id", "latency_ms", "note", "predicted_latency_lo_ms", "predicted_latency_hi_ms"]
+    assert header.count("predicted_latency_ms") == 1  # an input column named as an output is recomputed
+    assert [(p["row_id"], p["latency_ms"], p["note"]) for p in pred] == [("7", "0.05", "a, b"), ("9", "0.07", "x")]
+    assert all(p["predicted_latency_ms"] != "9" for p in pred)
+
+
 def test_predict_kernels_reads_a_csv_with_a_byte_order_mark(tmp_path: Path) -> None:
     """Excel writes UTF-8 CSVs with a BOM; the header's first name was read as "\ufeffkernel" and the
     file refused with "kernel=None: column is required". Both readers (the row-by-row one on a bad
