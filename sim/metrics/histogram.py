@@ -43,7 +43,10 @@ def counted_std(counts: Mapping[float, int]) -> float:
     total = sum(counts.values())
     if total == 0:
         return math.nan
-    values = np.fromiter(counts.keys(), dtype=np.float64, count=len(counts))
-    weights = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+    # Sorted by value, so the sums (and their rounding) do not depend on the order the gaps were
+    # counted in (a bulk run and the step-by-step loop count them in different orders).
+    items = sorted(counts.items())
+    values = np.fromiter((v for v, _ in items), dtype=np.float64, count=len(items))
+    weights = np.fromiter((c for _, c in items), dtype=np.float64, count=len(items))
     mean = float(np.dot(values, weights) / total)
     return math.sqrt(float(np.dot(weights, (values - mean) ** 2)) / total)

@@ -46,7 +46,8 @@ class SchedulingPolicy:
     prefill_priority: bool = False
     """SGLang: prefill chunks run in steps of their own and decodes wait (no mixed batches)."""
     reserve_full_output: bool = False
-    """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs; no preemption."""
+    """TensorRT-LLM GUARANTEED_NO_EVICT: admit only with KV room for prompt + all outputs beside what the
+    running requests still need to theirs (blocks shared with them counted once); no preemption."""
     reserve_new_token_ratio: bool = False
     """SGLang: admit a request only with KV room for its prompt and output beside the running requests'
     remaining outputs times the decaying new-token ratio; retract the fewest-output request to the back

@@ -111,6 +111,7 @@ class KVCacheManager:
         "_held",
         "_num_blocks",
         "_num_free",
+        "_num_shared",
         "_ref",
         "_stamp",
         "num_evictions",
@@ -127,6 +128,8 @@ class KVCacheManager:
         self._head_offset = 0
         """Blocks of the head run already taken."""
         self._num_free = num_blocks
+        self._num_shared = 0
+        """Block-table entries beyond each held block's first holder (`num_shared_refs`)."""
         self._free_indexed: dict[int, int] = {}
         """Indexed block in the free queue -> stamp of its live queue entry."""
         self._stamp = 0
@@ -155,6 +158,7 @@ class KVCacheManager:
         self._free = deque([list(range(self._num_blocks))])
         self._head_offset = 0
         self._num_free = self._num_blocks
+        self._num_shared = 0
         self._free_indexed = {}
         self._ref = {}
         self._block_key = {}
@@ -251,6 +255,8 @@ class KVCacheManager:
                 if count == 0:
                     del free_indexed[b]  # its queue entry goes stale
                     self._num_free -= 1
+                else:
+                    self._num_shared += 1
                 ref[b] = count + 1
         elif num_new > self._num_free:
             return False
@@ -354,7 +360,9 @@ class KVCacheManager:
         for b in reversed(held.indexed):
             count = ref[b] - 1
             ref[b] = count
-            if count == 0:
+            if count:
+                self._num_shared -= 1
+            else:
                 self._stamp += 1
                 self._free_indexed[b] = self._stamp
                 self._free.append((b, self._stamp))
@@ -367,6 +375,20 @@ class KVCacheManager:
     def num_blocks_held(self, request_id: int) -> int:
         held = self._held.get(request_id)
         return 0 if held is None else held.num_blocks()
+
+    def num_shared_refs(self) -> int:
+        """Block-table entries that share a block with another request: the sum over held blocks of
+        (holders - 1). The requests' tables hold `num_blocks - num_free_blocks()` + this many blocks."""
+        return self._num_shared
+
+    def num_held_hit_blocks(self, keys: tuple[int, ...], num_hit_tokens: int) -> int:
+        """Of the blocks a prefix hit of `num_hit_tokens` (from `get_computed_tokens`) would claim,
+        those some request holds now (the others are free cached blocks, which a hit takes from
+        the free queue)."""
+        if not num_hit_tokens:
+            return 0
+        get, ref = self._cached.get, self._ref
+        return sum(1 for key in keys[:num_hit_tokens // self._block_size] if ref[get(key, -1)] > 0)
 
     def usage_frac(self) -> float:
         """Fraction of blocks referenced by at least one request."""
@@ -551,6 +573,12 @@ class BlockCountingKVCache(KVCacheManager):
 
     def num_blocks_held(self, request_id: int) -> int:
         return self._counts.get(request_id, 0)
+
+    def num_shared_refs(self) -> int:
+        return 0  # no block is ever shared without prefix caching
+
+    def num_held_hit_blocks(self, keys: tuple[int, ...], num_hit_tokens: int) -> int:
+        return 0
 
     def blocks_of(self, request_id: int) -> tuple[int, ...]:
         raise TypeError("block ids are not tracked without prefix caching (BlockCountingKVCache)")

@@ -50,8 +50,9 @@ Engine-profile policies (`sim.perf.profile.SchedulingPolicy`, both off by defaul
   the next decode step's plan lists them by the step of their last sample (`waited_bulk`), and
   a run of bulk steps starts only once all of them sampled in the previous step.
 - `reserve_full_output` (TensorRT-LLM GUARANTEED_NO_EVICT): a waiting request is admitted only
-  when the KV blocks for its prompt plus all its output tokens fit next to those reserved by the
-  running requests, so the cache never runs out and nothing is preempted. It only changes
+  when the KV blocks for its prompt plus all its output tokens fit next to those the running
+  requests still need to finish (blocks they share, a common prefix, counted once: `_no_room_reserved`),
+  so the cache never runs out and nothing is preempted. It only changes
   admission, so bulk decodes stay exact.
 """
 
@@ -724,9 +725,22 @@ class VllmV1Scheduler:
                    max(self._max_len, req.prompt_tokens + req.output_tokens))
         return -(-full // self._block_size)
 
-    def _no_room_reserved(self, req: RequestState) -> bool:
-        """With `reserve_full_output`: the request's full-length blocks do not fit the reservations."""
-        return self._reserve_full_output and self._reserved_blocks + self._full_blocks(req) > self._kv.num_blocks
+    def _no_room_reserved(self, req: RequestState, hit: int | None = None) -> bool:
+        """With `reserve_full_output`: the blocks the request needs to completion do not fit beside
+        those the running requests need to theirs (TensorRT-LLM's GUARANTEED_NO_EVICT: free blocks
+        less each running request's `getRemainingBlocksToCompletion`, its full-length blocks less
+        those it holds, shared prefix blocks included; a new request's need is its full-length
+        blocks less the blocks of its prefix hit that running requests hold). With counters: the
+        running requests hold `num_blocks - free + num_shared_refs()` block-table entries, so the
+        room is `num_blocks + num_shared_refs()` less their full-length blocks. `hit`: its prefix
+        hit in tokens (None: look it up)."""
+        if not self._reserve_full_output:
+            return False
+        kv = self._kv
+        if hit is None:
+            hit = kv.get_computed_tokens(req.keys, req.num_known()) if req.keys and not req.num_computed else 0
+        credit = kv.num_shared_refs() + kv.num_held_hit_blocks(req.keys, hit)
+        return self._reserved_blocks + self._full_blocks(req) > kv.num_blocks + credit
 
     def _prefill_only_step(self) -> StepPlan | None:
         """`prefill_priority`: ongoing chunked prefills, then waiting requests FCFS; None if none can run.
@@ -785,7 +799,7 @@ class VllmV1Scheduler:
         if self._sglang_admission and self._waiting:
             if self._batch_full:
                 return hits, budget
-            room = self._sglang_room_tokens()
+            room = self._sglang_room_tokens(chunks)
         if self._waiting and kv.enable_prefix_caching:
             # vLLM's `allocate_slots` registers the full blocks a step's tokens will fill as it
             # schedules them (`cache_blocks`), so a request admitted later in the same step hits the
@@ -795,14 +809,14 @@ class VllmV1Scheduler:
                     kv.commit(c.request.request_id, c.num_context_tokens + c.num_new_tokens, c.request.keys)
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
             req = self._waiting[0]
-            if self._no_room_reserved(req):
-                break
             remote = req.num_computed  # > 0 only for transferred KV (`add_transferred`)
             hit = 0
             if remote == 0 and req.keys:
                 hit = kv.get_computed_tokens(req.keys, req.num_known())
                 if hit:
                     hit -= self._hit_give_back
+            if self._reserve_full_output and self._no_room_reserved(req, hit):
+                break
             pending = req.num_known() - hit - remote
             if self._sglang_admission:
                 need = pending + min(req.output_tokens - req.num_output, SGLANG_CLIP_MAX_NEW_TOKENS)
@@ -854,16 +868,20 @@ class VllmV1Scheduler:
         """Output tokens `req` has sampled so far (a bulk decode's counters lag the clock)."""
         return req.num_output + (self._clock - req.lazy_step if req.lazy_step >= 0 else 0)
 
-    def _sglang_room_tokens(self) -> int:
+    def _sglang_room_tokens(self, chunks: list[ScheduledChunk]) -> int:
         """SGLang's `rem_total_tokens` before this step's admissions: free (and evictable) KV tokens
         less what the running requests hold in reserve: a decode's remaining output (clipped) times
-        the new-token ratio, a prompt still being computed its remaining tokens and its whole output."""
+        the new-token ratio, a prompt still being computed its remaining tokens and its whole output.
+        The chunks the step already holds (`chunks`) took their blocks from the free count, so a
+        prompt's tokens in them are not reserved again (`add_chunked_req` charges the chunk once,
+        against the KV free before the step)."""
         ratio = self._new_token_ratio()
+        scheduled = {c.request.request_id: c.num_new_tokens for c in chunks if not c.is_decode()}
         reserved = 0.0
         for r in self._running:
             left = min(r.output_tokens - self._outputs_now(r), SGLANG_CLIP_MAX_NEW_TOKENS)
             if r.lazy_step < 0 and r.num_computed < r.prompt_tokens:
-                reserved += r.prompt_tokens - r.num_computed + left
+                reserved += r.prompt_tokens - r.num_computed - scheduled.get(r.request_id, 0) + left
             else:
                 reserved += left * ratio
         return int(self._kv.num_free_blocks() * self._block_size - reserved)

@@ -442,3 +442,27 @@ def test_reset_prefix_cache_leaves_a_fresh_pool_and_refuses_while_blocks_are_hel
     run_prefill(kv, 3, prompt)
     run_prefill(fresh, 3, prompt)
     assert kv.blocks_of(3) == fresh.blocks_of(3)  # the same ids as a new cache hands out
+
+
+def test_shared_refs_count_the_table_entries_beyond_each_blocks_first_holder() -> None:
+    """Block tables hold `num_blocks - free + num_shared_refs()` entries: a hit on a block another
+    request holds adds one, a hit on a free cached block none, and freeing a sharer takes it back."""
+    kv = make_cache(num_blocks=16)
+    prefix = (seg(1, 8),)  # two blocks
+    run_prefill(kv, 0, (*prefix, seg(100, 4)))
+    keys1, hit1 = run_prefill(kv, 1, (*prefix, seg(101, 4)))
+    assert hit1 == 8 and kv.num_shared_refs() == 2
+    assert kv.num_held_hit_blocks(keys1, hit1) == 2
+
+    def entries() -> int:
+        return sum(kv.num_blocks_held(r) for r in (0, 1, 2))
+
+    assert entries() == kv.num_blocks - kv.num_free_blocks() + kv.num_shared_refs()
+    kv.free(0)
+    assert kv.num_shared_refs() == 0 and entries() == kv.num_blocks - kv.num_free_blocks()
+    kv.free(1)  # the prefix blocks are now free cached blocks: a hit on them is not on held blocks
+    keys2 = kv.prompt_block_keys((*prefix, seg(102, 4)), 2, 12)
+    hit2 = kv.get_computed_tokens(keys2, 12)
+    assert hit2 == 8 and kv.num_held_hit_blocks(keys2, hit2) == 0
+    assert kv.allocate(2, num_tokens=12, keys=keys2, num_computed_tokens=hit2)
+    assert kv.num_shared_refs() == 0 and entries() == kv.num_blocks - kv.num_free_blocks()

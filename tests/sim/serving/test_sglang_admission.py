@@ -156,3 +156,22 @@ def test_a_retracted_request_keeps_only_its_prompt_cached_in_sglang(sglang: bool
     sched._running.remove(req)
     sched._preempt(req)
     assert kv.get_computed_tokens(req.keys, req.num_known()) == (64 if sglang else 128)
+
+
+def test_the_last_chunk_of_a_prompt_counts_once_against_the_room() -> None:
+    """SGLang's `PrefillAdder` counts the chunk it continues in the step once: in the reservation
+    (`add_chunked_req`: its tokens and, for the last chunk, its output) against the KV free before the
+    step allocates it. 100 blocks of 16 tokens, a 512-token budget: request 0 (700 prompt tokens, 16
+    outputs) runs its first 512-token chunk. In the next step its last 188 tokens leave 512 - 188 of the
+    budget, and request 1 (300 + 450 tokens) fits beside it: 1,600 - 512 - (188 + 16) = 884 tokens of
+    room > 750. Counting the last chunk twice (its blocks already taken, its tokens reserved again)
+    leaves 692, and request 1 would wait for request 0 to finish."""
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=512, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, prefill_priority=True, reserve_new_token_ratio=True)
+    sched.add(_request(0, 700, 16))
+    _step(sched)  # its first chunk
+    sched.add(_request(1, 300, 450))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(0, 188), (1, 300)]

@@ -112,6 +112,30 @@ def test_reserve_full_output_waits_for_room_for_every_output_token() -> None:
     assert sched.num_preemptions == 0
 
 
+@pytest.mark.parametrize("bulk_decodes", [False, True])
+def test_reserve_full_output_counts_a_shared_prefix_once(bulk_decodes: bool) -> None:
+    """TensorRT-LLM's GUARANTEED_NO_EVICT reserves what each request still needs: a running request's
+    full-length blocks less those it holds (`getRemainingBlocksToCompletion`), shared prefix blocks
+    included, and a new request's less the blocks of its prefix hit that running requests hold. 24
+    blocks of 4 tokens; every request has the same 32-token prefix (8 blocks), 4 tokens of its own
+    and 8 outputs: 11 blocks at full length, of which 3 are its own. Counting the prefix once per
+    request admits 2 (33 > 24); counting it once, 5 (8 + 5 x 3 = 23 <= 24), and nothing is preempted."""
+    kv = KVCacheManager(num_blocks=24, block_size=4, enable_prefix_caching=True)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, reserve_full_output=True, bulk_decodes=bulk_decodes)
+    prefix_keys = tuple(range(1000, 1008))
+    for rid in range(8):
+        sched.add(RequestState(request_id=rid, prompt_tokens=36, output_tokens=8, arrival_s=0.0, keys=prefix_keys))
+    most = 0
+    plan = sched.schedule()
+    while plan is not None:
+        most = max(most, sched.num_running())
+        sched.finish_step(plan)
+        plan = sched.schedule()
+    assert most == 5
+    assert sched.num_preemptions == 0 and sched.num_outstanding() == 0
+
+
 def test_vllm_policy_admits_both_and_preempts_when_blocks_run_out() -> None:
     # Both grow one token per step; at 8 + 13 tokens each needs 6 blocks: 12 > 10.
     sched = _sched(10)
