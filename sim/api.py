@@ -346,7 +346,7 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
             min_replicas=spec.min_replicas, max_replicas=spec.max_replicas, initial_replicas=spec.initial_replicas,
             gpus_per_replica=engine.world_size(), peak_replicas=sim.peak_replicas, window_s=sim.end_s,
             replica_s=sim.replica_s, startup_s=sim.startup_s, num_started=sim.num_started,
-            num_drained=sim.num_drained, summary=summary, timeline=sim.timeline)
+            num_drained=sim.num_drained, summary=summary, timeline=sim.timeline, classes=classes)
         summary = provisioned_cost(summary, scaled)
     return SimResult(
         summary=summary, classes=classes, autoscaling=scaled,

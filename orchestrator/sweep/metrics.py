@@ -114,7 +114,7 @@ AUTOSCALING_METRICS: Final[dict[str, str]] = {
     "peak_gpus": "peak_replicas x GPUs per replica",
     "mean_replicas": "replica-seconds over the run's window",
     "gpu_hours": "GPU-hours provisioned (start-up included)",
-    "slo_attainment": "completed requests meeting every [slo] target / completed requests",
+    "slo_attainment": "completed requests meeting their targets (a traffic class's, else [slo]'s) / completed requests",
 }
 """Metrics a trial of an `[autoscaling]` scenario adds (sim.metrics.autoscaling); its
 `cost_per_hour_usd` and `cost_per_million_output_tokens_usd` are then the provisioned GPU-hours'."""

@@ -44,6 +44,11 @@ from sim.workload.requests import RequestSpec
 
 _MAX_RUN_STEPS = 256
 """Longest run of decode-only steps priced ahead at once (bounds work priced but not run)."""
+PREFIX_AWARE_BALANCE_ABS = 64
+"""`prefix_aware` routes for load, not cache, while the most and least outstanding requests of its
+candidates differ by more than this (SGLang router's cache-aware `balance_abs_threshold`)..."""
+PREFIX_AWARE_BALANCE_REL = 1.5
+"""... and the most is above this many times the least (its `balance_rel_threshold`)."""
 _SHORT_RUN_STEPS = 24
 """Below about this many steps to the next event, bulk steps are priced and counted one by one in
 Python (`StepPricer.decode_steps`); above, in arrays (`StepPricer.decode_run`). Same results."""
@@ -143,6 +148,15 @@ class _Replica:
 def _bulk_may_wait(scheduler: Scheduler) -> bool:
     ranks = scheduler.ranks if isinstance(scheduler, DataParallelGroup) else [scheduler]
     return any(rank.bulk_may_wait for rank in ranks)
+
+
+def loads_imbalanced(loads: Sequence[int]) -> bool:
+    """Whether a cache-aware router balances load instead of following the cache: SGLang router's
+    cache-aware policy (`sgl-router/src/policies/cache_aware.rs`, defaults 64 and 1.5) sends a
+    request to the least loaded worker while max - min > abs threshold and max > rel x min, so
+    a prefix every request shares (a system prompt) cannot pile the traffic onto one replica."""
+    lo, hi = min(loads), max(loads)
+    return hi - lo > PREFIX_AWARE_BALANCE_ABS and hi > PREFIX_AWARE_BALANCE_REL * lo
 
 
 def _note_end(ends: dict[int, float], step_id: int, end_s: float, oldest: int | None) -> None:
@@ -279,9 +293,11 @@ class Simulation:
         if self._replicas[idx].run is not None:
             self._cut_run(idx)
         scheduler = self._replicas[idx].scheduler
-        if isinstance(scheduler, DataParallelGroup) and self._router == "prefix_aware" and req.keys:
+        if (isinstance(scheduler, DataParallelGroup) and self._router == "prefix_aware" and req.keys
+                and not loads_imbalanced([rank.num_outstanding() for rank in scheduler.ranks])):
             # A KV-aware router picks the worker and its DP rank together (as Dynamo's does): the
-            # rank holding the longest cached prefix; without a hit, the group's load balancer.
+            # rank holding the longest cached prefix (ties: the least outstanding); without a hit,
+            # or while the ranks' loads are imbalanced, the group's load balancer.
             hit, rank = scheduler.prefix_hit(req.keys, req.prompt_tokens)
             scheduler.add(req, rank if hit else None)
         else:
@@ -329,7 +345,7 @@ class Simulation:
             return candidates[i]
         replicas = self._replicas
         load = [replicas[j].scheduler.num_outstanding() for j in candidates]
-        if router == "prefix_aware" and req.keys:
+        if router == "prefix_aware" and req.keys and not loads_imbalanced(load):
             hits = [self._cached_prompt_tokens(replicas[j].scheduler, req) for j in candidates]
             return candidates[max(range(n), key=lambda i: (hits[i], -load[i], -i))]
         return candidates[min(range(n), key=lambda i: (load[i], i))]

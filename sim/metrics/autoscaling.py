@@ -4,14 +4,18 @@ attainment it bought.
 GPU-hours are replica-seconds x GPUs per replica / 3600, each replica paid from its start (start-up
 included; t = 0 for the initial replicas) to its release or the run's end (the last request's
 finish in the engine, without the API server's latency outside it). SLO attainment is the goodput
-share: completed requests meeting every `[slo]` target over completed requests.
+share: completed requests meeting their targets over completed requests, the targets being a
+request's traffic class's (`[[workload.classes]]`, an unset one the scenario's `[slo]`) or, without
+classes, the scenario's `[slo]`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from sim.metrics.classes import ClassSummary
 from sim.metrics.summary import SimSummary
 
 
@@ -35,7 +39,8 @@ class AutoscalingSummary:
     num_replicas_started: int
     num_replicas_drained: int
     slo_attainment: float
-    """Goodput share: completed requests meeting every `[slo]` target / completed requests."""
+    """Goodput share: completed requests meeting their targets (their class's, else `[slo]`'s) /
+    completed requests."""
     cost_usd: float | None
     """`gpu_hours` x the GPU-hour price; None without a price."""
     timeline: tuple[tuple[float, int, int, int], ...]
@@ -45,12 +50,18 @@ class AutoscalingSummary:
 def autoscaling_summary(*, min_replicas: int, max_replicas: int, initial_replicas: int, gpus_per_replica: int,
                         peak_replicas: int, window_s: float, replica_s: float, startup_s: float,
                         num_started: int, num_drained: int, summary: SimSummary,
-                        timeline: list[tuple[float, int, int, int]]) -> AutoscalingSummary:
+                        timeline: list[tuple[float, int, int, int]],
+                        classes: Sequence[ClassSummary] = ()) -> AutoscalingSummary:
+    """`classes`: the run's per-class summaries; with them each request is judged by its class's
+    targets (a fleet-day's chat, RAG and batch SLOs), as the per-class goodput is."""
     gpu_hours = replica_s * gpus_per_replica / 3600.0
     price = summary.price_per_gpu_hour_usd
     # The good requests are a count: recover it exactly from the rate (rate x duration rounds to
     # e.g. 5.000000000000001 for 5 requests over 11.3 s, an attainment above 1).
-    good = round(summary.goodput_requests_per_s * summary.duration_s) if summary.duration_s > 0 else 0
+    if classes:
+        good = sum(round(c.goodput_frac * c.num_completed) for c in classes if c.num_completed)
+    else:
+        good = round(summary.goodput_requests_per_s * summary.duration_s) if summary.duration_s > 0 else 0
     return AutoscalingSummary(
         min_replicas=min_replicas, max_replicas=max_replicas, initial_replicas=initial_replicas,
         gpus_per_replica=gpus_per_replica, peak_replicas=peak_replicas, peak_gpus=peak_replicas * gpus_per_replica,

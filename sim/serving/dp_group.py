@@ -65,12 +65,13 @@ class DataParallelGroup:
 
     def prefix_hit(self, keys: tuple[int, ...], prompt_tokens: int) -> tuple[int, int]:
         """(cached prompt tokens, rank) of the rank that holds the longest cached prefix of a
-        prompt (ties: the lowest rank); (0, -1) when no rank holds any of it."""
-        best, best_rank = 0, -1
+        prompt (ties: the fewest outstanding requests, then the lowest rank, as the router breaks
+        them between replicas); (0, -1) when no rank holds any of it."""
+        best, best_rank, best_load = 0, -1, 0
         for i, rank in enumerate(self.ranks):
             hit = rank.kv.get_computed_tokens(keys, prompt_tokens)
-            if hit > best:
-                best, best_rank = hit, i
+            if hit and (hit > best or (hit == best and rank.num_outstanding() < best_load)):
+                best, best_rank, best_load = hit, i, rank.num_outstanding()
         return best, best_rank
 
     def add(self, request: RequestState, rank: int | None = None) -> None:

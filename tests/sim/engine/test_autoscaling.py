@@ -336,3 +336,22 @@ def test_delays_that_are_whole_intervals_take_exactly_that_many_evaluations() ->
         target, state = decide(spec, _obs(k * 0.3, active=1, ongoing=4), state)
         applied.append(target)
     assert applied == [1, 1, 1, 4, 1]  # the fourth applies; the fifth asks afresh
+
+
+def test_slo_attainment_judges_each_request_by_its_traffic_class_targets() -> None:
+    """A fleet-day with classes: a class's own targets replace `[slo]`'s, in the per-class goodput and
+    so in the fleet's SLO attainment (it judged every request by `[slo]` alone, here 0 where every
+    request meets its class's loose targets, or 1 where the strict class misses)."""
+    path = str(REPO / "scenarios" / "llama3_8b-fleet-day-autoscale.toml")
+    loose = {"name": "loose", "share": 0.5, "input_len": 128, "output_len": 16, "ttft_s": 100.0, "tpot_s": 100.0}
+    strict = {"name": "strict", "share": 0.5, "input_len": 128, "output_len": 16, "ttft_s": 1e-6}
+    base = {"workload.profile_duration_s": 60.0, "slo.ttft_s": 1e-6, "slo.tpot_s": 100.0}
+    result = simulate(load_scenario(path, {**base, "workload.classes": [loose]}))
+    assert result.autoscaling is not None and result.summary.goodput_requests_per_s == 0
+    assert result.autoscaling.slo_attainment == 1.0
+    mixed = simulate(load_scenario(path, {**base, "slo.ttft_s": 100.0, "workload.classes": [loose, strict]}))
+    assert mixed.autoscaling is not None
+    by_name = {c.name: c for c in mixed.classes}
+    assert by_name["loose"].goodput_frac == 1.0 and by_name["strict"].goodput_frac == 0.0
+    assert mixed.autoscaling.slo_attainment == pytest.approx(
+        by_name["loose"].num_completed / mixed.summary.num_completed, rel=1e-12)

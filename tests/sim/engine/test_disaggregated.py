@@ -326,6 +326,22 @@ def test_prefix_aware_routing_sees_every_rank_of_a_lockstep_worker(tmp_path: Pat
     assert again.prefix_hit_tokens == 1024
 
 
+def test_prefix_aware_routing_spreads_a_shared_prefix_over_a_lockstep_engines_ranks() -> None:
+    """An aggregated MoE engine of 4 attention-DP ranks, every prompt behind one system prompt: the
+    rank that cached it first had the longest hit for every later request, and `prefix_aware` sent
+    all of them to it (ties went to the lowest rank, load was never read) while 3 ranks idled. Ties
+    now go to the least outstanding rank, and imbalanced ranks to the group's load balancer."""
+    sc = scenario_from_dict(scenario_dict(
+        model={"name": "Qwen/Qwen3-30B-A3B"},
+        engine={"data_parallel_size": 4, "enable_expert_parallel": True, "router": "prefix_aware"},
+        workload={"num_prompts": 200, "request_rate": 100.0, "random_input_len": 128, "random_output_len": 64,
+                  "random_prefix_len": 512}), source="t")
+    counts = [0] * 4
+    for record in simulate(sc).records:
+        counts[record.replica] += 1
+    assert min(counts) >= 25, counts
+
+
 def test_the_prefill_pool_reports_the_kv_its_steps_held() -> None:
     """A prefill pool frees a prompt's blocks as its prefill ends, so its KV usage is sampled while
     each step ran (before 0.6.2 it was sampled after the release: always 0 for one-step prompts)."""

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sim.api import load_host_params, scenario_efficiency, simulate
 from sim.engine.pricer import StepPricer
 from sim.engine.records import StepRecord
-from sim.engine.simulation import SimLimits, Simulation
+from sim.engine.simulation import SimLimits, Simulation, loads_imbalanced
 from sim.engine.step_log import StepLog
 from sim.errors import ConfigError
 from sim.metrics.chrome_trace import write_chrome_trace
@@ -205,6 +205,27 @@ def test_routers_route_as_documented(tmp_path: Path, router: str, expected: list
     records = sorted(simulate(sc).records, key=lambda r: r.request_id)
     assert records[1].finish_s < 1.0 < records[0].finish_s  # the premise of the expected routes
     assert [r.replica for r in records] == expected
+
+
+def test_prefix_aware_routing_balances_a_prefix_every_request_shares() -> None:
+    """One system prompt in every request: the replica that cached it first holds the most cached
+    tokens for every later request, so a router that only follows the cache sends them all there
+    (it did: 300 of 300, the other replica idle). SGLang router's cache-aware policy balances load
+    once the outstanding requests differ by more than 64 and 1.5x, and so does `prefix_aware`."""
+    sc = _scenario(engine={"data_parallel_size": 2, "router": "prefix_aware"},
+                   workload={"num_prompts": 300, "request_rate": 200.0, "random_input_len": 128,
+                             "random_output_len": 256, "random_prefix_len": 512})
+    counts = [0, 0]
+    for record in simulate(sc).records:
+        counts[record.replica] += 1
+    assert min(counts) >= 100, counts
+
+
+def test_loads_imbalanced_follows_sglang_cache_aware_thresholds() -> None:
+    assert not loads_imbalanced([64, 0])  # max - min must exceed 64
+    assert loads_imbalanced([65, 0])
+    assert not loads_imbalanced([200, 135])  # 200 - 135 > 64 but 200 < 1.5 x 135
+    assert loads_imbalanced([203, 135])
 
 
 # -- an exact preemption --------------------------------------------------------------------------------
