@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
@@ -178,6 +179,8 @@ class Simulation:
         """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`.
         `client_latency_s`: time outside the engine (the API server's request and response paths)
         added to each record's first-token and finish times; the engine's own events do not see it."""
+        if router not in get_args(RouterName):  # an unknown name would route as least_outstanding
+            raise ValueError(f"router={router!r}: must be one of {', '.join(get_args(RouterName))}")
         pricers = pricers or [pricer] * len(replicas)
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""

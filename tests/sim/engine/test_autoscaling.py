@@ -20,6 +20,7 @@ from sim.serving.request import RequestState
 from sim.serving.scheduler import StepPlan
 from sim.serving.vllm_v1 import VllmV1Scheduler
 from sim.specs.autoscaling import AutoscalingSpec
+from sim.specs.engine import RouterName
 
 SCENARIO = str(REPO / "scenarios" / "llama3_8b-h100.toml")
 AUTOSCALED = {"autoscaling.target_ongoing_requests": 4.0}
@@ -41,13 +42,18 @@ class OneSecondSteps:
         return []  # no bulk runs (`SimLimits(bulk_decode=False)`)
 
 
-def _sim(spec: AutoscalingSpec, slots: int, router: str = "least_loaded") -> AutoscaledSimulation:
+def _sim(spec: AutoscalingSpec, slots: int, router: RouterName = "least_outstanding") -> AutoscaledSimulation:
     scheds = [VllmV1Scheduler(kv=KVCacheManager(num_blocks=1000, block_size=16, enable_prefix_caching=False),
                               max_num_seqs=8, max_num_batched_tokens=512, enable_chunked_prefill=True,
                               long_prefill_token_threshold=0, bulk_decodes=False) for _ in range(slots)]
     return AutoscaledSimulation(replicas=scheds, pricer=cast(StepPricer, OneSecondSteps()), router=router,  # type: ignore[arg-type]
                                 max_concurrency=None, limits=SimLimits(bulk_decode=False),
                                 spec=spec.resolved(slots), max_num_seqs=8)
+
+
+def test_an_unknown_router_name_is_refused_not_routed_as_least_outstanding() -> None:
+    with pytest.raises(ValueError, match="router='least_loaded'"):
+        _sim(AutoscalingSpec(target_ongoing_requests=4.0), 2, router=cast(RouterName, "least_loaded"))
 
 
 def _req(rid: int, arrival_s: float, output: int) -> RequestState:
