@@ -110,6 +110,16 @@ def uses_expert_all_to_all(engine: EngineParams) -> bool:
     return engine.expert_parallel_size() > 1 and engine.data_parallel_size > 1
 
 
+def sequence_parallel_moe(engine: EngineParams) -> bool:
+    """Whether vLLM runs its MoE layers sequence-parallel over attention TP (`ParallelConfig.
+    use_sequence_parallel_moe`: expert parallelism, TP > 1 and DP > 1, with its default
+    `allgather_reducescatter` and the DeepEP all2all backends): each TP rank sends its 1/TP slice of the
+    tokens to the experts (`sequence_parallel_chunk`) and the layer ends with an all-gather of the
+    slices over TP (`tensor_model_parallel_all_gather`) instead of the TP all-reduce."""
+    return (engine.backend == "vllm" and uses_expert_all_to_all(engine) and engine.tensor_parallel_size > 1
+            and engine.moe_tp_size() == 1)
+
+
 def ep_all_to_all_work(*, tokens_per_rank: int, hidden: int, topk: int, num_experts: int, ep: int,
                        nvlink_domain: int, fp8_dispatch: bool, decode_only: bool) -> KernelWork:
     """One DeepEP dispatch + combine pair; `normal` mode for steps with prefill, `low_latency` for

@@ -17,7 +17,9 @@ MoE layouts (vLLM): the MoE layers run over the TP x DP GPUs of a replica as moe
 (`EngineParams.moe_tp_size`, `expert_parallel_size`); attention runs per data-parallel rank with
 attention TP = `tensor_parallel_size`. Each DP rank's batch is assumed alike, so an MoE layer sees
 num_tokens = step tokens x DP. With expert parallelism over DP > 1 the tokens travel by DeepEP
-all-to-all (each attention-TP rank dispatches its 1/TP slice); with it and DP = 1 every rank holds
+all-to-all (each attention-TP rank dispatches its 1/TP slice; vLLM then all-gathers the slices
+over TP at the layer's end instead of all-reducing, `sim.graph.moe.sequence_parallel_moe`); with it
+and DP = 1 every rank holds
 the whole batch and the layer's TP all-reduce sums the experts' partial outputs
 (`sim.graph.moe.uses_expert_all_to_all`); without it and DP > 1 they are all-gathered over the DP
 group before the experts and reduce-scattered after (vLLM's naive DP dispatch).
@@ -34,7 +36,13 @@ from sim.dtypes import DType
 from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork, gemm_work, pointwise_work
-from sim.graph.moe import ep_all_to_all_work, eplb_routing, moe_work, uses_expert_all_to_all
+from sim.graph.moe import (
+    ep_all_to_all_work,
+    eplb_routing,
+    moe_work,
+    sequence_parallel_moe,
+    uses_expert_all_to_all,
+)
 from sim.graph.shared_experts import beside_variant, shared_expert_token_limit
 from sim.specs.engine import EngineParams
 from sim.specs.hardware import HardwareSpec
@@ -338,7 +346,14 @@ def build_step_graph(model: ModelSpec, engine: EngineParams, precision: Precisio
         _dense_mlp(add, "mlp", t, h, s.mlp_width, lin_w, act, lin_c, num_dense, gated=model.mlp_gated)
     if num_moe:
         _moe_block(add, model, engine, precision, hw, s, t, num_moe, decode_only=decode_only)
-    all_reduce("layer_all_reduce" if one_reduce else "mlp_all_reduce", num_layers)
+    if num_moe and s.tp > 1 and sequence_parallel_moe(engine):
+        # vLLM's sequence-parallel MoE: the MoE layers gather their TP ranks' token slices (an
+        # all-gather's message is its output buffer); the dense layers keep the all-reduce.
+        if num_dense:
+            all_reduce("layer_all_reduce" if one_reduce else "mlp_all_reduce", num_dense)
+        add(collective_work(KernelKind.ALL_GATHER, "moe_tp_all_gather", t * h * act_b, s.tp), num_moe)
+    else:
+        all_reduce("layer_all_reduce" if one_reduce else "mlp_all_reduce", num_layers)
 
     if s.pp > 1:
         # vLLM sends hidden states and the residual to the next stage, over NVLink inside an NVLink

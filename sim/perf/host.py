@@ -5,8 +5,9 @@ linear in the number of sequences (`a + b x n`), fitted on measured per-step CPU
 `HostOverheadParams.source`). Launch modes:
 - `eager`: every kernel launch costs `eager_launch_s` of CPU time; the GPU idles when launches are
   slower than the kernels, so each kernel takes at least that long;
-- `cuda_graph`: decode-only steps of at most `max_cudagraph_capture_size` sequences replay a graph
-  (`graph_launch_s` per step); the other steps launch as the engine does (`uncaptured_launch`):
+- `cuda_graph`: decode-only steps within `max_cudagraph_capture_size` replay a graph (`graph_launch_s`
+  per step), the size bounding the step's tokens or its requests as the engine counts them
+  (`graph_capture_unit`); the other steps launch as the engine does (`uncaptured_launch`):
   piecewise graphs around attention (vLLM; one launch per layer per piece) or kernel by kernel, as
   in `eager` (SGLang and TensorRT-LLM capture decode batches only);
 - `megakernel`: one persistent kernel, no launch gaps (a what-if for persistent-kernel compilers).
@@ -23,6 +24,7 @@ from sim.serde import require
 
 LaunchMode = Literal["eager", "cuda_graph", "megakernel"]
 UncapturedLaunch = Literal["piecewise_graph", "eager"]
+GraphCaptureUnit = Literal["tokens", "requests"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +65,12 @@ class HostOverheadParams:
     chunk, or more decodes than the largest capture): `piecewise_graph` (vLLM V1: captured pieces
     between eager attention calls) or `eager` (SGLang, TensorRT-LLM's PyTorch flow: CUDA graphs for
     decode batches only; each kernel costs `eager_launch_s`)."""
+    graph_capture_unit: GraphCaptureUnit = "tokens"
+    """What `max_cudagraph_capture_size` bounds in a decode-only step: `tokens` (vLLM v1: its dispatcher
+    pads the step's scheduled tokens, 1 + k per decode verifying k drafts, to a capture size) or
+    `requests` (SGLang's `cuda_graph_max_bs`, `CudaGraphRunner.can_run` comparing the batch size, and
+    TensorRT-LLM's `cuda_graph_config.max_batch_size`, graphs keyed by (batch size, draft length)):
+    a verification's 1 + k tokens per request are inside the graph of its batch size."""
 
     def __post_init__(self) -> None:
         for key in ("graph_launch_s", "eager_launch_s", "api_server_latency_s"):
@@ -84,21 +92,25 @@ class HostCost:
     whole graph launch; None: all of `launch_s`."""
 
 
-def _captured(is_decode_only: bool, num_tokens: int, max_cudagraph_capture_size: int) -> bool:
-    """A decode-only batch within the largest capture replays one full CUDA graph. Graphs are captured
-    by scheduled tokens (vLLM v1's dispatcher pads the batch's tokens to a capture size): a decode
-    verifying k drafts is 1 + k of them."""
-    return is_decode_only and num_tokens <= max_cudagraph_capture_size
+def _captured(params: HostOverheadParams, is_decode_only: bool, num_seqs: int, num_tokens: int,
+              max_cudagraph_capture_size: int) -> bool:
+    """A decode-only batch within the largest capture replays one full CUDA graph. The capture size
+    bounds what the engine keys its graphs by (`graph_capture_unit`): scheduled tokens (vLLM v1's
+    dispatcher pads the batch's tokens to a capture size; a decode verifying k drafts is 1 + k of
+    them) or requests (SGLang, TensorRT-LLM)."""
+    size = num_seqs if params.graph_capture_unit == "requests" else num_tokens
+    return is_decode_only and size <= max_cudagraph_capture_size
 
 
 def launches_eagerly(*, params: HostOverheadParams, mode: LaunchMode, is_decode_only: bool, num_seqs: int,
                      max_cudagraph_capture_size: int, num_tokens: int | None = None) -> bool:
     """Whether a step launches its kernels one by one (each `eager_launch_s` of CPU time); `num_tokens`
-    (default `num_seqs`: one token each) is what the capture sizes bound."""
+    (default `num_seqs`: one token each) the scheduled tokens, which the capture sizes bound where the
+    engine keys its graphs by tokens (`graph_capture_unit`)."""
     if mode != "cuda_graph":
         return mode == "eager"
     tokens = num_seqs if num_tokens is None else num_tokens
-    return (not _captured(is_decode_only, tokens, max_cudagraph_capture_size)
+    return (not _captured(params, is_decode_only, num_seqs, tokens, max_cudagraph_capture_size)
             and params.uncaptured_launch == "eager")
 
 
@@ -116,7 +128,7 @@ def host_cost(
     num_tokens: int | None = None,
 ) -> HostCost:
     """CPU cost of a step. `short_kernel_gap_s` = sum over launches of max(0, launch - kernel);
-    `num_tokens` (default `num_seqs`) the scheduled tokens the CUDA-graph capture sizes bound."""
+    `num_tokens` (default `num_seqs`) the scheduled tokens (`launches_eagerly`)."""
     cpu = (params.schedule.at(num_seqs) + params.prepare_inputs.at(num_seqs)
            + params.sampler.at(num_sampled) + params.process_outputs.at(num_seqs))
     tokens = num_seqs if num_tokens is None else num_tokens
@@ -124,7 +136,7 @@ def host_cost(
                         max_cudagraph_capture_size=max_cudagraph_capture_size, num_tokens=tokens):
         return HostCost(cpu_s=cpu, launch_s=num_launches * params.eager_launch_s, launch_floor_s=short_kernel_gap_s,
                         serial_launch_s=params.eager_launch_s if num_launches else 0.0)
-    if mode == "cuda_graph" and not _captured(is_decode_only, tokens, max_cudagraph_capture_size):
+    if mode == "cuda_graph" and not _captured(params, is_decode_only, num_seqs, tokens, max_cudagraph_capture_size):
         # Piecewise graphs: attention runs eagerly between captured pieces, two pieces per layer.
         return HostCost(cpu_s=cpu, launch_s=2 * num_layers * params.graph_launch_s, launch_floor_s=0.0)
     return HostCost(cpu_s=cpu, launch_s=params.graph_launch_s, launch_floor_s=0.0)

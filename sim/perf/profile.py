@@ -91,7 +91,8 @@ class EngineDefaults:
     SGLang mem_fraction_static); `free_after_weights`: fraction of the memory left after weights
     and activations (TensorRT-LLM free_gpu_memory_fraction)."""
     max_cudagraph_capture_size: int | None = None
-    """Largest decode batch replayed from a CUDA graph; None = vLLM's min(2 x max_num_seqs, 512)."""
+    """Largest decode batch replayed from a CUDA graph (in the host's `graph_capture_unit`); None = the
+    scenario's default (`sim.specs.engine.default_capture_size`)."""
     block_size: int | None = None
     """Tokens per KV-cache block (TensorRT-LLM `tokens_per_block`, 32); None = the scenario default (16, vLLM's)."""
 

@@ -52,6 +52,16 @@ MAX_REPLICAS: Final = 4096
 pool in memory, so a larger count is a typo that would exhaust the host before it fails."""
 """KV-cache block sizes an engine accepts (vLLM's `--block-size` choices)."""
 
+def default_capture_size(backend: str, *, max_num_seqs: int, max_num_batched_tokens: int,
+                         num_speculative_tokens: int = 0) -> int:
+    """`max_cudagraph_capture_size` when unset. vLLM (`VllmConfig._set_cudagraph_sizes`): tokens,
+    min(max_num_seqs x (1 + k) x 2, 512), at most `max_num_batched_tokens` (k drafts per request
+    make a decode 1 + k tokens). Other backends: min(2 x max_num_seqs, 512) requests."""
+    if backend == "vllm":
+        return min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512, max_num_batched_tokens)
+    return min(2 * max_num_seqs, 512)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineParams:
     """One engine replica's configuration (vLLM `EngineArgs` names and meanings)."""
@@ -105,7 +115,8 @@ class EngineParams:
     kv_cache_dtype: KvCacheDType = "auto"
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = None
-    """Largest decode batch captured in a CUDA graph; None = min(2 x max_num_seqs, 512)."""
+    """Largest decode batch captured in a CUDA graph, in scheduled tokens (vLLM) or requests (SGLang,
+    TensorRT-LLM: the profile's `graph_capture_unit`); None = `default_capture_size`."""
     async_scheduling: bool | None = None
     """CPU work of step n + 1 overlaps GPU work of step n (vLLM `--async-scheduling`, SGLang's and
     TensorRT-LLM's overlap schedulers). None = the engine's default for a recent release, from the
@@ -251,7 +262,9 @@ class EngineParams:
         if not self.enable_chunked_prefill:
             # Without chunking every prompt must fit in one step, as vLLM enforces.
             batched = max(batched, max_model_len)
-        capture = self.max_cudagraph_capture_size or min(2 * max_num_seqs, 512)
+        capture = self.max_cudagraph_capture_size or default_capture_size(
+            self.backend, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
+            num_speculative_tokens=self.num_speculative_tokens())
         return dataclasses.replace(
             self,
             max_num_seqs=max_num_seqs,

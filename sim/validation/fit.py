@@ -44,6 +44,7 @@ def host_params(base_s: float, per_seq_s: float, graph_launch_s: float, *, like:
     return HostOverheadParams(schedule=LinearCost(base_s=base_s, per_item_s=per_seq_s), prepare_inputs=zero,
                               sampler=zero, process_outputs=zero, graph_launch_s=graph_launch_s,
                               eager_launch_s=like.eager_launch_s, uncaptured_launch=like.uncaptured_launch,
+                              graph_capture_unit=like.graph_capture_unit,
                               api_server_latency_s=like.api_server_latency_s,
                               api_server_latency_fit=like.api_server_latency_fit, source=source)
 
@@ -209,6 +210,7 @@ def profile_toml(profile: EngineProfile, *, header: str) -> str:
     lines = [*(f"# {ln}" for ln in header.splitlines()), f"source = {lit(h.source)}",
              f"graph_launch_s = {lit(h.graph_launch_s)}", f"eager_launch_s = {lit(h.eager_launch_s)}",
              f"uncaptured_launch = {lit(h.uncaptured_launch)}",
+             f"graph_capture_unit = {lit(h.graph_capture_unit)}",
              f"api_server_latency_s = {lit(h.api_server_latency_s)}",
              f"api_server_latency_fit = {lit(h.api_server_latency_fit)}"]
     for phase in ("schedule", "prepare_inputs", "sampler", "process_outputs"):

@@ -59,3 +59,18 @@ def test_an_eager_prefill_delays_the_first_token() -> None:
     assert ttft["eager"] == pytest.approx(_step_s("cuda_graph", eager_rest, PREFILL) + eager_rest.api_server_latency_s,
                                           rel=1e-12)
     assert ttft["eager"] > ttft["piecewise"]
+
+
+def test_sglang_verification_steps_replay_the_graph_of_their_batch_size() -> None:
+    # 65 decodes verifying 3 drafts: 260 tokens over SGLang's cap of 256, but 65 requests within it,
+    # and SGLang keys its decode graphs by batch size: the step costs what a larger cap would give.
+    def step(capture: int) -> float:
+        engine = {"backend": "sglang", "max_cudagraph_capture_size": capture,
+                  "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3,
+                                         "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}}
+        sc = scenario_from_dict(scenario_dict(engine=engine), source="t")
+        pricer = StepPricer(sc, StepCostModel(sc.hardware, scenario_efficiency(sc)), load_host_params("sglang"))
+        return pricer.step_s(((), 65, 512))  # type: ignore[arg-type]
+
+    assert step(256) == step(4096)
+    assert step(64) > step(256)  # 65 requests over a cap of 64: every kernel launched

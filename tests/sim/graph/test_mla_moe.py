@@ -418,3 +418,22 @@ def test_llama4_maverick_interleaves_dense_and_moe_layers_with_a_shared_expert()
     assert nodes["mlp_gate_up_proj"].work.flops == 2 * m * 5120 * 2 * 16384 // 8
     assert nodes["shared_expert_gate_up_proj"].work.flops == 2 * m * 5120 * 2 * 8192 // 8
     assert nodes["attn_decode"].repeat == 48 and "attn_decode_swa" not in nodes
+
+
+def test_vllm_sequence_parallel_moe_gathers_instead_of_reducing_over_tp() -> None:
+    # vLLM `use_sequence_parallel_moe` (EP, TP > 1, DP > 1): each TP rank dispatches its 1/TP token slice
+    # and the MoE layer ends with `tensor_model_parallel_all_gather`, not the TP all-reduce; the dense
+    # layers (DeepSeek-R1's first 3) keep theirs.
+    batch = BatchShape(decode_context_tokens=(10,) * 8)
+    sp = scenario(tensor_parallel_size=2, data_parallel_size=4, enable_expert_parallel=True)
+    nodes = {n.work.name: n for n in step_graph(sp, batch).nodes}
+    gather, reduce = nodes["moe_tp_all_gather"], nodes["mlp_all_reduce"]
+    assert (gather.work.kind, gather.work.comm_bytes, gather.work.group_size, gather.repeat) == (
+        KernelKind.ALL_GATHER, 8 * 7168 * 2, 2, 58)
+    assert (reduce.work.kind, reduce.repeat) == (KernelKind.ALL_REDUCE, 3)
+    assert nodes["attn_all_reduce"].repeat == 61
+    for other in (scenario(tensor_parallel_size=2, data_parallel_size=4, enable_expert_parallel=True, backend="sglang"),
+                  scenario(tensor_parallel_size=8, enable_expert_parallel=True),
+                  scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True)):
+        names = {n.work.name for n in step_graph(other, batch).nodes}
+        assert "moe_tp_all_gather" not in names

@@ -102,3 +102,26 @@ def test_shipped_profiles_launch_uncaptured_steps_as_their_engines_do() -> None:
 
     launch = {b: load_engine_profile(b).host.uncaptured_launch for b in ("vllm", "sglang", "trtllm")}
     assert launch == {"vllm": "piecewise_graph", "sglang": "eager", "trtllm": "eager"}
+
+
+def test_capture_size_bounds_tokens_in_vllm_and_requests_in_sglang_and_trtllm() -> None:
+    # A decode-only step of 10 requests verifying 3 drafts each: 40 scheduled tokens, capture size 16.
+    # vLLM pads tokens to a capture size (over it: not captured); SGLang's `CudaGraphRunner.can_run`
+    # and TensorRT-LLM's graph key compare the batch size (10 <= 16: the graph replays).
+    per_request = dataclasses.replace(PARAMS, uncaptured_launch="eager", graph_capture_unit="requests")
+    per_token = dataclasses.replace(PARAMS, uncaptured_launch="eager")
+    kw: dict[str, Any] = dict(mode="cuda_graph", is_decode_only=True, num_seqs=10, max_cudagraph_capture_size=16,
+                              num_tokens=40)
+    assert launches_eagerly(params=per_token, **kw)
+    assert not launches_eagerly(params=per_request, **kw)
+    cost = host_cost(params=per_request, num_sampled=10, num_launches=1000, num_layers=32, short_kernel_gap_s=4e-4,
+                     **kw)
+    assert (cost.launch_s, cost.launch_floor_s) == (2e-5, 0.0)
+    assert launches_eagerly(params=per_request, **{**kw, "num_seqs": 17, "num_tokens": 68})
+
+
+def test_shipped_profiles_count_graph_captures_as_their_engines_do() -> None:
+    from sim.api import load_engine_profile
+
+    unit = {b: load_engine_profile(b).host.graph_capture_unit for b in ("vllm", "sglang", "trtllm")}
+    assert unit == {"vllm": "tokens", "sglang": "requests", "trtllm": "requests"}

@@ -426,3 +426,20 @@ def test_concurrent_partial_prefill_is_refused_as_vllm_v1_refuses_it() -> None:
         scenario_from_dict(scenario_dict(engine={"max_num_partial_prefills": 2}), source="t.toml")
     assert info.value.key == "engine.max_num_partial_prefills"
     scenario_from_dict(scenario_dict(engine={"max_num_partial_prefills": 1}), source="t.toml")
+
+
+def test_default_cuda_graph_capture_size_follows_vllm_with_speculation_and_token_budget() -> None:
+    # vLLM `_set_cudagraph_sizes`: min(max_num_seqs x (1 + k) x 2, 512), then at most max_num_batched_tokens.
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}
+
+    def capture(**engine: object) -> int | None:
+        return scenario_from_dict(scenario_dict(engine={"max_num_seqs": 48, **engine}), source="t").engine \
+            .max_cudagraph_capture_size
+
+    assert capture() == 96
+    assert capture(speculative_config=eagle3) == 384  # 48 x 4 x 2
+    assert capture(max_num_batched_tokens=64) == 64
+    assert capture(max_num_seqs=1024, speculative_config=eagle3) == 512
+    # SGLang and TensorRT-LLM count requests: their cap does not grow with the drafts.
+    assert capture(backend="sglang", speculative_config=eagle3) == 96
+    assert capture(max_cudagraph_capture_size=200, speculative_config=eagle3) == 200
