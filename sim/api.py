@@ -79,27 +79,28 @@ def check_feasible(scenario: Scenario) -> MemoryBreakdown:
     # An MoE engine's attention-DP ranks are one engine over data_parallel_size x the replica's GPUs.
     lockstep = ranks_in_lockstep(scenario.model, engine)
     gpus = engine.num_gpus() if lockstep else engine.world_size()
-    if mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes > mem.requested_bytes:
+    if mem.static_bytes(cuda_graphs=False) > mem.requested_bytes:
+        # SGLang counts weights only against its mem_fraction_static (`MemoryBreakdown.overheads_in_budget`).
+        overheads = mem.static_bytes(cuda_graphs=False) - mem.weight_bytes
+        plus = f" plus {overheads / _GIB:.2f} GiB of activations and runtime" if mem.overheads_in_budget else ""
         raise InfeasibleScenario(
             source=scenario.source, key="engine.data_parallel_size" if lockstep else "engine.tensor_parallel_size",
             value=engine.data_parallel_size if lockstep else engine.tensor_parallel_size,
             rule=(f"{scenario.model.name} needs {mem.weight_bytes / _GIB:.2f} GiB of weights per GPU "
                   f"({mem.weight_bytes * gpus / 1e9:.0f} GB over the {gpus} GPUs "
                   f"of {'the engine' if lockstep else 'a replica'} with {mem.total_bytes * gpus / 1e9:.0f} GB "
-                  f"of HBM) plus "
-                  f"{(mem.activation_peak_bytes + mem.runtime_overhead_bytes) / _GIB:.2f} GiB of activations "
-                  f"and runtime, over the {mem.requested_bytes / _GIB:.2f} GiB that "
+                  f"of HBM){plus}, over the {mem.requested_bytes / _GIB:.2f} GiB that "
                   f"gpu_memory_utilization={engine.gpu_memory_utilization} allows on {scenario.hardware.name}; "
                   + ("raise data x expert parallelism (experts over more GPUs), tensor/pipeline parallelism "
                      "or quantize" if lockstep else "raise tensor/pipeline parallelism or quantize")))
-    fixed = mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes + mem.cuda_graph_bytes
+    fixed, graphs = mem.static_bytes(), mem.static_bytes() - mem.static_bytes(cuda_graphs=False)
     if fixed >= mem.requested_bytes:
         # Only the CUDA graphs are left to blame: the cache gets nothing whatever max_model_len is.
         raise InfeasibleScenario(
             source=scenario.source, key="engine.gpu_memory_utilization", value=engine.gpu_memory_utilization,
             rule=(f"no memory is left for the KV cache: weights, activations and runtime take "
-                  f"{(fixed - mem.cuda_graph_bytes) / _GIB:.2f} GiB and the CUDA graphs "
-                  f"{mem.cuda_graph_bytes / _GIB:.2f} GiB of the {mem.requested_bytes / _GIB:.2f} GiB allowed "
+                  f"{(fixed - graphs) / _GIB:.2f} GiB and the CUDA graphs "
+                  f"{graphs / _GIB:.2f} GiB of the {mem.requested_bytes / _GIB:.2f} GiB allowed "
                   f"on {scenario.hardware.name}; raise gpu_memory_utilization or parallelism, or set "
                   "enforce_eager = true (no graphs)"))
     assert engine.max_model_len is not None

@@ -21,7 +21,13 @@ memory splits `mamba_full_memory_ratio` : 1 between a pool of per-request states
 of the full-attention layers; the state pool's size caps the running requests
 (`MemoryBreakdown.max_state_requests`). vLLM's V1 engine instead keeps both in one pool of blocks
 (a request takes one state block per linear layer group); the split is what this model assumes for
-both (docs/memory.md).
+both (docs/memory.md). SGLang splits so only with its radix cache on, and then runs a third as many
+requests as the pool has slots; with `--disable-radix-cache` it keeps `--max-running-requests` states.
+
+SGLang (`backend = "sglang"`) sizes its pool otherwise (`ModelRunner.profile_max_num_token`):
+`rest = free after loading the weights - free before x (1 - mem_fraction_static)`, i.e.
+`(total - runtime) x mem_fraction_static - weights`. Its activations and CUDA graphs are not
+profiled: they live in the `1 - mem_fraction_static` it leaves, so they are not subtracted.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ from sim.specs.model import ModelSpec
 from sim.specs.precision import PrecisionSpec, draft_input_projection_dtype, resolve_draft_precision
 
 _MIB = 1 << 20
+SGLANG_STATE_SLOTS_PER_RUNNING_REQUEST = 3
+"""SGLang's `MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`: with its radix cache on, a hybrid model's
+running requests are capped at a third of the linear-attention state slots (the rest hold the states
+of cached prefixes; 5 with `--mamba-scheduler-strategy extra_buffer`, not modelled)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,11 +75,26 @@ class MemoryBreakdown:
     state_bytes_per_request: int = 0
     """Linear-attention state (recurrent + conv) one request holds on this rank; 0 without linear layers."""
     max_state_requests: int | None = None
-    """Requests the linear-attention state pool holds (a cap on running requests); None = no cap."""
+    """Running requests the linear-attention state pool allows (a cap on running requests); None = no
+    cap. SGLang: `max_num_seqs` slots without prefix caching (`--disable-radix-cache`), else a third of
+    the slots of its `mamba_full_memory_ratio` share."""
+    overheads_in_budget: bool = True
+    """Whether the engine takes the activation peak, the CUDA graphs and the runtime out of
+    `requested_bytes` before the KV cache (vLLM's profile run; TensorRT-LLM, whose fraction is converted
+    to vLLM's). False for SGLang: its `requested_bytes` is (total - runtime) x `mem_fraction_static`,
+    weights and KV cache only, the activations and graphs living in the rest of the GPU."""
     null_blocks: int = 0
     """Of `num_kv_blocks`, those the engine keeps for itself: vLLM v1's block pool takes block 0 as
     its null block (`BlockPool.null_block`, padding and sliding-window placeholders) and schedules
     and reports usage over the other `num_gpu_blocks - 1`."""
+
+    def static_bytes(self, *, cuda_graphs: bool = True) -> int:
+        """What the engine takes out of `requested_bytes` before the KV cache: the weights and, where
+        `overheads_in_budget`, the activation peak, the runtime and (`cuda_graphs`) the CUDA graphs."""
+        if not self.overheads_in_budget:
+            return self.weight_bytes
+        graphs = self.cuda_graph_bytes if cuda_graphs else 0
+        return self.weight_bytes + self.activation_peak_bytes + self.runtime_overhead_bytes + graphs
 
     def usable_kv_blocks(self) -> int:
         """The blocks requests can hold."""
@@ -325,7 +350,10 @@ def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: Precisio
     speculative drafter (`Scenario.draft_model`), whose weights and KV share the GPU."""
     params = params or MemoryParams()
     total = hw.hbm_capacity_bytes
-    requested = int(total * engine.gpu_memory_utilization)
+    sglang = engine.backend == "sglang"
+    # SGLang: `gpu_memory_utilization` is its `mem_fraction_static`, a fraction of the memory free
+    # before the weights load (the CUDA context and NCCL already taken).
+    requested = int(((total - params.runtime_overhead_bytes) if sglang else total) * engine.gpu_memory_utilization)
     weights = weight_bytes_per_gpu(model, engine, precision)
     per_token = kv_bytes_per_token(model, engine, precision)
     if draft is not None:
@@ -334,14 +362,27 @@ def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: Precisio
         per_token += draft_per_token
     peak = activation_peak_bytes(model, engine, precision, params)
     graphs = cuda_graph_bytes(model, engine, precision)
-    cache = requested - weights - peak - graphs - params.runtime_overhead_bytes
+    cache = requested - weights
+    if not sglang:
+        cache -= peak + graphs + params.runtime_overhead_bytes
     kv_cache, state, max_states = cache, 0, None
     if model.linear_attention is not None:
         state = state_bytes_per_request(model, engine.tensor_parallel_size, precision.activation_dtype,
                                         linear_layers_per_stage(model, engine))
-        ratio = engine.mamba_full_memory_ratio
-        state_pool = int(max(cache, 0) * ratio / (1.0 + ratio))
-        max_states = state_pool // state
+        assert engine.max_num_seqs is not None
+        if sglang and not engine.enable_prefix_caching:
+            # `--disable-radix-cache`: SGLang keeps one state slot per `--max-running-requests`
+            # (`handle_max_mamba_cache`); the KV cache gets the rest.
+            max_states = engine.max_num_seqs
+            state_pool = max_states * state
+        else:
+            ratio = engine.mamba_full_memory_ratio
+            state_pool = int(max(cache, 0) * ratio / (1.0 + ratio))
+            max_states = state_pool // state
+            if sglang:
+                # Its radix cache keeps states of cached prefixes too: SGLang runs at most
+                # slots // MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO requests (`init_memory_pool`).
+                max_states //= SGLANG_STATE_SLOTS_PER_RUNNING_REQUEST
         kv_cache = cache - state_pool
     blocks = kv_cache // (per_token * engine.block_size) if kv_cache > 0 else 0
     return MemoryBreakdown(
@@ -349,6 +390,6 @@ def memory_breakdown(model: ModelSpec, engine: EngineParams, precision: Precisio
         activation_peak_bytes=peak, cuda_graph_bytes=graphs,
         runtime_overhead_bytes=params.runtime_overhead_bytes, kv_cache_bytes=max(kv_cache, 0),
         kv_bytes_per_token=per_token, num_kv_blocks=int(blocks), block_size=engine.block_size,
-        state_bytes_per_request=state, max_state_requests=max_states,
+        state_bytes_per_request=state, max_state_requests=max_states, overheads_in_budget=not sglang,
         null_blocks=1 if engine.backend == "vllm" and blocks > 0 else 0,
     )

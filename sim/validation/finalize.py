@@ -34,8 +34,7 @@ def finalize(row: ValidationRow, profiles: Mapping[str, EngineProfile], cache: S
         mem = cache.memory(sections["model"]["name"], sections["hardware"]["name"], engine)
     except (ConfigError, ValueError) as exc:
         return row.with_skip(str(exc))
-    need = mem.weight_bytes + mem.activation_peak_bytes + mem.runtime_overhead_bytes
-    if need > mem.requested_bytes:
+    if mem.static_bytes(cuda_graphs=False) > mem.requested_bytes:
         return row.with_skip(f"does not fit: {mem.weight_bytes / _GIB:.1f} GiB of weights per GPU plus activations "
                              f"over {mem.requested_bytes / _GIB:.1f} GiB usable on {row.hardware}")
     longest = max((t.input_tokens + t.output_tokens for t in row.replay.trace), default=0)

@@ -197,7 +197,8 @@ def test_micro_batches_raise_throughput_and_finish_every_request_under_kv_pressu
     roomy = _pp(backend, max_num_seqs=64)
     a, b = simulate(roomy), simulate(roomy, limits=SimLimits(pipeline_micro_batches=False))
     assert a.summary.output_throughput_tokens_per_s > 1.1 * b.summary.output_throughput_tokens_per_s
-    tight = _pp(backend, max_num_seqs=64, gpu_memory_utilization=0.12)
+    # SGLang's mem_fraction_static pays for the weights only (sim.graph.memory): 0.098 leaves 319 blocks.
+    tight = _pp(backend, max_num_seqs=64, gpu_memory_utilization=0.098 if backend == "sglang" else 0.12)
     result = simulate(tight)
     assert result.summary.num_completed == 120 and not result.summary.truncated
     if backend != "trtllm":

@@ -85,10 +85,12 @@ def test_kv_cache_covers_the_full_attention_layers_and_the_state_pool_caps_runni
     mem = memory_breakdown(sc.model, sc.engine, sc.precision, sc.hardware)
     # Per request and rank: 45 layers x (8 heads x 128 x 128 fp32 state + 1536 channels x 3 conv taps bf16).
     assert mem.state_bytes_per_request == 45 * (8 * 128 * 128 * 4 + 1536 * 3 * 2)
-    cache = mem.requested_bytes - mem.weight_bytes - mem.activation_peak_bytes - mem.cuda_graph_bytes \
-        - mem.runtime_overhead_bytes
+    # SGLang: (total - runtime) x mem_fraction_static less the weights (its activations and graphs live outside).
+    assert mem.requested_bytes == int((mem.total_bytes - mem.runtime_overhead_bytes) * 0.9)
+    cache = mem.requested_bytes - mem.weight_bytes
     pool = int(cache * 0.9 / 1.9)
-    assert mem.max_state_requests == pool // mem.state_bytes_per_request
+    # With its radix cache on (prefix caching, the default), SGLang runs a third as many requests as it has slots.
+    assert mem.max_state_requests == pool // mem.state_bytes_per_request // 3
     assert mem.kv_cache_bytes == cache - pool
     assert mem.running_request_cap(64) == 64
     assert mem.running_request_cap(10**6) == mem.max_state_requests
@@ -155,9 +157,21 @@ def test_a_hybrid_model_simulates_end_to_end() -> None:
 
 def test_a_small_state_pool_limits_the_running_requests_of_a_simulation() -> None:
     roomy = _scenario()
-    tight = _scenario(mamba_full_memory_ratio=7e-4)
+    tight = _scenario(mamba_full_memory_ratio=2e-3)  # a few slots: a third of them run (radix cache on)
     mem = memory_breakdown(tight.model, tight.engine, tight.precision, tight.hardware)
     assert mem.max_state_requests is not None and 1 <= mem.max_state_requests <= 3
     a, b = simulate(roomy), simulate(tight)
     # With at most a few requests running, the others queue: first tokens come much later.
     assert b.summary.ttft_mean_s > 3 * a.summary.ttft_mean_s
+
+
+def test_without_its_radix_cache_sglang_keeps_one_state_per_running_request() -> None:
+    # `--disable-radix-cache`: handle_max_mamba_cache sizes the state pool at --max-running-requests
+    # and gives the KV cache the rest, whatever mamba_full_memory_ratio says.
+    sc = _scenario(enable_prefix_caching=False, max_num_seqs=256)
+    mem = memory_breakdown(sc.model, sc.engine, sc.precision, sc.hardware)
+    assert mem.max_state_requests == 256 and mem.running_request_cap(1024) == 256
+    assert mem.kv_cache_bytes == mem.requested_bytes - mem.weight_bytes - 256 * mem.state_bytes_per_request
+    other = _scenario(enable_prefix_caching=False, max_num_seqs=256, mamba_full_memory_ratio=0.1)
+    assert memory_breakdown(other.model, other.engine, other.precision, other.hardware).kv_cache_bytes \
+        == mem.kv_cache_bytes

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from conftest import MEASURED_DATA, REPO, scenario_dict
 
-from sim.api import load_scenario
+from sim.api import check_feasible, load_scenario
+from sim.errors import InfeasibleScenario
 from sim.graph.memory import (
     attention_weight_bytes,
     memory_breakdown,
@@ -100,3 +101,36 @@ def test_an_expert_parallel_size_that_does_not_divide_the_experts_prices_the_bus
     moe_s = {dp: sum(k.total_s() for k in predict_step(scenario(dp), batch).kernels if k.estimate.work.kind.value == "moe")
              for dp in (2, 3, 4)}
     assert moe_s[2] > moe_s[3] > moe_s[4]
+
+
+def test_sglang_sizes_its_pool_from_mem_fraction_static_less_the_weights_only() -> None:
+    # SGLang's profile_max_num_token: rest = free after the weights - free before x (1 - mem_fraction_static);
+    # the activations and CUDA graphs live in the 1 - mem_fraction_static it leaves, unprofiled.
+    def mem(backend: str) -> Any:
+        sc = scenario_from_dict(scenario_dict(engine={"backend": backend, "gpu_memory_utilization": 0.88}), source="t")
+        return memory_breakdown(sc.model, sc.engine, sc.precision, sc.hardware)
+
+    sglang, vllm = mem("sglang"), mem("vllm")
+    assert not sglang.overheads_in_budget and vllm.overheads_in_budget
+    assert sglang.requested_bytes == int((sglang.total_bytes - sglang.runtime_overhead_bytes) * 0.88)
+    assert sglang.kv_cache_bytes == sglang.requested_bytes - sglang.weight_bytes
+    assert sglang.num_kv_blocks == sglang.kv_cache_bytes // (sglang.kv_bytes_per_token * 16)
+    assert sglang.static_bytes() == sglang.weight_bytes
+    # vLLM takes its profiled activation peak, CUDA graphs and runtime out of the same fraction.
+    assert vllm.kv_cache_bytes == vllm.requested_bytes - vllm.static_bytes()
+    gap = vllm.activation_peak_bytes + vllm.cuda_graph_bytes + int(0.12 * vllm.runtime_overhead_bytes)
+    assert sglang.kv_cache_bytes - vllm.kv_cache_bytes == pytest.approx(gap, abs=2)
+
+
+def test_an_sglang_engine_whose_weights_fit_its_fraction_is_feasible_where_vllm_is_not() -> None:
+    # Llama-3.1-8B on an L4 at 0.7: 14.96 GiB of weights under SGLang's (22.5 - 0.5) x 0.7 = 15.4 GiB, so
+    # SGLang starts with a small pool; vLLM also subtracts its 1.2 GiB of activations and runtime and refuses.
+    def scenario(backend: str) -> Any:
+        return scenario_from_dict(scenario_dict(hardware={"name": "l4"}, engine={
+            "backend": backend, "gpu_memory_utilization": 0.7, "max_model_len": 1024}), source="t")
+
+    mem = check_feasible(scenario("sglang"))
+    assert mem.kv_capacity_tokens() > 1024
+    with pytest.raises(InfeasibleScenario) as err:
+        check_feasible(scenario("vllm"))
+    assert "activations and runtime" in err.value.rule

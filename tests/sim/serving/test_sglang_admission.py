@@ -115,7 +115,8 @@ def test_retraction_never_takes_the_request_being_placed_while_later_ones_run(pr
     step was placing while later ones kept running let bulk decodes run without their blocks, and the
     two paths disagreed (a review's repro, 2026-12-02: 125 of 200 records differed)."""
     sc = scenario_from_dict(scenario_dict(
-        engine={"max_model_len": 4096, "backend": "sglang", "gpu_memory_utilization": 0.27,
+        # 1,540 blocks: SGLang's mem_fraction_static less the weights (vLLM's 0.27 less its activations too).
+        engine={"max_model_len": 4096, "backend": "sglang", "gpu_memory_utilization": 0.226,
                 "enable_prefix_caching": prefix_caching},
         workload={"num_prompts": 200, "random_input_len": 128, "random_output_len": 1024, "max_concurrency": 64,
                   "random_range_ratio": 0.3}, perf={"tier": "roofline"}), source="t")
@@ -129,7 +130,7 @@ def test_a_request_alone_on_the_replica_is_admitted_whatever_it_reserves() -> No
     reservation refused it forever and the run ended with it unserved."""
     def scenario(prompt: int, output: int) -> Any:
         return scenario_from_dict(scenario_dict(
-            engine={"max_model_len": 16384, "backend": "sglang", "gpu_memory_utilization": 0.24,
+            engine={"max_model_len": 16384, "backend": "sglang", "gpu_memory_utilization": 0.196,
                     "enable_prefix_caching": False},
             workload={"num_prompts": 3, "random_input_len": prompt, "random_output_len": output},
             perf={"tier": "roofline"}), source="t")
