@@ -125,10 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"error: {file_error(exc)}\n")
         return 2
-    except KeyboardInterrupt:
-        # A verb that can continue later says how where it catches the interrupt (sweep).
-        sys.stderr.write("\ninterrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:
+        # A verb that can continue later says how where it catches the interrupt (sweep); a sweep's
+        # SIGTERM arrives as `Terminated` (orchestrator.sweep.signals): exit 143, as the signal would.
+        from orchestrator.sweep.signals import exit_code, stopped_word
+
+        sys.stderr.write(f"\n{stopped_word(exc)}\n")
+        return exit_code(exc)
     return code
 
 

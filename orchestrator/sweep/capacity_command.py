@@ -8,6 +8,7 @@ per candidate with its capacity, replica count, fleet cost and the metrics at ca
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -37,6 +38,7 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
     from orchestrator.sweep.pool import ShardPool
     from orchestrator.sweep.progress import ProgressBar
     from orchestrator.sweep.session import calibration_files, connect_ray, default_num_actors, make_tracker, ui_hint
+    from orchestrator.sweep.signals import exit_code, sigterm_as_interrupt, stopped_word
 
     for flag in ("storage", "resume", "trials"):
         if getattr(args, flag):
@@ -46,7 +48,9 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
     tracker = make_tracker(args.tracking_uri, spec, study_dir)
     started = connect_ray(args.ray_address, args.actors)
     pool = None
+    stopping = contextlib.ExitStack()
     try:
+        stopping.enter_context(sigterm_as_interrupt())  # after connect_ray (orchestrator.sweep.signals)
         uid = uuid.uuid4().hex
         tracker.start_study(study_uid=uid, spec=spec, tags={"mode": "capacity"},
                             files=[("scenario", Path(spec.base_scenario)),
@@ -58,10 +62,12 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
         planner.progress = bar.step
         try:
             plans, chosen, verified, notes = planner.run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: a plan is never resumed, so end its run KILLED
             bar.close()
-            sys.stderr.write("\ninterrupted\n")
-            return 130
+            with contextlib.suppress(Exception):
+                tracker.interrupt_study()
+            sys.stderr.write(f"\n{stopped_word(exc)}\n")
+            return exit_code(exc)
         bar.close()
         report = CapacityReport(spec=spec, candidates=plans, chosen=chosen, verified=verified,
                                 vllm_serve=serve_command(base, plans[chosen]) if chosen is not None else "",
@@ -103,11 +109,21 @@ def run_capacity(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Cal
                                     "capacity_pareto.png": capacity_pareto_png(report, base)},
                              metrics={"num_candidates": float(len(plans)), "num_probes": float(planner.num_probes)},
                              ok=True)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            tracker.interrupt_study()
+        raise
+    except BaseException as exc:
+        if not type(exc).__module__.startswith("mlflow"):  # MLflow itself answers: end the parent run FAILED
+            with contextlib.suppress(Exception):
+                tracker.finish_study(files={}, metrics={}, ok=False)
+        raise
     finally:
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
+        stopping.close()
     report = replace(report, wall_s=time.perf_counter() - start_s)
     if args.json:
         payload = report.to_json()

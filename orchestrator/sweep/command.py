@@ -159,7 +159,9 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
         make_tracker_process,
         ui_hint,
     )
+    from orchestrator.sweep.signals import exit_code, sigterm_as_interrupt, stopped_word
     from orchestrator.sweep.study import open_storage, open_study, reproducibility, study_uid
+    from orchestrator.sweep.tracker_process import TrackerProcessError
 
     base = spec.load_base()
     storage, storage_desc = open_storage(args.storage or os.environ.get(STORAGE_ENV) or None, study_dir)
@@ -189,7 +191,11 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
             with contextlib.suppress(Exception):  # the MLflow child started meanwhile: end it too
                 tracker_future.result().close()
             raise
+    stopping = contextlib.ExitStack()
     try:
+        # A SIGTERM stops the sweep as Ctrl-C does (orchestrator.sweep.signals); entered after
+        # connect_ray, whose core worker installs a handler of its own, and left after the clean-up.
+        stopping.enter_context(sigterm_as_interrupt())
         tracker.start_study(study_uid=study_uid(study), spec=spec,
                             tags={"mode": "search", "storage": storage_desc, "n_trials": str(n_trials),
                                   "sampler": spec.sampler, "sim_version": _sim_version(),
@@ -204,21 +210,28 @@ def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Call
                              storage_desc=storage_desc)
         try:
             report = driver.run()
-        except KeyboardInterrupt:
+            bar.close()
+            tracker.finish_study(files={**report_files(report), **optuna_plot_files(study, spec)},
+                                 metrics=_study_metrics(report.counts(), report.timings.wall_s), ok=True)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`Terminated`)
             bar.close()
             with contextlib.suppress(Exception):  # best effort: the store may be what failed
                 tracker.interrupt_study()
-            sys.stderr.write("\ninterrupted; " + resume_hint(args, study_dir))
-            return 130
-        bar.close()
-        tracker.finish_study(files={**report_files(report), **optuna_plot_files(study, spec)},
-                             metrics=_study_metrics(report.counts(), report.timings.wall_s), ok=True)
+            sys.stderr.write(f"\n{stopped_word(exc)}; " + resume_hint(args, study_dir))
+            return exit_code(exc)
+        except BaseException as exc:
+            bar.close()
+            if not isinstance(exc, TrackerProcessError):  # MLflow itself answers: end the parent run FAILED
+                with contextlib.suppress(Exception):
+                    tracker.finish_study(files={}, metrics={}, ok=False)
+            raise
     finally:
         if pool is not None:
             pool.close()
         if started:
             ray.shutdown()
         tracker.close()
+        stopping.close()
     repro = reproducibility(spec, resumed_with=resumed_with)
     if args.json:
         payload = report.to_json()

@@ -33,7 +33,7 @@ import optuna
 from optuna.pruners import BasePruner, HyperbandPruner, SuccessiveHalvingPruner
 from optuna.trial import TrialState
 
-from orchestrator.sweep.objective import constraint_values
+from orchestrator.sweep.objective import relative_violations
 from orchestrator.sweep.spec import SLO_PRUNING_METRIC, SearchSpec, SweepSpec
 
 
@@ -51,14 +51,8 @@ def rung_requests(search: SearchSpec, full_requests: int) -> tuple[int, ...]:
 
 def rung_score(metrics: Mapping[str, float], spec: SweepSpec) -> float:
     """What the pruner ranks at a rung; lower is better (module docstring)."""
-    violation = 0.0
     # With slo_confidence a bound is judged at the interval's pessimistic end, as Optuna's constraint is.
-    overs = constraint_values(metrics, spec.slo)
-    for b in spec.slo:
-        over = overs[b.metric]
-        if over > 0:
-            scale = abs(b.max_value if b.max_value is not None else b.min_value or 0.0) or 1.0
-            violation += over / scale
+    violation = sum(v for v in relative_violations(metrics, spec.slo).values() if v > 0)
     metric = spec.search.pruning_metric
     if metric == SLO_PRUNING_METRIC:
         return violation

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.render import table
-from orchestrator.sweep.objective import constraint_values, pareto_indices
+from orchestrator.sweep.objective import constraint_values, pareto_indices, relative_violations
 from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.serving import POOL_PREFIX, SERVING_KEY, is_disaggregated
 from orchestrator.sweep.spec import SweepSpec
@@ -180,10 +180,11 @@ def is_feasible(record: TrialRecord, spec: SweepSpec) -> bool:
 
 
 def total_violation(record: TrialRecord, spec: SweepSpec) -> float:
+    """How far a trial misses the `[slo]`: its relative violations summed (`relative_violations`)."""
     res = record.result
     if res is None:
         return math.inf
-    return sum(max(v, 0.0) for v in constraint_values(res.metrics, spec.slo).values())
+    return sum(max(v, 0.0) for v in relative_violations(res.metrics, spec.slo).values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

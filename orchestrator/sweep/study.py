@@ -8,8 +8,9 @@ results depend on, checked on resume) and `kernelsight.spec` (the sweep file's t
 
 Trial states: `OK` -> COMPLETE with objective values and one constraint per `[slo]` bound;
 `PRUNED` (stopped at a fidelity rung by `[search]`) -> PRUNED with its last rung's constraints;
-`INFEASIBLE`/`INVALID` -> PRUNED with the `config_runs` constraint violated (samplers rank them
-below every runnable configuration); `FAILED` -> FAIL. The full `TrialResult` (metrics, kernel
+`INFEASIBLE`/`INVALID` -> PRUNED with the `config_runs` constraint violated by +inf (samplers rank
+them below every runnable configuration); `FAILED` -> FAIL. The `[slo]` constraints are relative to
+their bounds (`objective.relative_violations`). The full `TrialResult` (metrics, kernel
 breakdown, reason) is the trial's `kernelsight` user attribute.
 """
 
@@ -32,7 +33,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from orchestrator.sweep import fast_truncnorm
 from orchestrator.sweep.journal_lock import InterruptSafeLock
-from orchestrator.sweep.objective import CONFIG_CONSTRAINT, constraint_values, objective_values
+from orchestrator.sweep.objective import CONFIG_CONSTRAINT, CONFIG_VIOLATION, objective_values, relative_violations
 from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.space import grid_search_space
 from orchestrator.sweep.spec import SweepSpec
@@ -236,9 +237,9 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, spec: Sw
     values = objective_values(result.metrics, spec.objectives) if state is TrialState.COMPLETE else None
     constraints: dict[str, float] = {}
     if result.status in (TrialStatus.OK, TrialStatus.PRUNED):  # a pruned trial: its last rung's metrics
-        constraints = {**constraint_values(result.metrics, spec.slo), CONFIG_CONSTRAINT: 0.0}
+        constraints = {**relative_violations(result.metrics, spec.slo), CONFIG_CONSTRAINT: 0.0}
     elif result.status in (TrialStatus.INFEASIBLE, TrialStatus.INVALID):
-        constraints = {CONFIG_CONSTRAINT: 1.0}
+        constraints = {CONFIG_CONSTRAINT: CONFIG_VIOLATION}
     with warnings.catch_warnings():
         # On resume a trial may already hold these (identical, deterministic) values; Optuna keeps them.
         warnings.filterwarnings("ignore", message="The constraint value is ignored")

@@ -10,8 +10,9 @@ thread sends each call down a pipe and waits on it, which releases the GIL.
 The call order, the error handling and what a killed driver leaves behind are those of an in-process
 `MlflowTracker`: every call is answered before the next is sent, an error raised in the child is
 raised again in the driver, a child that dies makes the next call fail with a clear error, and a
-driver that dies closes the pipe, which ends the child. The child ignores SIGINT, so Ctrl-C reaches
-only the driver, which then marks the parent run KILLED through the child.
+driver that dies closes the pipe, which ends the child. The child ignores SIGINT and SIGTERM, so a
+Ctrl-C or a SIGTERM sent to the whole process group stops only the driver, which then marks the parent
+run KILLED through the child before it closes it.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def _serve(conn: Connection, tracking_uri: str, experiment_name: str, artifact_l
            driver_pid: int, log_level: int) -> None:
     """The child: build the tracker, then answer calls until the driver sends None or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ends with the driver's pipe instead
     faults.also_kill(driver_pid)  # a fault point here stops the driver, as it would in-process
     from orchestrator.sweep.session import quiet_service_loggers
     from orchestrator.sweep.tracking import MlflowTracker

@@ -334,10 +334,51 @@ def test_tell_records_state_constraints_and_result_once(tmp_path: Path) -> None:
     tell(study, failed, TrialResult(number=2, status=TrialStatus.FAILED, params={}, reason="boom"), spec)
     t0, t1, t2 = study.get_trials()
     assert t0.values == [1.0, 0.2] and t0.constraints == pytest.approx(
-        {"tpot_p90_s": 0.01, "goodput_frac": -0.1, "config_runs": 0.0})
-    assert t1.state.name == "PRUNED" and t1.constraints == {"config_runs": 1.0}
+        {"tpot_p90_s": 0.01 / 0.05, "goodput_frac": -0.1 / 0.9, "config_runs": 0.0})
+    assert t1.state.name == "PRUNED" and t1.constraints == {"config_runs": math.inf}
     assert t2.state.name == "FAIL" and t2.user_attrs["kernelsight"]["reason"] == "boom"
     assert study.best_trials == []  # the only complete trial misses the TPOT bound
+
+
+def _optuna_violation(trial: optuna.trial.FrozenTrial) -> float:
+    """How TPE (`_get_infeasible_trial_score`) and NSGA-II (`_constrained_dominates`) rank infeasible
+    trials: the sum of the positive constraint values, lower first."""
+    return sum(v for v in trial.constraints.values() if v > 0)
+
+
+def test_a_configuration_that_cannot_run_ranks_below_every_runnable_miss(tmp_path: Path) -> None:
+    """Before, an out-of-memory or invalid configuration was told `config_runs = 1` and the [slo] misses
+    their raw differences: a runnable trial at TTFT p90 = 20 s against a 2 s bound (violation 18) ranked
+    below a configuration that cannot run at all, so TPE's good group filled with unrunnable ones."""
+    text = GOOD.replace("tpot_p90_s = 0.05\n", "tpot_p90_s = 0.05\nttft_p90_s = 2.0\n")
+    spec = load_sweep(write(tmp_path, text))
+    study, _ = open_study(spec, open_storage(None, tmp_path / "study")[0], identity="id", resume=False)
+    metrics = {"cost_per_million_output_tokens_usd": 1.0, "ttft_p90_s": 20.0, "tpot_p90_s": 0.04,
+               "goodput_frac": 0.95}
+    tell(study, study.ask(), TrialResult(number=0, status=TrialStatus.OK, params={}, metrics=metrics), spec)
+    tell(study, study.ask(), TrialResult(number=1, status=TrialStatus.INFEASIBLE, params={}, reason="OOM"), spec)
+    tell(study, study.ask(), TrialResult(number=2, status=TrialStatus.INVALID, params={}, reason="TP"), spec)
+    ran, oom, invalid = study.get_trials()
+    assert ran.constraints["ttft_p90_s"] == pytest.approx(9.0)  # (20 - 2) / 2
+    assert _optuna_violation(ran) < _optuna_violation(oom) == _optuna_violation(invalid)
+    from optuna.samplers._tpe.sampler import _get_infeasible_trial_score
+
+    assert sorted([oom, ran], key=_get_infeasible_trial_score)[0].number == 0
+
+
+def test_closest_misses_weigh_bounds_in_their_own_units(tmp_path: Path) -> None:
+    """A 1% miss of a 1000 tokens/s floor is closer than a TTFT 10x over its 1 s bound (before: raw
+    differences summed, 10 against 9, the other way round)."""
+    text = GOOD.replace("tpot_p90_s = 0.05\ngoodput_frac = { min = 0.9 }\n",
+                        "ttft_p90_s = 1.0\noutput_throughput_tokens_per_s = { min = 1000.0 }\n")
+    spec = load_sweep(write(tmp_path, text))
+    slow = {"cost_per_million_output_tokens_usd": 1.0, "ttft_p90_s": 10.0, "output_throughput_tokens_per_s": 2000.0}
+    short = {"cost_per_million_output_tokens_usd": 1.0, "ttft_p90_s": 0.5, "output_throughput_tokens_per_s": 990.0}
+    records = [TrialRecord(number=i, state="COMPLETE", values=(1.0, m["ttft_p90_s"]),
+                           result=TrialResult(number=i, status=TrialStatus.OK, params={}, metrics=m))
+               for i, m in enumerate((slow, short))]
+    selection = select_best(records, spec)
+    assert selection.best == () and selection.closest == (1, 0)
 
 
 def test_existing_study_needs_resume_and_the_same_sweep(tmp_path: Path) -> None:

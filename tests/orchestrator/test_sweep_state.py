@@ -19,6 +19,7 @@ import time
 from argparse import Namespace
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO
@@ -167,6 +168,101 @@ def test_sigint_prints_a_hint_that_resumes_into_the_same_stores(ray_address: str
     runs = client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'", max_results=100)
     assert Counter(int(r.data.tags["trial_number"]) for r in runs) == dict.fromkeys(range(8), 1)
     assert not (REPO / "sweeps" / "runs").exists()
+
+
+def _parent_runs(tracking: str, experiment: str) -> list[Any]:
+    client = MlflowClient(tracking_uri=tracking)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return list(client.search_runs([exp.experiment_id], filter_string="tags.role = 'parent'"))
+
+
+def test_sigterm_stops_a_search_as_ctrl_c_does(ray_address: str, tracking_uri: str, tmp_path: Path) -> None:
+    """`kill`, `timeout`, a deleted pod: before, the driver died in Ray's SIGTERM handler, the parent run
+    stayed RUNNING and no resume line was printed."""
+    path = sweep_file(tmp_path, name="term", sampler="random", n_trials=200, space=SPACE,
+                      base_set='"workload.num_prompts" = 120, "workload.request_rate" = 16.0')
+    study_dir = tmp_path / "study"
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
+                               ray_address, "--tracking-uri", tracking_uri, "--study-dir", str(study_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            study = journal_study(study_dir, "term")
+            if study and any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
+                break
+            assert driver.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGTERM)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            driver.kill()
+    assert driver.returncode == 143, stderr[-3000:]
+    assert "terminated; continue with: kernelsight sweep" in stderr and "--resume" in stderr
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name("term")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    assert [r.info.status for r in runs if r.data.tags["role"] == "parent"] == ["KILLED"]
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_stopped_capacity_plan_ends_its_parent_run_killed(ray_address: str, tracking_uri: str, tmp_path: Path,
+                                                          sig: int, code: int) -> None:
+    """A capacity plan is never resumed (a new parent run each time): before, Ctrl-C and SIGTERM both left
+    its parent run RUNNING for good."""
+    path = tmp_path / "cap.toml"
+    path.write_text(f"""
+[study]
+name = "cap"
+[capacity]
+target_request_rate = 40.0
+[slo]
+ttft_p90_s = 1.0
+tpot_p90_s = 0.05
+[base]
+scenario = "{REPO / "scenarios" / "llama3_8b-h100.toml"}"
+set = {{ "workload.num_prompts" = 5000 }}
+[space]
+"hardware.name" = {{ choices = ["h100_sxm", "a100_sxm"] }}
+""")
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
+                               ray_address, "--tracking-uri", tracking_uri, "--study-dir", str(tmp_path / "s")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while not _parent_runs(tracking_uri, "cap"):
+            assert driver.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)  # the probes are running
+        driver.send_signal(sig)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            driver.kill()
+    assert driver.returncode == code, stderr[-3000:]
+    assert [r.info.status for r in _parent_runs(tracking_uri, "cap")] == ["KILLED"]
+
+
+def test_a_search_that_fails_ends_its_parent_run_failed(ray_address: str, tracking_uri: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error that is not MLflow's own (the Optuna database, a bug) used to leave the parent run RUNNING."""
+    from orchestrator.cli import main
+    from orchestrator.sweep.driver import SweepDriver
+
+    def broken(self: SweepDriver) -> None:
+        raise RuntimeError("the Optuna database went away")
+
+    monkeypatch.setattr(SweepDriver, "run", broken)
+    path = sweep_file(tmp_path, name="broken", sampler="random", n_trials=2, space=SPACE, base_set=SMALL)
+    with pytest.raises(RuntimeError, match="went away"):
+        main(["sweep", str(path), "--ray-address", ray_address, "--tracking-uri", tracking_uri,
+              "--study-dir", str(tmp_path / "study")])
+    assert [r.info.status for r in _parent_runs(tracking_uri, "broken")] == ["FAILED"]
 
 
 @pytest.mark.parametrize("point", ["trial-run-created", "trial-metrics-logged"])
