@@ -162,10 +162,10 @@ def _first_grid_index(tmp_path: Path, size: int) -> int:
 
 
 def test_a_slow_trial_does_not_hold_back_the_others(ray_runtime: None, tmp_path: Path) -> None:
-    """Trial 0 simulates 60,000 requests, trials 1-6 a handful each. With 2 actors the fast trials
+    """Trial 0 simulates 100,000 requests, trials 1-6 a handful each. With 2 actors the fast trials
     go through the free actor, asked, run and recorded while trial 0 is still running: at most the
     one trial queued behind it on its own actor (pool depth 2) waits for it."""
-    slow, fast = 60_000, list(range(8, 14))
+    slow, fast = 100_000, list(range(8, 14))
     choices: list[int] = list(fast)
     choices.insert(_first_grid_index(tmp_path, len(fast) + 1), slow)  # trial 0 draws the slow one
     path = sweep_file(tmp_path, name="unordered", sampler="grid", n_trials=len(choices),
@@ -195,9 +195,12 @@ def test_a_slow_trial_does_not_hold_back_the_others(ray_runtime: None, tmp_path:
     assert sorted(by_number) == list(range(len(choices)))
     assert int(by_number[0].metrics["num_completed"]) == slow, "trial 0 is not the slow trial"
     assert sorted(int(r.metrics["num_completed"]) for n, r in by_number.items() if n) == fast
+    # The precondition of the order check: trial 0 outlasts the fast trials run one after another
+    # (an actor's first trial pays its start-up pricing, so a ratio to the slowest fast trial is no
+    # bound on a loaded box).
     slow_s = by_number[0].duration_s
-    fast_s = max(r.duration_s for n, r in by_number.items() if n)
-    assert slow_s > 5 * fast_s, f"trial 0 was not slow enough to tell ({slow_s:.2f} s vs {fast_s:.2f} s)"
+    fast_s = sum(r.duration_s for n, r in by_number.items() if n)
+    assert slow_s > fast_s, f"trial 0 was not slow enough to tell ({slow_s:.2f} s vs {fast_s:.2f} s in all)"
 
     order = [number for number, _, _ in finished]
     before_slow = order[:order.index(0)]
