@@ -51,7 +51,7 @@ from sim.specs.speculative import acceptance_rates
 from sim.workload.generate import generate, generate_fleet
 from sim.workload.requests import RequestSpec
 
-__version__ = "0.6.6"
+__version__ = "0.6.7"
 
 _GIB = float(1 << 30)
 
