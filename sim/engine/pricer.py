@@ -31,7 +31,7 @@ from sim.engine.micro_batches import split_step
 from sim.engine.part_book import PartBook
 from sim.engine.part_prices import PartPrices
 from sim.graph.memory import stage_layer_ranges
-from sim.graph.moe import uses_expert_all_to_all
+from sim.graph.moe import expert_all_to_all
 from sim.graph.shared_experts import depends_on_decode_only
 from sim.graph.transformer import one_token_chunks_decode, pp_hops_leaving_domains
 from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
@@ -178,7 +178,8 @@ class StepPricer:
         """This run's parts and how each is priced."""
         # Decode-only steps differ from others in the expert all-to-all's mode and, for some
         # engines, in where the shared expert runs (`sim.graph.shared_experts`).
-        self._decode_modes = (scenario.model.moe is not None and uses_expert_all_to_all(scenario.engine)) or \
+        self._decode_modes = (scenario.model.moe is not None and expert_all_to_all(
+            scenario.engine, topk=scenario.model.moe.num_experts_per_token, hw=scenario.hardware)) or \
             depends_on_decode_only(scenario.model, scenario.engine, scenario.precision, scenario.hardware)
         self._mode = scenario.engine.effective_launch_mode()
         assert scenario.engine.max_cudagraph_capture_size is not None

@@ -29,11 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sim.dtypes import DType
 from sim.graph.kernels import KernelKind, KernelWork
 from sim.graph.moe_routing import moe_rank0_load, moe_rank0_loads, served
 from sim.specs.engine import EngineParams, routing_alpha
+from sim.specs.hardware import HardwareSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +110,41 @@ def uses_expert_all_to_all(engine: EngineParams) -> bool:
     (`CutlassFusedMoE` gathers only `if self.use_dp and self.parallel_size > 1`) and SGLang with its
     default `moe_a2a_backend = none`."""
     return engine.expert_parallel_size() > 1 and engine.data_parallel_size > 1
+
+
+TRTLLM_GATHER_BYTES_PER_ELEMENT: Final[dict[DType, float]] = {
+    DType.NVFP4: DType.NVFP4.bytes_per_element(), DType.FP8: 1.0}
+"""Bytes per hidden element TensorRT-LLM's attention-DP allgather moves for experts of this format
+(`CutlassFusedMoE.quantize_input` before the post-quant allgather: NVFP4 values and scales, FP8 QDQ
+per-tensor; the other formats, FP8 block scales among them, gather the BF16 activations)."""
+
+
+def trtllm_gathers_expert_tokens(engine: EngineParams, *, topk: int, ep: int, multi_node_nvlink: bool) -> bool:
+    """Whether TensorRT-LLM's expert parallelism over attention-DP ranks moves the tokens by an
+    allgather before the experts and a reducescatter after instead of an all-to-all.
+
+    `CutlassFusedMoE.select_alltoall_method_type` enables an all-to-all only when `moe_ep_size >
+    top_k` and MNNVL is supported (a multi-node NVLink domain: GB200 / GB300 NVL72), or DeepEP is
+    opted into with `TRTLLM_CAN_USE_DEEP_EP=1`; otherwise `run_post_quant_allgather` gathers every
+    DP rank's tokens (with their routing) onto every rank and `reducescatter` returns each rank its
+    own rows. So DeepSeek-R1 at EP 8 (top-8) always gathers, and on 8-GPU H100 / H200 / B200 nodes so
+    does every layout. AIConfigurator prices the same path (`MoEDispatch`: NCCL all_gather and
+    reduce_scatter of the tokens x DP)."""
+    return (engine.backend == "trtllm" and uses_expert_all_to_all(engine)
+            and not (ep > topk and multi_node_nvlink))
+
+
+def expert_all_to_all(engine: EngineParams, *, topk: int, hw: HardwareSpec) -> bool:
+    """Whether the MoE layers move tokens by an expert all-to-all (priced as DeepEP): expert
+    parallelism over attention-DP ranks (`uses_expert_all_to_all`), except where TensorRT-LLM
+    gathers them instead (`trtllm_gathers_expert_tokens`)."""
+    return uses_expert_all_to_all(engine) and not trtllm_gathers_expert_tokens(
+        engine, topk=topk, ep=engine.expert_parallel_size(), multi_node_nvlink=multi_node_nvlink(hw))
+
+
+def multi_node_nvlink(hw: HardwareSpec) -> bool:
+    """Whether the GPU's NVLink domain spans nodes (MNNVL: GB200 / GB300 NVL72 racks)."""
+    return hw.nvlink_domain() > hw.num_gpus_per_node
 
 
 def sequence_parallel_moe(engine: EngineParams) -> bool:

@@ -18,7 +18,8 @@ MoE layouts (vLLM): the MoE layers run over the TP x DP GPUs of a replica as moe
 attention TP = `tensor_parallel_size`. Each DP rank's batch is assumed alike, so an MoE layer sees
 num_tokens = step tokens x DP. With expert parallelism over DP > 1 the tokens travel by DeepEP
 all-to-all (each attention-TP rank dispatches its 1/TP slice; vLLM then all-gathers the slices
-over TP at the layer's end instead of all-reducing, `sim.graph.moe.sequence_parallel_moe`); with it
+over TP at the layer's end instead of all-reducing, `sim.graph.moe.sequence_parallel_moe`;
+TensorRT-LLM all-gathers them and reduce-scatters the outputs, `sim.graph.moe.trtllm_gathers_expert_tokens`); with it
 and DP = 1 every rank holds
 the whole batch and the layer's TP all-reduce sums the experts' partial outputs
 (`sim.graph.moe.uses_expert_all_to_all`); without it and DP > 1 they are all-gathered over the DP
@@ -37,11 +38,14 @@ from sim.graph import linear_attention, mla
 from sim.graph.batch import BatchShape
 from sim.graph.kernels import KernelGraph, KernelKind, KernelNode, KernelWork, gemm_work, pointwise_work
 from sim.graph.moe import (
+    TRTLLM_GATHER_BYTES_PER_ELEMENT,
     ep_all_to_all_work,
     eplb_routing,
+    expert_all_to_all,
     moe_work,
+    multi_node_nvlink,
     sequence_parallel_moe,
-    uses_expert_all_to_all,
+    trtllm_gathers_expert_tokens,
 )
 from sim.graph.shared_experts import beside_variant, shared_expert_token_limit
 from sim.specs.engine import EngineParams
@@ -411,12 +415,20 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
     h = s.hidden
     gathered = t * s.dp
     add(gemm_work("moe_router", t, moe.num_experts, h, weight_dtype=act, act_dtype=act, compute_dtype=act), repeat)
-    all_to_all = uses_expert_all_to_all(engine)
+    topk = moe.num_experts_per_token
+    all_to_all = expert_all_to_all(engine, topk=topk, hw=hw)
+    gathers = trtllm_gathers_expert_tokens(engine, topk=topk, ep=s.ep, multi_node_nvlink=multi_node_nvlink(hw))
     if all_to_all:
         a2a = ep_all_to_all_work(tokens_per_rank=-(-t // s.tp), hidden=h, topk=moe.num_experts_per_token,
                                  num_experts=moe.num_experts, ep=s.ep, nvlink_domain=hw.nvlink_domain(),
                                  fp8_dispatch=hw.supports(DType.FP8), decode_only=decode_only)
         add(a2a, repeat)
+    elif gathers:
+        # TensorRT-LLM's post-quant allgather: every rank's tokens (in the experts' input format) and
+        # their routing (int32 expert ids, fp32 weights) onto every rank; an all-gather's message is
+        # the gathered buffer.
+        per_token = TRTLLM_GATHER_BYTES_PER_ELEMENT.get(ew, act_b) * h + 8 * topk
+        add(collective_work(KernelKind.ALL_GATHER, "moe_ep_all_gather", gathered * per_token, s.dp), repeat)
     elif s.dp > 1:
         add(collective_work(KernelKind.ALL_GATHER, "moe_dp_all_gather", gathered * h * act_b, s.dp), repeat)
     eplb = engine.enable_eplb and s.ep > 1
@@ -429,6 +441,9 @@ def _moe_block(add: object, model: ModelSpec, engine: EngineParams, precision: P
         # layer's TP all-reduce sums every rank's partial outputs).
         add(collective_work(KernelKind.ALL_REDUCE, "moe_tp_all_reduce", -(-t // s.tp) * h * act_b, s.moe_tp),
             repeat)
+    elif gathers:
+        # Each rank's partial outputs of all the gathered tokens, summed and scattered back to their ranks.
+        add(collective_work(KernelKind.REDUCE_SCATTER, "moe_ep_reduce_scatter", gathered * h * act_b, s.dp), repeat)
     elif s.ep == 1 and s.dp > 1:
         add(collective_work(KernelKind.REDUCE_SCATTER, "moe_dp_reduce_scatter", gathered * h * act_b, s.dp), repeat)
     if s.shared_width:

@@ -437,3 +437,38 @@ def test_vllm_sequence_parallel_moe_gathers_instead_of_reducing_over_tp() -> Non
                   scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True)):
         names = {n.work.name for n in step_graph(other, batch).nodes}
         assert "moe_tp_all_gather" not in names
+
+
+def test_trtllm_attention_dp_gathers_expert_tokens_instead_of_an_all_to_all() -> None:
+    # TensorRT-LLM's CutlassFusedMoE enables an all-to-all only for moe_ep_size > top_k with MNNVL
+    # (select_alltoall_method_type); DeepSeek-R1's EP 8 at top-8 on H200 runs its post-quant
+    # allgather of every DP rank's tokens and a reducescatter after the experts.
+    sc = scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True, backend="trtllm",
+                  moe_routing="balanced")
+    for batch in (BatchShape(decode_context_tokens=(100,) * 16), BatchShape(prefills=(PrefillChunk(new_tokens=16),))):
+        nodes = {n.work.name: n for n in step_graph(sc, batch).nodes}
+        assert "moe_all_to_all" not in nodes
+        gather, scatter = nodes["moe_ep_all_gather"], nodes["moe_ep_reduce_scatter"]
+        assert gather.repeat == scatter.repeat == 58
+        assert gather.work.kind is KernelKind.ALL_GATHER and gather.work.group_size == 8
+        # BF16 activations (FP8 block-scaled experts gather unquantized) plus int32 ids and fp32 weights
+        assert gather.work.comm_bytes == 8 * 16 * (7168 * 2 + 8 * 8)
+        assert scatter.work.kind is KernelKind.REDUCE_SCATTER and scatter.work.comm_bytes == 8 * 16 * 7168 * 2
+        assert nodes["moe_experts"].work.shape[0] == 8 * 16  # every rank's experts see every rank's tokens
+    # Other engines keep the DeepEP exchange at the same layout.
+    for backend in ("vllm", "sglang"):
+        other = scenario(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True, backend=backend)
+        names = {n.work.name for n in step_graph(other, BatchShape(decode_context_tokens=(100,) * 16)).nodes}
+        assert "moe_all_to_all" in names and "moe_ep_all_gather" not in names
+
+
+def test_trtllm_all_to_all_needs_more_ep_ranks_than_top_k_and_multi_node_nvlink() -> None:
+    from sim.graph.moe import trtllm_gathers_expert_tokens
+
+    e = EngineParams(tensor_parallel_size=1, data_parallel_size=16, enable_expert_parallel=True, backend="trtllm")
+    assert trtllm_gathers_expert_tokens(e, topk=8, ep=16, multi_node_nvlink=False)
+    assert trtllm_gathers_expert_tokens(e, topk=8, ep=8, multi_node_nvlink=True)
+    assert not trtllm_gathers_expert_tokens(e, topk=8, ep=16, multi_node_nvlink=True)
+    # Without attention DP nothing moves at all (the layer's TP all-reduce sums the experts' outputs).
+    tp = EngineParams(tensor_parallel_size=8, enable_expert_parallel=True, backend="trtllm")
+    assert not trtllm_gathers_expert_tokens(tp, topk=8, ep=8, multi_node_nvlink=False)
