@@ -10,8 +10,9 @@ the simulator's own memory model, so every backend is simulated with the KV capa
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from sim.perf.profile import EngineProfile
 from sim.validation.specs_cache import SpecCache
@@ -24,24 +25,72 @@ engine-side trace timestamps): their latencies have no request or response path 
 Rows measured by a benchmark client against the OpenAI-compatible server keep the profile's value."""
 
 
+SGLANG_MEMORY_TIERS_SINCE: Final = (0, 5, 3)
+"""SGLang release whose `ServerArgs._handle_gpu_memory_settings` (sgl-project/sglang#10372) sets
+`cuda_graph_max_bs` and `chunked_prefill_size` by GPU memory tier and TP size; before it they were
+160 and 8,192 on every GPU of 25 GB or more."""
+_MIB = 1 << 20
+
+
+def _release3(version: str) -> tuple[int, ...] | None:
+    """(major, minor, patch) of '0.5.6.post2'; None when the string names no release."""
+    parts = re.findall(r"\d+", version.split("-")[0])
+    return tuple(int(p) for p in parts[:3]) if len(parts) >= 2 else None
+
+
+def sglang_memory_defaults(version: str, *, tp_size: int, hbm_capacity_bytes: int) -> tuple[int, int | None]:
+    """(`cuda_graph_max_bs`, `chunked_prefill_size` or None for the profile's) that SGLang release
+    `version` picks when the launch sets neither, on a GPU of `hbm_capacity_bytes` with `--tp
+    tp_size` (with attention DP: all the ranks). From 0.5.3 (`_handle_gpu_memory_settings`; tiers in
+    MiB as SGLang reads the device): < 20 GB 8 / 2,048; < 35 GB 24 (80 from TP 4) / 2,048; < 60 GB 32
+    (160) / 4,096; < 160 GB (H100, H200, A100-80GB) 256 (512 from TP 4) / 8,192; else (B200) 512 /
+    16,384. Earlier releases: 160 graphs from 25 GB (8, or 80 from TP 4, below), the profile's chunk.
+    An unknown version takes the newest rule, as `async_for` does."""
+    mib = hbm_capacity_bytes / _MIB
+    release = _release3(version)
+    if release is not None and release < SGLANG_MEMORY_TIERS_SINCE:
+        if mib < 25_000:
+            return (8 if tp_size < 4 else 80), 2048
+        return 160, None
+    small = tp_size < 4
+    if mib < 20 * 1024:
+        return 8, 2048
+    if mib < 35 * 1024:
+        return (24 if small else 80), 2048
+    if mib < 60 * 1024:
+        return (32 if small else 160), 4096
+    if mib < 160 * 1024:
+        return (256 if small else 512), 8192
+    return 512, 16384
+
+
 def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int,
-                   version: str = "", weight_format: str | None = None) -> dict[str, Any]:
+                   version: str = "", weight_format: str | None = None,
+                   hbm_capacity_bytes: int | None = None, tp_size: int = 1) -> dict[str, Any]:
     """Engine keys a benchmark leaves at the defaults of the engine release `version`.
 
     `weight_format` is the format the weights are served in when the checkpoint fixes it
     (`quantization` None); the profile's FP8-KV rule looks at it as at `quantization`.
+    With `hbm_capacity_bytes` (the GPU's memory) an SGLang engine takes the CUDA-graph batch cap and
+    chunk size its release picks for that GPU and `tp_size` (`sglang_memory_defaults`) instead of the
+    profile's fixed ones.
     """
     d = profile.defaults
+    batched = d.max_num_batched_tokens
+    capture = d.max_cudagraph_capture_size
+    if profile.backend == "sglang" and hbm_capacity_bytes is not None:
+        capture, chunk = sglang_memory_defaults(version, tp_size=tp_size, hbm_capacity_bytes=hbm_capacity_bytes)
+        batched = chunk or batched
     engine: dict[str, Any] = {
         "backend": profile.backend,
         "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max(d.max_num_batched_tokens, max_num_seqs),
+        "max_num_batched_tokens": max(batched, max_num_seqs),
         "enable_chunked_prefill": d.enable_chunked_prefill,
         "enable_prefix_caching": False,
         "async_scheduling": d.async_for(version),
     }
-    if d.max_cudagraph_capture_size is not None:
-        engine["max_cudagraph_capture_size"] = d.max_cudagraph_capture_size
+    if capture is not None:
+        engine["max_cudagraph_capture_size"] = capture
     if d.block_size is not None:
         engine["block_size"] = d.block_size
     if quantization is not None:

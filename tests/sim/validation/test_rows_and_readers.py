@@ -12,7 +12,7 @@ from sim.api import load_engine_profile, predict_step
 from sim.graph.batch import BatchShape
 from sim.specs.scenario import scenario_from_dict
 from sim.validation.aiconfigurator import read_aiconfigurator
-from sim.validation.engine_args import trtllm_bench_settings
+from sim.validation.engine_args import sglang_memory_defaults, trtllm_bench_settings
 from sim.validation.finalize import finalize
 from sim.validation.llmservingsim import read_llmservingsim
 from sim.validation.rows import EvalRowRefused, ValidationRow, is_eval, require_dev, suite_of
@@ -132,6 +132,41 @@ def test_a_gated_deltanet_hybrid_row_is_simulable(tmp_path: Path) -> None:
     assert row.skip_reason is None and row.family == "moe"
 
 
+@pytest.mark.parametrize(("version", "system", "tp", "capture", "chunk"), [
+    ("0.5.6.post2", "h200_sxm", 1, 256, 8192),
+    ("0.5.6.post2", "h200_sxm", 4, 512, 8192),   # from TP 4 SGLang captures decode batches up to 512
+    ("0.5.6.post2", "h100_sxm", 8, 512, 8192),
+    ("0.5.9", "b200_sxm", 1, 512, 16384),        # >= 160 GB: 512 graphs, 16k chunks
+    ("0.5.1.post1", "h100_sxm", 8, 160, 8192),   # before 0.5.3: 160 on every GPU of 25 GB or more
+])
+def test_sglang_rows_take_the_cuda_graph_cap_and_chunk_of_their_release(
+        tmp_path: Path, version: str, system: str, tp: int, capture: int, chunk: int) -> None:
+    """SGLang's `ServerArgs._handle_gpu_memory_settings` (since 0.5.3) picks `cuda_graph_max_bs` by GPU
+    memory and TP size: on an H100 / H200 256 below TP 4, 512 from TP 4. A decode batch above the cap
+    runs eagerly (77.75 us a kernel), so a fixed 256 priced SGLang's TP 4 / 8 rows at C > 256 eager."""
+    change = {"backend": "sglang", "backend_version": version, "system": system, "tp_size": str(tp),
+              "model_path": "meta-llama/Llama-3.1-8B-Instruct", "batch_size": "352", "src_concurrency": "352",
+              "src_file": "/Users/x/data.csv"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.sections is not None, row.skip_reason
+    engine = row.sections["engine"]
+    assert (engine["max_cudagraph_capture_size"], engine["max_num_batched_tokens"]) == (capture, chunk)
+    hbm = {"h100_sxm": 80, "h200_sxm": 141, "b200_sxm": 180}[system] << 30
+    assert sglang_memory_defaults(version, tp_size=tp, hbm_capacity_bytes=hbm) == (
+        capture, None if version == "0.5.1.post1" else chunk)
+
+
+def test_sglang_attention_dp_rows_count_all_ranks_as_sglangs_tp(tmp_path: Path) -> None:
+    change = {"backend": "sglang", "backend_version": "0.5.9", "system": "h200_sxm", "tp_size": "1",
+              "attention_dp_size": "8", "model_path": "deepseek-ai/DeepSeek-R1", "moe_tp_size": "1",
+              "moe_ep_size": "8", "gemm_quant_mode": "fp8_block", "moe_quant_mode": "fp8_block",
+              "batch_size": "8", "src_concurrency": "64", "src_file": "2026-03-25.csv"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.sections is not None, row.skip_reason
+    assert row.sections["engine"]["data_parallel_size"] == 8
+    assert row.sections["engine"]["max_cudagraph_capture_size"] == 512  # `--tp 8 --dp 8 --enable-dp-attention`
+
+
 @pytest.mark.parametrize(("change", "reason"), [
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
@@ -242,7 +277,7 @@ def test_static_batch_older_dense_checkpoints_are_represented(tmp_path: Path) ->
     mistral, llama7, llama70 = read_trtllm_static(path, PROFILES, SpecCache())
     assert not mistral.skipped and mistral.sections is not None
     assert mistral.sections["model"]["name"] == "mistralai/Mistral-7B-v0.1" and mistral.suite == "dev"
-    assert not llama7.skipped and llama7.suite == "dev"
+    assert not llama7.skipped and llama7.suite == "dev" and llama7.sections is not None
     assert not llama70.skipped and llama70.suite == "eval"  # a Llama 70B checkpoint: evaluation only
     # TensorRT-LLM 0.9 (engine flow) attends over the whole context: Mistral's config window is off.
     assert mistral.sections["engine"]["max_attention_window"] == 0 and "full attention" in mistral.notes[-1]
@@ -339,7 +374,7 @@ def test_gh200_throughput_rows_run_on_the_gh200_spec(tmp_path: Path) -> None:
         assert not row.skipped and row.hardware == "gh200" and row.sections is not None
         assert row.sections["hardware"]["name"] == "gh200"
         assert row.sections["engine"]["api_server_latency_s"] == 0.0  # trtllm-bench: no API server
-    assert (small.suite, large.suite) == ("dev", "eval")
+    assert (small.suite, large.suite) == ("dev", "eval") and small.sections is not None
     hw = scenario_from_dict(small.sections, source="t.csv").hardware
     assert hw.hbm_capacity_bytes == 96 * 2**30 and hw.hbm_bandwidth_bytes_per_s == 4.0e12
     assert hw.num_gpus_per_node == 1 and hw.sm_version == 90
