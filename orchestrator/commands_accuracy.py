@@ -157,7 +157,8 @@ def register(sub: Any) -> None:
     ak = acc_sub.add_parser("kernels", help="leave-one-GPU-out kernel accuracy (docs/accuracy.md)")
     ak.add_argument("--json", action="store_true", help="also print the full result as JSON")
     ak.add_argument("--data", help=DATA_HELP)
-    ak.add_argument("--workers", type=int, default=2)
+    ak.add_argument("--workers", type=int, default=2,
+                    help="processes for the leave-one-GPU-out refits (default 2)")
     ak.add_argument("--doc", default=str(_ACCURACY_MD), help=argparse.SUPPRESS)
     ak.add_argument("--family", action="append", choices=FAMILIES, metavar="NAME",
                     help="score only this kernel family (repeatable); prints a table instead of "
