@@ -56,7 +56,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 
 from sim.serving.block_keys import ROOT_KEY, SegmentLike, segment_block_keys
 
@@ -65,9 +64,6 @@ __all__ = ["ROOT_KEY", "BlockCountingKVCache", "KVCacheManager", "SegmentLike", 
 
 _FreeEntry = list[int] | tuple[int, int]
 """A run of unindexed free blocks, or (indexed block, stamp of its queue entry)."""
-_tail_of = attrgetter("tail")
-_consume = deque(maxlen=0).extend
-"""Runs an iterator to its end in C (the per-block loops of bulk block growth run as `map`s)."""
 
 
 def _check_pool(num_blocks: int, block_size: int) -> None:
@@ -283,10 +279,12 @@ class KVCacheManager:
             if n == 1:
                 held[ids[0]].tail.append(head[offset])
                 return
-            _consume(map(list.append, map(_tail_of, map(held.__getitem__, ids)), head[offset:offset + n]))
+            for b, request_id in enumerate(ids, offset):
+                held[request_id].tail.append(head[b])
             return
         # Taking them all at once gives each request the block it would take alone, in order.
-        _consume(map(list.append, map(_tail_of, map(held.__getitem__, ids)), self._take(n)))
+        for request_id, b in zip(ids, self._take(len(ids)), strict=True):
+            held[request_id].tail.append(b)
 
     def append_blocks(self, request_id: int, count: int) -> None:
         """`append_one_block([request_id] * count)`: `count` more blocks for one request (the
@@ -532,13 +530,12 @@ class BlockCountingKVCache(KVCacheManager):
 
     def append_one_block(self, requests: Iterable[int]) -> None:
         """As `KVCacheManager.append_one_block`: one more block for each request."""
-        ids = requests if isinstance(requests, list) else list(requests)
         counts = self._counts
-        if len(ids) == 1:
-            counts[ids[0]] += 1
-        else:  # one at a time, in C (a request listed twice gets two)
-            _consume(map(counts.__setitem__, ids, map((1).__add__, map(counts.__getitem__, ids))))
-        self._num_free -= len(ids)
+        n = 0
+        for request_id in requests:
+            counts[request_id] += 1
+            n += 1
+        self._num_free -= n
 
     def append_blocks(self, request_id: int, count: int) -> None:
         """As `KVCacheManager.append_blocks`: `count` more blocks for one request."""

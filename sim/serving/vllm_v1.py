@@ -62,7 +62,6 @@ from collections import deque
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
-from operator import attrgetter
 from typing import TypeVar, cast
 
 import numpy as np
@@ -76,9 +75,6 @@ from sim.serving.speculative import AcceptanceSampler
 
 def _run_seq(request: RequestState) -> int:
     return request.run_seq
-
-
-_request_id = attrgetter("request_id")
 
 
 _FreeAfter = TypeVar("_FreeAfter", np.ndarray, list[int])
@@ -462,7 +458,7 @@ class VllmV1Scheduler:
                 break
             if due:
                 free -= len(due)
-                request_ids += map(_request_id, due)
+                request_ids += [r.request_id for r in due]
             free_after.append(free)
             steps += 1
         if request_ids:
@@ -498,7 +494,7 @@ class VllmV1Scheduler:
             # Bulk decodes only (every rank of a data-parallel group, most steps): the blocks they
             # cross into, then `_bulk_plan`'s plan with no chunk.
             if due:
-                self._kv.append_one_block(list(map(_request_id, due)))
+                self._kv.append_one_block([r.request_id for r in due])
             self._step_id += 1
             self._clock = u + 1
             self._clock_step = self._step_id
@@ -639,7 +635,7 @@ class VllmV1Scheduler:
         kv = self._kv
         if not planned:
             if due:
-                kv.append_one_block(list(map(_request_id, due)))
+                kv.append_one_block([r.request_id for r in due])
             return
         i = 0
         for req, num_new in planned:
@@ -648,7 +644,7 @@ class VllmV1Scheduler:
             while j < len(due) and due[j].run_seq < seq:
                 j += 1
             if j > i:
-                kv.append_one_block(list(map(_request_id, due[i:j])))
+                kv.append_one_block([r.request_id for r in due[i:j]])
                 i = j
             ok = kv.allocate(req.request_id, num_tokens=req.num_computed + num_new, keys=req.keys,
                              num_computed_tokens=req.num_computed)
@@ -656,7 +652,7 @@ class VllmV1Scheduler:
             chunks.append(ScheduledChunk(req, num_new, req.num_computed,
                                          req.num_computed + num_new == req.num_known()))
         if i < len(due):
-            kv.append_one_block(list(map(_request_id, due[i:])))
+            kv.append_one_block([r.request_id for r in due[i:]])
 
     def _last_bulk_seq(self) -> int:
         for req in reversed(self._running):
