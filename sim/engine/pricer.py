@@ -72,6 +72,38 @@ _BUCKET_TABLE_MAX = 1 << 16
 """Largest total context whose bucket a decode table keeps (512 KiB per batch size)."""
 
 
+_BUCKET_TABLES: dict[tuple[int, int], np.ndarray] = {}
+"""`_DecodeTable.bucket_of` by (batch size, bucket tokens), shared by the process's pricers (a pure
+function of the two, element by element: a longer table only adds totals), read-only."""
+_BUCKET_TABLES_MAX_ENTRIES = 1 << 23
+"""Totals `_BUCKET_TABLES` holds in all before it is cleared (64 MiB)."""
+_bucket_tables_entries = [0]
+
+
+def _bucket_table(num_decode: int, bucket: int, top: int) -> np.ndarray:
+    """max(1, rint(total / num_decode / bucket)) for totals 0.. at least `top` - 1 (`_BUCKET_TABLE_MAX`
+    at most), from `_BUCKET_TABLES` or built there (doubling, as a table of one pricer grew)."""
+    key = (num_decode, bucket)
+    cached = _BUCKET_TABLES.get(key)
+    held = 0 if cached is None else len(cached)
+    if top <= held:
+        assert cached is not None
+        return cached
+    size = min(max(top, 2 * held, 1024), _BUCKET_TABLE_MAX)
+    x = np.arange(size, dtype=np.float64)  # the same operations as `_DecodeTable.buckets`, element by element
+    x /= num_decode
+    x /= bucket
+    table = np.maximum(np.rint(x, out=x).astype(np.int64), 1)
+    table.flags.writeable = False
+    entries = _bucket_tables_entries[0] - held
+    if entries + size > _BUCKET_TABLES_MAX_ENTRIES:
+        _BUCKET_TABLES.clear()
+        entries = 0
+    _bucket_tables_entries[0] = entries + size
+    _BUCKET_TABLES[key] = table
+    return table
+
+
 class _DecodeTable:
     """Seconds (NaN: not priced yet) and uncounted bulk steps of decode-only steps of one batch
     size, by mean context in buckets (`mean // decode_context_bucket_tokens`)."""
@@ -96,11 +128,7 @@ class _DecodeTable:
         n = self.num_decode
         top = context_tokens + n * num_steps
         if top > len(self.bucket_of) and top <= _BUCKET_TABLE_MAX:
-            size = min(max(top, 2 * len(self.bucket_of), 1024), _BUCKET_TABLE_MAX)
-            x = np.arange(size, dtype=np.float64)  # the same operations as below, element by element
-            x /= n
-            x /= bucket
-            self.bucket_of = np.maximum(np.rint(x, out=x).astype(np.int64), 1)
+            self.bucket_of = _bucket_table(n, bucket, top)
         if top <= len(self.bucket_of):
             return self.bucket_of[context_tokens:top:n]
         x = np.arange(num_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
