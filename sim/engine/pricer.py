@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -653,12 +653,13 @@ class StepPricer:
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""
         key_parts = self._key_parts
-        priced = list(map(key_parts.get, self.counts))
-        if None in priced:  # keys counted but not priced here (in order, as they come)
+        found = list(map(key_parts.get, self.counts))
+        if None in found:  # keys counted but not priced here (in order, as they come)
             for key in self.counts:
                 if key not in key_parts:
                     self.step_s(key)
-            priced = list(map(key_parts.__getitem__, self.counts))
+            found = list(map(key_parts.__getitem__, self.counts))
+        priced = cast(list[tuple[list[Part], HostCost]], found)
         part_lists = list(map(_first, priced))
         flat: list[Part] = list(chain.from_iterable(part_lists))
         sizes = list(map(len, part_lists))
