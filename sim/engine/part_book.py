@@ -157,11 +157,28 @@ class PartBook:
         top = (self._tops[0] if kind in ("token", "prefill") else self._tops[1]) or 0
         return self._part_in_families([(family, n, top, from_ask)], n, build)
 
+    def _block_part(self, family: PartFamily, n: int) -> Part | None:
+        """The part of count `n` from `family`'s block pricer when the run has one that prices it
+        (what `_part_in_families` picks first for a family that leads its axes); else None."""
+        blocks = self._blocks
+        pricer = blocks.get(family) if blocks is not None else None
+        if pricer is None:
+            return None
+        part = pricer.part(n)
+        if part is not None and part.worst_provenance > self.worst_provenance:
+            self.worst_provenance = part.worst_provenance
+        return part
+
     def token(self, token_key: int) -> Part:
         """The token part (GEMMs, norms, activations, collectives, MoE) of a step with `token_key`
         tokens; a negative key is a decode-only step's (its expert all-to-all in low-latency mode)."""
         part = self._token_parts.get(token_key)
         if part is None:
+            part = (self._block_part(_TOKEN, token_key) if token_key > 0
+                    else self._block_part(_DECODE_ONLY_TOKEN, -token_key))
+            if part is not None:
+                self._token_parts[token_key] = part
+                return part
             if token_key < 0:
                 part = self._new_part(_DECODE_ONLY_TOKEN, -token_key, self._nodes.decode_only_token)
             else:
@@ -173,7 +190,10 @@ class PartBook:
         """The sampler part of a step that samples `num_sampled` rows."""
         part = self._sampling_parts.get(num_sampled)
         if part is None:
-            part = self._sampling_parts[num_sampled] = self._new_part(_SAMPLING, num_sampled, self._nodes.sampling)
+            part = self._block_part(_SAMPLING, num_sampled)
+            if part is None:
+                part = self._new_part(_SAMPLING, num_sampled, self._nodes.sampling)
+            self._sampling_parts[num_sampled] = part
         return part
 
     def prefill(self, new_tokens: int, context_tokens: int, count: int) -> Part:
@@ -188,8 +208,12 @@ class PartBook:
             # The engine runs it as `count` decodes at this context (`one_token_chunks_decode`).
             part = self._prefill_parts[key] = self.decode(count, context_tokens)
         if part is None:
-            nodes = self._nodes
             family = ("prefill", context_tokens, count)
+            part = self._block_part(family, new_tokens)  # the first of its axes, as below
+            if part is not None:
+                self._prefill_parts[key] = part
+                return part
+            nodes = self._nodes
             build = lambda n: nodes.prefill(n, context_tokens, count)  # noqa: E731
             if context_tokens == 0:
                 part = self._new_part(family, new_tokens, build)
@@ -213,6 +237,10 @@ class PartBook:
         part = self._decode_parts.get(key)
         if part is None:
             mean = mean_context_tokens
+            part = self._block_part(("decode", mean), num_decode)  # the first of its axes, as below
+            if part is not None:
+                self._decode_parts[key] = part
+                return part
             nodes = self._nodes
             axes: list[_Axis] = [(("decode", mean), num_decode, self._tops[1] or 0, 2)]
             if mean % self._bucket == 0:

@@ -22,7 +22,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from itertools import chain
+from operator import attrgetter, itemgetter
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -34,7 +36,7 @@ from sim.graph.memory import stage_layer_ranges
 from sim.graph.moe import expert_all_to_all
 from sim.graph.shared_experts import depends_on_decode_only
 from sim.graph.transformer import one_token_chunks_decode, pp_hops_leaving_domains
-from sim.perf.host import HostCost, HostOverheadParams, host_cost, launches_eagerly, step_time_s
+from sim.perf.host import HostCost, HostOverheadParams, host_cost, step_time_s
 from sim.perf.profile import load_engine_profile, resolved_async_scheduling
 from sim.perf.step import StepCostModel
 from sim.provenance import Provenance
@@ -64,8 +66,42 @@ the request's tokens; nothing in the data measures it). Added to the step's CPU 
 
 _max = np.maximum.reduce
 """`ndarray.max()` without its Python wrapper."""
+_cpu_s, _launch_s, _launch_floor_s = attrgetter("cpu_s"), attrgetter("launch_s"), attrgetter("launch_floor_s")
+_first, _second = itemgetter(0), itemgetter(1)
 _BUCKET_TABLE_MAX = 1 << 16
 """Largest total context whose bucket a decode table keeps (512 KiB per batch size)."""
+
+
+_BUCKET_TABLES: dict[tuple[int, int], np.ndarray] = {}
+"""`_DecodeTable.bucket_of` by (batch size, bucket tokens), shared by the process's pricers (a pure
+function of the two, element by element: a longer table only adds totals), read-only."""
+_BUCKET_TABLES_MAX_ENTRIES = 1 << 23
+"""Totals `_BUCKET_TABLES` holds in all before it is cleared (64 MiB)."""
+_bucket_tables_entries = [0]
+
+
+def _bucket_table(num_decode: int, bucket: int, top: int) -> np.ndarray:
+    """max(1, rint(total / num_decode / bucket)) for totals 0.. at least `top` - 1 (`_BUCKET_TABLE_MAX`
+    at most), from `_BUCKET_TABLES` or built there (doubling, as a table of one pricer grew)."""
+    key = (num_decode, bucket)
+    cached = _BUCKET_TABLES.get(key)
+    held = 0 if cached is None else len(cached)
+    if top <= held:
+        assert cached is not None
+        return cached
+    size = min(max(top, 2 * held, 1024), _BUCKET_TABLE_MAX)
+    x = np.arange(size, dtype=np.float64)  # the same operations as `_DecodeTable.buckets`, element by element
+    x /= num_decode
+    x /= bucket
+    table = np.maximum(np.rint(x, out=x).astype(np.int64), 1)
+    table.flags.writeable = False
+    entries = _bucket_tables_entries[0] - held
+    if entries + size > _BUCKET_TABLES_MAX_ENTRIES:
+        _BUCKET_TABLES.clear()
+        entries = 0
+    _bucket_tables_entries[0] = entries + size
+    _BUCKET_TABLES[key] = table
+    return table
 
 
 class _DecodeTable:
@@ -92,11 +128,7 @@ class _DecodeTable:
         n = self.num_decode
         top = context_tokens + n * num_steps
         if top > len(self.bucket_of) and top <= _BUCKET_TABLE_MAX:
-            size = min(max(top, 2 * len(self.bucket_of), 1024), _BUCKET_TABLE_MAX)
-            x = np.arange(size, dtype=np.float64)  # the same operations as below, element by element
-            x /= n
-            x /= bucket
-            self.bucket_of = np.maximum(np.rint(x, out=x).astype(np.int64), 1)
+            self.bucket_of = _bucket_table(n, bucket, top)
         if top <= len(self.bucket_of):
             return self.bucket_of[context_tokens:top:n]
         x = np.arange(num_steps, dtype=np.float64)  # (context + j x count) / count / bucket, rounded as `key`
@@ -182,6 +214,10 @@ class StepPricer:
             scenario.engine, topk=scenario.model.moe.num_experts_per_token, hw=scenario.hardware)) or \
             depends_on_decode_only(scenario.model, scenario.engine, scenario.precision, scenario.hardware)
         self._mode = scenario.engine.effective_launch_mode()
+        self._graph_mode = self._mode == "cuda_graph"
+        self._eager_mode = self._mode == "eager"
+        self._uncaptured_eager = host.uncaptured_launch == "eager"
+        """`launches_eagerly`'s tests, read once (`_rank_step`)."""
         assert scenario.engine.max_cudagraph_capture_size is not None
         self._capture_size = scenario.engine.max_cudagraph_capture_size
         self._async = (resolved_async_scheduling(scenario.engine, load_engine_profile(scenario.engine.backend))
@@ -592,9 +628,12 @@ class StepPricer:
             launches += p.num_launches
         # A decode-only step's graph is chosen by its tokens: 1 + k per verifying decode.
         graph_tokens = n + num_decode * (1 + self._k)
-        if not launches_eagerly(params=self._host, mode=self._mode, is_decode_only=not prefills,
-                                num_seqs=n + num_decode, max_cudagraph_capture_size=self._capture_size,
-                                num_tokens=graph_tokens):
+        # `launches_eagerly(...)`, inlined (once per new key)
+        if self._graph_mode:
+            eager = self._uncaptured_eager and not (not prefills and graph_tokens <= self._capture_size)
+        else:
+            eager = self._eager_mode
+        if not eager:
             launches, gap = 0, 0.0  # only eager launches cost per kernel
         # The host samples and processes outputs per request (a verification's k + 1 rows are one).
         host_key = (n + num_decode, num_seqs_sampling, not prefills, launches, gap)
@@ -608,27 +647,47 @@ class StepPricer:
             )
             if self._ngram_s:
                 host = self._host_costs[host_key] = replace(host, cpu_s=host.cpu_s + self._ngram_s * num_seqs_sampling)
-        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=self._async), parts, host
+        if self._async:  # `step_time_s(...)`, inlined
+            return max(gpu + comm + host.launch_floor_s, host.cpu_s + host.launch_s), parts, host
+        return step_time_s(device_s=gpu + comm, host=host, async_scheduling=False), parts, host
 
     def breakdown(self) -> tuple[dict[str, float], dict[str, float], float, float]:
         """Seconds by kernel kind, by kernel name, host CPU, launch floor, summed over all steps."""
-        part_counts: dict[int, tuple[Part, int]] = {}
-        host = floor = 0.0
         key_parts = self._key_parts
-        for key, count in self.counts.items():
-            priced = key_parts.get(key)
-            if priced is None:
-                self.step_s(key)
-                priced = key_parts[key]
-            parts, hc = priced
-            for part in parts:
-                seen = part_counts.get(id(part))
-                part_counts[id(part)] = (part, count if seen is None else seen[1] + count)
-            host += (hc.cpu_s + hc.launch_s) * count
-            floor += hc.launch_floor_s * count
+        found = list(map(key_parts.get, self.counts))
+        if None in found:  # keys counted but not priced here (in order, as they come)
+            for key in self.counts:
+                if key not in key_parts:
+                    self.step_s(key)
+            found = list(map(key_parts.__getitem__, self.counts))
+        priced = cast(list[tuple[list[Part], HostCost]], found)
+        part_lists = list(map(_first, priced))
+        flat: list[Part] = list(chain.from_iterable(part_lists))
+        sizes = list(map(len, part_lists))
+        hosts: list[HostCost] = list(map(_second, priced))
+        # Per distinct part (by identity, in order of first use) the steps of the keys holding it,
+        # as the loop `count[part] += steps of key` over the keys in order gives them (exact integers).
+        num_keys = len(sizes)
+        steps = np.fromiter(self.counts.values(), dtype=np.int64, count=num_keys)
+        ids = np.fromiter(map(id, flat), dtype=np.uint64, count=len(flat))
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        totals = np.bincount(inverse.reshape(-1), weights=np.repeat(steps, sizes), minlength=len(first))
+        order = np.argsort(first, kind="stable")
+        part_counts = zip([flat[i] for i in first[order].tolist()], totals[order].tolist(), strict=True)
+        # Host and floor: the running sums over the keys in order (`cumsum` adds in turn).
+        host = floor = 0.0
+        if num_keys:
+            weight = steps.astype(np.float64)
+            cpu = np.fromiter(map(_cpu_s, hosts), dtype=np.float64, count=num_keys)
+            cpu += np.fromiter(map(_launch_s, hosts), dtype=np.float64, count=num_keys)
+            cpu *= weight
+            host = float(np.concatenate(((0.0,), cpu)).cumsum()[-1])
+            gaps = np.fromiter(map(_launch_floor_s, hosts), dtype=np.float64, count=num_keys)
+            gaps *= weight
+            floor = float(np.concatenate(((0.0,), gaps)).cumsum()[-1])
         # Parts with the same node labels (a block's, or alike parts) are summed as one matrix.
-        by_labels: dict[tuple[tuple[str, str], ...], tuple[list[tuple[float, ...] | np.ndarray], list[int]]] = {}
-        for part, count in part_counts.values():
+        by_labels: dict[tuple[tuple[str, str], ...], tuple[list[tuple[float, ...] | np.ndarray], list[float]]] = {}
+        for part, count in part_counts:
             seconds, counts = by_labels.setdefault(part.labels, ([], []))
             seconds.append(part.seconds)
             counts.append(count)

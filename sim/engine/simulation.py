@@ -32,7 +32,7 @@ from typing import get_args
 import numpy as np
 
 from sim.engine.pricer import AnyKey, DecodeRun, GroupKey, StepPricer
-from sim.engine.records import RequestRecord
+from sim.engine.records import RequestRecord, new_request_record
 from sim.engine.step_log import StepLog
 from sim.metrics.kv_usage import KvUsageTrace
 from sim.serving.dp_group import DataParallelGroup
@@ -701,13 +701,10 @@ class Simulation:
     def _record(self, req: RequestState) -> None:
         assert req.first_token_s is not None and req.first_scheduled_s is not None
         latency = self._client_latency_s
-        self.records.append(RequestRecord(
-            request_id=req.request_id, replica=req.replica, arrival_s=req.sent_s,
-            first_scheduled_s=req.first_scheduled_s, first_token_s=req.first_token_s + latency,
-            finish_s=self.now_s + latency,
-            prompt_tokens=req.prompt_tokens, output_tokens=req.num_output,
-            prefix_hit_tokens=req.prefix_hit_tokens, num_preemptions=req.num_preemptions,
-            recomputed_tokens=req.recomputed_tokens,
+        self.records.append(new_request_record(
+            req.request_id, req.replica, req.sent_s, req.first_scheduled_s, req.first_token_s + latency,
+            self.now_s + latency, req.prompt_tokens, req.num_output, req.prefix_hit_tokens, req.num_preemptions,
+            req.recomputed_tokens,
         ))
         if self._progress is not None:
             self._progress(len(self.records))

@@ -59,7 +59,8 @@ from collections.abc import Iterable, Sequence
 
 from sim.serving.block_keys import ROOT_KEY, SegmentLike, segment_block_keys
 
-__all__ = ["ROOT_KEY", "BlockCountingKVCache", "KVCacheManager", "SegmentLike", "kv_cache_for", "segment_block_keys"]
+__all__ = ["ROOT_KEY", "BlockCountingKVCache", "KVCacheManager", "LazyBlockIdsKVCache", "SegmentLike", "kv_cache_for",
+           "segment_block_keys"]
 
 
 _FreeEntry = list[int] | tuple[int, int]
@@ -593,9 +594,132 @@ class BlockCountingKVCache(KVCacheManager):
         return None
 
 
+class LazyBlockIdsKVCache(KVCacheManager):
+    """`KVCacheManager` with prefix caching that counts each request's blocks (as
+    `BlockCountingKVCache`) until a commit first indexes a block, and only then gives the blocks ids
+    and becomes a `KVCacheManager` (its class is reassigned: the same slots).
+
+    While no block is indexed, block ids reach no result: no lookup can hit, nothing is evicted, and
+    the free queue is all unindexed blocks, which are interchangeable. So ids assigned at the first
+    index (each holder's blocks numbered in turn, the rest one free run) give a cache that is the
+    `KVCacheManager` of the same calls up to a renaming of blocks: the same hits, evictions, free
+    counts and allocation results from then on. A workload whose prompts share no prefix and that
+    preempts nothing never indexes a block and never pays for block ids. The block-id helpers
+    (`blocks_of`, `free_block_ids`, `ref_count`, `cached_block_id`) assign the ids first.
+
+    While counting, `_held` maps a request to its block count.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True)
+
+    def _assign_ids(self) -> None:
+        """Give the held blocks ids (each request's in turn, from 0) and the rest one free run; from
+        here on this is a `KVCacheManager`."""
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        held: dict[int, _HeldBlocks] = {}
+        next_id = 0
+        for request_id, count in counts.items():
+            held[request_id] = _HeldBlocks([], list(range(next_id, next_id + count)))
+            next_id += count
+        self._held = held
+        self._free = deque([list(range(next_id, self._num_blocks))] if next_id < self._num_blocks else [])
+        self._head_offset = 0
+        self.__class__ = KVCacheManager  # type: ignore[assignment]
+
+    def get_computed_tokens(self, keys: tuple[int, ...], num_prompt_tokens: int) -> int:
+        return 0  # nothing is indexed yet
+
+    def allocate(
+        self, request_id: int, *, num_tokens: int, keys: tuple[int, ...], num_computed_tokens: int
+    ) -> bool:
+        if num_computed_tokens:  # a hit claim, with nothing indexed: `KVCacheManager` says why it is wrong
+            self._assign_ids()
+            return self.allocate(request_id, num_tokens=num_tokens, keys=keys,
+                                 num_computed_tokens=num_computed_tokens)
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        num_required = -(-num_tokens // self._block_size)
+        held = counts.get(request_id)
+        if held is not None:
+            num_new = num_required - held
+            if num_new <= 0:
+                return True
+            if num_new > self._num_free:
+                return False
+            counts[request_id] = num_required
+            self._num_free -= num_new
+            return True
+        if num_tokens <= 0:
+            raise ValueError(
+                f"num_tokens={num_tokens!r} must exceed "
+                f"num_computed_tokens={num_computed_tokens!r}: a step computes at least one token"
+            )
+        if num_required > self._num_free:
+            return False
+        counts[request_id] = num_required
+        self._num_free -= num_required
+        return True
+
+    def append_one_block(self, requests: Iterable[int]) -> None:
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        n = 0
+        for request_id in requests:
+            counts[request_id] += 1
+            n += 1
+        self._num_free -= n
+
+    def append_blocks(self, request_id: int, count: int) -> None:
+        if count > 0:
+            counts: dict[int, int] = self._held  # type: ignore[assignment]
+            counts[request_id] += count
+            self._num_free -= count
+
+    def commit(self, request_id: int, num_computed_tokens: int, keys: tuple[int, ...]) -> None:
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        held = counts.get(request_id)
+        if held is None or num_computed_tokens // self._block_size > held:
+            self._assign_ids()  # `KVCacheManager.commit` raises
+        elif not keys or num_computed_tokens < self._block_size:
+            return  # indexes nothing
+        else:
+            self._assign_ids()
+        self.commit(request_id, num_computed_tokens, keys)
+
+    def free(self, request_id: int) -> None:
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        held = counts.pop(request_id, None)
+        if held is not None:
+            self._num_free += held
+
+    def num_blocks_held(self, request_id: int) -> int:
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        return counts.get(request_id, 0)
+
+    def reset_prefix_cache(self) -> None:
+        self._assign_ids()
+        self.reset_prefix_cache()
+
+    def blocks_of(self, request_id: int) -> tuple[int, ...]:
+        self._assign_ids()
+        return self.blocks_of(request_id)
+
+    def ref_count(self, block_id: int) -> int:
+        self._assign_ids()
+        return self.ref_count(block_id)
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        self._assign_ids()
+        return self.free_block_ids()
+
+    def cached_block_id(self, key: int) -> int | None:
+        return None
+
+
 def kv_cache_for(*, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> KVCacheManager:
     """The KV cache of one engine rank: block tables and the prefix index with prefix caching,
     block counts without (the same schedule either way, `BlockCountingKVCache`)."""
     if enable_prefix_caching:
-        return KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True)
+        return LazyBlockIdsKVCache(num_blocks=num_blocks, block_size=block_size)
     return BlockCountingKVCache(num_blocks=num_blocks, block_size=block_size)
