@@ -31,7 +31,7 @@ from sim.calibration.e2e_widening import E2EWidening, fit_widening, shipped_wide
 from sim.errors import ConfigError, file_error
 from sim.measured import measured_data_root
 from sim.perf.profile import EngineProfile
-from sim.serde import to_jsonable
+from sim.serde import json_text, to_jsonable
 from sim.validation.budget import CostModel, expected_wall_s, measure_cost_model, select_rows, work_of
 from sim.validation.rows import FAMILIES, SOURCES, Source, ValidationRow
 from sim.validation.runner import TIERS, RowResult, Tier, tier_skip_reason
@@ -243,7 +243,7 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
                         for r in rows],
                "results": to_jsonable(results)}
     try:
-        (out_dir / "validate.json").write_text(json.dumps(payload, indent=1))
+        (out_dir / "validate.json").write_text(json_text(payload, indent=1))
     except OSError as exc:
         raise file_error(exc, key="--out", writing=True) from None
     sys.stderr.write(f"results in {out_dir / 'validate.json'} ({wall:.0f} s)\n")
@@ -256,7 +256,7 @@ def _report(args: Namespace, rows: list[ValidationRow], results: list[RowResult]
         sys.stderr.write(f"wrote the end-to-end widening fitted on {fitted_on} dev row x metric intervals "
                          f"to {args.e2e_widening_out}\n")
     if args.json:
-        sys.stdout.write(json.dumps({**result, "groups": to_jsonable(groups)}, indent=1) + "\n")
+        sys.stdout.write(json_text({**result, "groups": groups}, indent=1) + "\n")
     else:
         from sim.validation.report import groups_table, headline_table, interval_coverage_table
 

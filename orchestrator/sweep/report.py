@@ -7,7 +7,6 @@ closest misses instead, ranked by total violation.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ from orchestrator.sweep.results import TrialResult, TrialStatus
 from orchestrator.sweep.serving import POOL_PREFIX, SERVING_KEY, is_disaggregated
 from orchestrator.sweep.spec import SweepSpec
 from sim.errors import ConfigError
-from sim.serde import apply_overrides
+from sim.serde import apply_overrides, json_text
 from sim.specs.catalog import read_toml
 
 _TOP_SINGLE: Final = 5
@@ -231,7 +230,7 @@ def report_files(report: SweepReport) -> dict[str, bytes]:
     files = {
         "trials.csv": table_csv(rows),
         "pareto_front.csv": table_csv([row for row, r in zip(rows, report.records, strict=True) if r.number in front]),
-        "best_configs.json": json.dumps(report.to_json()["best"], indent=2).encode(),
+        "best_configs.json": json_text(report.to_json()["best"]).encode(),
     }
     ran = [r for r in report.records if r.state == "COMPLETE" and r.values is not None and r.result is not None]
     if ran:

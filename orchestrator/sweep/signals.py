@@ -58,6 +58,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
         _received.append(signum)
         raise Terminated()
 
+    _received.clear()  # a SIGTERM of an earlier sweep in this process does not make a later Ctrl-C one
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield

@@ -359,7 +359,8 @@ def _row(r: dict[str, str], profiles: Mapping[str, EngineProfile], cache: SpecCa
     profile = profiles[backend]
     engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank, version=r["backend_version"],
                                weight_format=served, hbm_capacity_bytes=cache.hardware(hw).hbm_capacity_bytes,
-                               tp_size=layout.tp * layout.dp), **engine_extra}
+                               tp_size=layout.tp * layout.dp, dp_size=layout.dp, pp_size=layout.pp),
+              **engine_extra}
     if inferencex and backend == "vllm":
         engine["async_scheduling"] = True  # InferenceX vLLM recipes pass --async-scheduling
     engine["max_model_len"] = min(isl + osl + 16, spec.max_position_embeddings)
@@ -431,7 +432,8 @@ def _disagg_pools(r: Mapping[str, str], *, moe: bool, conc: int, profile: Engine
         per_rank = batch or math.ceil(conc / (workers * dp))
         engine = {**profile_engine(profile, quantization=quantization, max_num_seqs=per_rank,
                                    version=r["backend_version"], weight_format=served,
-                                   hbm_capacity_bytes=cache.hardware(hw).hbm_capacity_bytes, tp_size=tp * dp),
+                                   hbm_capacity_bytes=cache.hardware(hw).hbm_capacity_bytes, tp_size=tp * dp,
+                                   dp_size=dp, pp_size=pp),
                   "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": dp}
         if moe:
             engine.update(moe_tensor_parallel_size=moe_tp, moe_expert_parallel_size=moe_ep)

@@ -64,23 +64,54 @@ def sglang_memory_defaults(version: str, *, tp_size: int, hbm_capacity_bytes: in
     return 512, 16384
 
 
+def sglang_mem_fraction_static(version: str, *, tp_size: int, dp_size: int = 1, pp_size: int = 1,
+                               hbm_capacity_bytes: int, chunked_prefill_size: int,
+                               cuda_graph_max_bs: int) -> float | None:
+    """`mem_fraction_static` SGLang release `version` picks when the launch leaves it unset; None before
+    0.5.3 (the profile's fraction). From 0.5.3 (`_handle_gpu_memory_settings`) it reserves, in MiB,
+    512 + 1.5 x max(chunk, 2,048) + 2 x `cuda_graph_max_bs` + TP x PP / 8 x 1,024 (with attention DP
+    also 3, and above 300 graphs 4.5, x `cuda_graph_max_bs` x DP), at least 10 GiB on GPUs over 60 GB,
+    and keeps round((memory - reserved) / memory, 3): 0.836 on an 80 GB H100 at TP 1, not 0.88.
+    `chunked_prefill_size` is the one before attention DP divides it (`_handle_data_parallelism` runs
+    after). Speculative decoding's extra reserve (2 GiB for EAGLE) is not added."""
+    release = _release3(version)
+    if release is not None and release < SGLANG_MEMORY_TIERS_SINCE:
+        return None
+    mib = hbm_capacity_bytes / _MIB
+    reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
+    if dp_size > 1:
+        reserved += cuda_graph_max_bs * dp_size * 3
+        if cuda_graph_max_bs > 300:
+            reserved += cuda_graph_max_bs * dp_size * 1.5
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
 def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_seqs: int,
                    version: str = "", weight_format: str | None = None,
-                   hbm_capacity_bytes: int | None = None, tp_size: int = 1) -> dict[str, Any]:
+                   hbm_capacity_bytes: int | None = None, tp_size: int = 1, dp_size: int = 1,
+                   pp_size: int = 1) -> dict[str, Any]:
     """Engine keys a benchmark leaves at the defaults of the engine release `version`.
 
     `weight_format` is the format the weights are served in when the checkpoint fixes it
     (`quantization` None); the profile's FP8-KV rule looks at it as at `quantization`.
     With `hbm_capacity_bytes` (the GPU's memory) an SGLang engine takes the CUDA-graph batch cap and
     chunk size its release picks for that GPU and `tp_size` (`sglang_memory_defaults`) instead of the
-    profile's fixed ones.
+    profile's fixed ones, and from 0.5.3 the `mem_fraction_static` it derives from them, `tp_size`,
+    `pp_size` and the attention-DP `dp_size` (`sglang_mem_fraction_static`).
     """
     d = profile.defaults
     batched = d.max_num_batched_tokens
     capture = d.max_cudagraph_capture_size
+    fraction = d.kv_memory_fraction if d.kv_memory_basis == "total" else None
     if profile.backend == "sglang" and hbm_capacity_bytes is not None:
         capture, chunk = sglang_memory_defaults(version, tp_size=tp_size, hbm_capacity_bytes=hbm_capacity_bytes)
         batched = chunk or batched
+        if fraction is not None:
+            fraction = sglang_mem_fraction_static(
+                version, tp_size=tp_size, dp_size=dp_size, pp_size=pp_size, hbm_capacity_bytes=hbm_capacity_bytes,
+                chunked_prefill_size=batched, cuda_graph_max_bs=capture) or fraction
     engine: dict[str, Any] = {
         "backend": profile.backend,
         "max_num_seqs": max_num_seqs,
@@ -97,8 +128,8 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
         engine["quantization"] = quantization
     if d.kv_cache_fp8_with_quantized_weights and (quantization or weight_format) in _QUANTIZED:
         engine["kv_cache_dtype"] = "fp8"
-    if d.kv_memory_basis == "total":
-        engine["gpu_memory_utilization"] = d.kv_memory_fraction
+    if fraction is not None:
+        engine["gpu_memory_utilization"] = fraction
     return engine
 
 

@@ -12,7 +12,7 @@ from sim.api import load_engine_profile, predict_step
 from sim.graph.batch import BatchShape
 from sim.specs.scenario import scenario_from_dict
 from sim.validation.aiconfigurator import read_aiconfigurator
-from sim.validation.engine_args import sglang_memory_defaults, trtllm_bench_settings
+from sim.validation.engine_args import sglang_mem_fraction_static, sglang_memory_defaults, trtllm_bench_settings
 from sim.validation.finalize import finalize
 from sim.validation.llmservingsim import read_llmservingsim
 from sim.validation.rows import EvalRowRefused, ValidationRow, is_eval, require_dev, suite_of
@@ -154,6 +154,29 @@ def test_sglang_rows_take_the_cuda_graph_cap_and_chunk_of_their_release(
     hbm = {"h100_sxm": 80, "h200_sxm": 141, "b200_sxm": 180}[system] << 30
     assert sglang_memory_defaults(version, tp_size=tp, hbm_capacity_bytes=hbm) == (
         capture, None if version == "0.5.1.post1" else chunk)
+
+
+@pytest.mark.parametrize(("version", "system", "tp", "fraction"), [
+    ("0.5.8.post1", "h100_sxm", 1, 0.836),  # 512 + 8192 x 1.5 + 256 x 2 + 128 MiB of 81,920
+    ("0.5.6.post2", "h200_sxm", 8, 0.897),  # 512 + 12,288 + 512 x 2 + 1,024 MiB of 144,384
+    ("0.5.1.post1", "h100_sxm", 1, 0.88),   # before 0.5.3: the profile's fraction
+])
+def test_sglang_rows_take_the_mem_fraction_static_of_their_release(
+        tmp_path: Path, version: str, system: str, tp: int, fraction: float) -> None:
+    """SGLang >= 0.5.3 derives `mem_fraction_static` from the chunk, the graph cap and TP
+    (`_handle_gpu_memory_settings`); a fixed 0.88 gave Qwen3-32B on one H100 64% more KV cache."""
+    change = {"backend": "sglang", "backend_version": version, "system": system, "tp_size": str(tp),
+              "model_path": "Qwen/Qwen3-32B", "batch_size": "16", "src_concurrency": "16",
+              "src_file": "/Users/x/data.csv"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.sections is not None, row.skip_reason
+    assert row.sections["engine"]["gpu_memory_utilization"] == pytest.approx(fraction)
+
+
+def test_sglang_mem_fraction_static_reserves_for_attention_dp_graphs() -> None:
+    # 512 + 12,288 + 1,024 + 1,024 + 512 x 8 x 3 + 512 x 8 x 1.5 MiB of 144,384 (DP 8, 512 graphs)
+    assert sglang_mem_fraction_static("0.5.9", tp_size=8, dp_size=8, hbm_capacity_bytes=141 << 30,
+                                      chunked_prefill_size=8192, cuda_graph_max_bs=512) == pytest.approx(0.77)
 
 
 def test_sglang_attention_dp_rows_count_all_ranks_as_sglangs_tp(tmp_path: Path) -> None:
