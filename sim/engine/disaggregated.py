@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
 from sim.engine.pricer import StepPricer
-from sim.engine.simulation import Scheduler, SimLimits, Simulation
+from sim.engine.simulation import Scheduler, SimLimits, Simulation, check_router
 from sim.engine.step_log import StepLog
 from sim.metrics.kv_usage import KvUsageTrace
 from sim.serving.dp_group import DataParallelGroup
@@ -71,6 +71,7 @@ class DisaggregatedSimulation(Simulation):
                  max_concurrency: int | None, limits: SimLimits,
                  progress: Callable[[int], None] | None = None, step_log: StepLog | None = None,
                  client_latency_s: float = 0.0, prefill_token: PrefillToken = "resampled") -> None:
+        check_router(decode_router, "decode_router")  # `Simulation` checks the prefill pool's
         super().__init__(replicas=[*prefill, *decode], pricer=prefill_pricer, router=prefill_router,
                          max_concurrency=max_concurrency, limits=limits, progress=progress, step_log=step_log,
                          pricers=[prefill_pricer] * len(prefill) + [decode_pricer] * len(decode),

@@ -160,6 +160,12 @@ def loads_imbalanced(loads: Sequence[int]) -> bool:
     return hi - lo > PREFIX_AWARE_BALANCE_ABS and hi > PREFIX_AWARE_BALANCE_REL * lo
 
 
+def check_router(router: str, key: str = "router") -> None:
+    """Refuse a router name `Simulation._route_in` does not know (it would route as least_outstanding)."""
+    if router not in get_args(RouterName):
+        raise ValueError(f"{key}={router!r}: must be one of {', '.join(get_args(RouterName))}")
+
+
 def _note_end(ends: dict[int, float], step_id: int, end_s: float, oldest: int | None) -> None:
     """Keep `end_s` as step `step_id`'s end and forget the ends of steps before `oldest` (no bulk
     decode last sampled in them; all, if None)."""
@@ -179,8 +185,7 @@ class Simulation:
         """`pricers`: one per replica when replicas differ (disaggregated pools); default `pricer`.
         `client_latency_s`: time outside the engine (the API server's request and response paths)
         added to each record's first-token and finish times; the engine's own events do not see it."""
-        if router not in get_args(RouterName):  # an unknown name would route as least_outstanding
-            raise ValueError(f"router={router!r}: must be one of {', '.join(get_args(RouterName))}")
+        check_router(router)
         pricers = pricers or [pricer] * len(replicas)
         self.kv_trace = KvUsageTrace()
         """After each step: its end time and the used fraction of its replica's KV blocks."""

@@ -874,14 +874,15 @@ class VllmV1Scheduler:
         the new-token ratio, a prompt still being computed its remaining tokens and its whole output.
         The chunks the step already holds (`chunks`) took their blocks from the free count, so a
         prompt's tokens in them are not reserved again (`add_chunked_req` charges the chunk once,
-        against the KV free before the step)."""
+        against the KV free before the step); a retracted request's chunk that runs past its prompt
+        (it recomputes its outputs too) leaves no prompt to reserve, not a negative amount."""
         ratio = self._new_token_ratio()
         scheduled = {c.request.request_id: c.num_new_tokens for c in chunks if not c.is_decode()}
         reserved = 0.0
         for r in self._running:
             left = min(r.output_tokens - self._outputs_now(r), SGLANG_CLIP_MAX_NEW_TOKENS)
             if r.lazy_step < 0 and r.num_computed < r.prompt_tokens:
-                reserved += r.prompt_tokens - r.num_computed - scheduled.get(r.request_id, 0) + left
+                reserved += max(r.prompt_tokens - r.num_computed - scheduled.get(r.request_id, 0), 0) + left
             else:
                 reserved += left * ratio
         return int(self._kv.num_free_blocks() * self._block_size - reserved)

@@ -401,3 +401,17 @@ def test_pools_of_different_engines_are_refused() -> None:
     with pytest.raises(ConfigError) as exc:
         scenario_from_dict(data, source="t.toml")
     assert exc.value.key == "disaggregation.decode.engine.backend" and exc.value.value == "sglang"
+
+
+def test_an_unknown_decode_router_name_is_refused() -> None:
+    """`Simulation` refuses an unknown router for the pool it routes (the prefill pool); the decode
+    pool's router is routed by the same `_route_in` and is refused as well, not routed as
+    least_outstanding."""
+    from typing import cast
+
+    from sim.engine.disaggregated import DisaggregatedSimulation
+
+    with pytest.raises(ValueError, match="decode_router='least_loaded'"):
+        DisaggregatedSimulation(prefill=[], decode=[], prefill_pricer=cast(Any, None), decode_pricer=cast(Any, None),
+                                prefill_router="round_robin", decode_router=cast(Any, "least_loaded"),
+                                path=cast(Any, None), decode_states=[], max_concurrency=None, limits=SimLimits())

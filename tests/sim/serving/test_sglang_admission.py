@@ -176,3 +176,23 @@ def test_the_last_chunk_of_a_prompt_counts_once_against_the_room() -> None:
     plan = sched.schedule()
     assert plan is not None
     assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(0, 188), (1, 300)]
+
+
+def test_a_retracted_requests_recompute_chunk_past_its_prompt_reserves_no_negative_prompt() -> None:
+    """A retracted request recomputes its prompt and its outputs (700 + 100 tokens, 500 outputs to go).
+    Its last chunk (288 tokens, through its outputs) runs 100 tokens past its prompt: the prompt left
+    to reserve is 0, not -100. 100 blocks of 16 tokens: after the chunk 50 are free (800 tokens), its
+    outputs reserve 500, and request 1 (200 + 150 tokens) does not fit the 300 left (SGLang's
+    `add_chunked_req` charges the chunk and the 500 against the 1,088 free before it: 300 too).
+    Subtracting the 100 as well gave 400 of room and admitted it."""
+    kv = KVCacheManager(num_blocks=100, block_size=16, enable_prefix_caching=False)
+    sched = VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=512, enable_chunked_prefill=True,
+                            long_prefill_token_threshold=0, prefill_priority=True, reserve_new_token_ratio=True)
+    retracted = _request(0, 700, 600)
+    retracted.num_output, retracted.num_preemptions = 100, 1
+    sched.add(retracted)
+    _step(sched)  # its first 512 tokens
+    sched.add(_request(1, 200, 150))
+    plan = sched.schedule()
+    assert plan is not None
+    assert [(c.request.request_id, c.num_new_tokens) for c in plan.chunks] == [(0, 288)]
