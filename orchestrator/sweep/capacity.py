@@ -44,7 +44,7 @@ from orchestrator.sweep.results import TrialInput, TrialResult, TrialStatus
 from orchestrator.sweep.serving import is_disaggregated, scale_workers
 from orchestrator.sweep.space import candidate_grid
 from orchestrator.sweep.spec import ParamValue, SweepSpec
-from orchestrator.sweep.vllm_command import pool_comment, vllm_pool_commands, vllm_serve_command
+from orchestrator.sweep.vllm_command import checkpoint_note, pool_comment, vllm_pool_commands, vllm_serve_command
 from sim.errors import ConfigError
 from sim.specs.catalog import load_model
 from sim.specs.scenario import Scenario
@@ -494,6 +494,12 @@ def dynamo_command(base: Scenario, plan: CandidatePlan) -> str:
 
 def serve_command(base: Scenario, plan: CandidatePlan) -> str:
     scenario = build_scenario(base, _one_replica(base, plan.params))
+    note = checkpoint_note(scenario)
+    lines = _serve_lines(base, plan, scenario)
+    return f"# note: {note}\n{lines}" if note else lines
+
+
+def _serve_lines(base: Scenario, plan: CandidatePlan, scenario: Scenario) -> str:
     if scenario.disaggregation is not None:
         fleet = build_scenario(base, scale_workers(plan.params, base.sections(), max(1, plan.replicas)))
         assert fleet.disaggregation is not None

@@ -157,6 +157,8 @@ class SweepReport:
             out += f"as an SGLang server:\n  {_indent(first['sglang_launch'])}\n"
         if "dynamo_vllm" in first:
             out += f"with NVIDIA Dynamo (vLLM workers):\n  {_indent(first['dynamo_vllm'])}\n"
+        if "checkpoint_note" in first:
+            out += f"note: {first['checkpoint_note']}\n"
         return out
 
 

@@ -96,6 +96,26 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
     return shlex.join(args)
 
 
+PREQUANTIZED_ONLY: Final = ("nvfp4", "mxfp4")
+"""`[engine] quantization` formats neither vLLM nor SGLang quantizes to at load time (`modelopt_fp4`
+and `mxfp4` read scales from the checkpoint; online quantization is FP8 only)."""
+
+
+def checkpoint_note(scenario: Scenario) -> str | None:
+    """Why the launch lines need another checkpoint than `[model] name`, or None: an NVFP4 / MXFP4
+    `[engine] quantization` of a model whose checkpoint is not quantized to that format (a BF16 repo
+    id with `--quantization modelopt_fp4` does not start)."""
+    engines = ([p.scenario for p in scenario.disaggregation.pools()] if scenario.disaggregation is not None
+               else [scenario])
+    for s in engines:
+        fmt = s.engine.quantization
+        if fmt in PREQUANTIZED_ONLY and s.model.weight_quantization != fmt:
+            name = serve_model_id(str(s.sections()["model"]["name"]))
+            return (f"{name} is not quantized to {fmt}, and vLLM / SGLang quantize at load time to fp8 only: "
+                    f"serve a checkpoint quantized to {fmt} (e.g. with NVIDIA ModelOpt) in its place, same flags")
+    return None
+
+
 def kernelsight_run_command(scenario_path: str, overrides: Mapping[str, Any]) -> str:
     args = ["kernelsight", "run", scenario_path]
     for key, value in overrides.items():
