@@ -499,9 +499,12 @@ class BlockCountingKVCache(KVCacheManager):
     failures of `allocate` as with `KVCacheManager` (the same rules, on counts), at one dict
     update per grown request instead of moving block ids through the free queue. The block-id
     helpers (`blocks_of`, `free_block_ids`, `ref_count`) have no ids to show and say so.
+
+    `_held` maps a request to its block count (no slot of its own: `LazyBlockIdsKVCache` counts with
+    these methods and then takes `KVCacheManager`'s class, which needs the same slots).
     """
 
-    __slots__ = ("_counts",)
+    __slots__ = ()
 
     def __init__(self, *, num_blocks: int, block_size: int) -> None:
         _check_pool(num_blocks, block_size)
@@ -509,30 +512,31 @@ class BlockCountingKVCache(KVCacheManager):
         self._block_size = block_size
         self._enable_prefix_caching = False
         self._num_free = num_blocks
-        self._counts: dict[int, int] = {}
+        self._held = {}
         self.num_prefix_queries_tokens = 0
         self.num_prefix_hit_tokens = 0
         self.num_evictions = 0
 
     def reset_prefix_cache(self) -> None:
         """Nothing is cached without prefix caching; the pool is all free once no request holds blocks."""
-        if self._counts:
-            raise ValueError(f"reset_prefix_cache with {len(self._counts)} requests holding blocks")
+        if self._held:
+            raise ValueError(f"reset_prefix_cache with {len(self._held)} requests holding blocks")
 
     def allocate(
         self, request_id: int, *, num_tokens: int, keys: tuple[int, ...], num_computed_tokens: int
     ) -> bool:
         """As `KVCacheManager.allocate`; `keys` and a zero `num_computed_tokens` are not used (no
         prefix cache, so nothing is ever hit)."""
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
         num_required = -(-num_tokens // self._block_size)
-        held = self._counts.get(request_id)
+        held = counts.get(request_id)
         if held is not None:
             num_new = num_required - held
             if num_new <= 0:
                 return True
             if num_new > self._num_free:
                 return False
-            self._counts[request_id] = num_required
+            counts[request_id] = num_required
             self._num_free -= num_new
             return True
         if num_computed_tokens >= num_tokens:
@@ -547,13 +551,13 @@ class BlockCountingKVCache(KVCacheManager):
             )
         if num_required > self._num_free:
             return False
-        self._counts[request_id] = num_required
+        counts[request_id] = num_required
         self._num_free -= num_required
         return True
 
     def append_one_block(self, requests: Iterable[int]) -> None:
         """As `KVCacheManager.append_one_block`: one more block for each request."""
-        counts = self._counts
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
         n = 0
         for request_id in requests:
             counts[request_id] += 1
@@ -563,17 +567,20 @@ class BlockCountingKVCache(KVCacheManager):
     def append_blocks(self, request_id: int, count: int) -> None:
         """As `KVCacheManager.append_blocks`: `count` more blocks for one request."""
         if count > 0:
-            self._counts[request_id] += count
+            counts: dict[int, int] = self._held  # type: ignore[assignment]
+            counts[request_id] += count
             self._num_free -= count
 
     def free(self, request_id: int) -> None:
         """Release the request's blocks (a request that holds none is ignored)."""
-        held = self._counts.pop(request_id, None)
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        held = counts.pop(request_id, None)
         if held is not None:
             self._num_free += held
 
     def num_blocks_held(self, request_id: int) -> int:
-        return self._counts.get(request_id, 0)
+        counts: dict[int, int] = self._held  # type: ignore[assignment]
+        return counts.get(request_id, 0)
 
     def num_shared_refs(self) -> int:
         return 0  # no block is ever shared without prefix caching
@@ -594,7 +601,7 @@ class BlockCountingKVCache(KVCacheManager):
         return None
 
 
-class LazyBlockIdsKVCache(KVCacheManager):
+class LazyBlockIdsKVCache(BlockCountingKVCache):
     """`KVCacheManager` with prefix caching that counts each request's blocks (as
     `BlockCountingKVCache`) until a commit first indexes a block, and only then gives the blocks ids
     and becomes a `KVCacheManager` (its class is reassigned: the same slots).
@@ -605,15 +612,18 @@ class LazyBlockIdsKVCache(KVCacheManager):
     `KVCacheManager` of the same calls up to a renaming of blocks: the same hits, evictions, free
     counts and allocation results from then on. A workload whose prompts share no prefix and that
     preempts nothing never indexes a block and never pays for block ids. The block-id helpers
-    (`blocks_of`, `free_block_ids`, `ref_count`, `cached_block_id`) assign the ids first.
+    (`blocks_of`, `free_block_ids`, `ref_count`) assign the ids first; `cached_block_id` is None
+    (nothing is indexed).
 
-    While counting, `_held` maps a request to its block count.
+    While counting it is a `BlockCountingKVCache` (its counting methods: block growth, frees, counts;
+    no block is shared, so no shared references or held hit blocks) with `KVCacheManager`'s state
+    kept for the switch.
     """
 
     __slots__ = ()
 
     def __init__(self, *, num_blocks: int, block_size: int) -> None:
-        super().__init__(num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True)
+        KVCacheManager.__init__(self, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=True)
 
     def _assign_ids(self) -> None:
         """Give the held blocks ids (each request's in turn, from 0) and the rest one free run; from
@@ -639,42 +649,8 @@ class LazyBlockIdsKVCache(KVCacheManager):
             self._assign_ids()
             return self.allocate(request_id, num_tokens=num_tokens, keys=keys,
                                  num_computed_tokens=num_computed_tokens)
-        counts: dict[int, int] = self._held  # type: ignore[assignment]
-        num_required = -(-num_tokens // self._block_size)
-        held = counts.get(request_id)
-        if held is not None:
-            num_new = num_required - held
-            if num_new <= 0:
-                return True
-            if num_new > self._num_free:
-                return False
-            counts[request_id] = num_required
-            self._num_free -= num_new
-            return True
-        if num_tokens <= 0:
-            raise ValueError(
-                f"num_tokens={num_tokens!r} must exceed "
-                f"num_computed_tokens={num_computed_tokens!r}: a step computes at least one token"
-            )
-        if num_required > self._num_free:
-            return False
-        counts[request_id] = num_required
-        self._num_free -= num_required
-        return True
-
-    def append_one_block(self, requests: Iterable[int]) -> None:
-        counts: dict[int, int] = self._held  # type: ignore[assignment]
-        n = 0
-        for request_id in requests:
-            counts[request_id] += 1
-            n += 1
-        self._num_free -= n
-
-    def append_blocks(self, request_id: int, count: int) -> None:
-        if count > 0:
-            counts: dict[int, int] = self._held  # type: ignore[assignment]
-            counts[request_id] += count
-            self._num_free -= count
+        return BlockCountingKVCache.allocate(self, request_id, num_tokens=num_tokens, keys=keys,
+                                             num_computed_tokens=0)
 
     def commit(self, request_id: int, num_computed_tokens: int, keys: tuple[int, ...]) -> None:
         counts: dict[int, int] = self._held  # type: ignore[assignment]
@@ -686,16 +662,6 @@ class LazyBlockIdsKVCache(KVCacheManager):
         else:
             self._assign_ids()
         self.commit(request_id, num_computed_tokens, keys)
-
-    def free(self, request_id: int) -> None:
-        counts: dict[int, int] = self._held  # type: ignore[assignment]
-        held = counts.pop(request_id, None)
-        if held is not None:
-            self._num_free += held
-
-    def num_blocks_held(self, request_id: int) -> int:
-        counts: dict[int, int] = self._held  # type: ignore[assignment]
-        return counts.get(request_id, 0)
 
     def reset_prefix_cache(self) -> None:
         self._assign_ids()
@@ -712,9 +678,6 @@ class LazyBlockIdsKVCache(KVCacheManager):
     def free_block_ids(self) -> tuple[int, ...]:
         self._assign_ids()
         return self.free_block_ids()
-
-    def cached_block_id(self, key: int) -> int | None:
-        return None
 
 
 def kv_cache_for(*, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> KVCacheManager:
