@@ -127,29 +127,38 @@ def test_resume_hint_repeats_every_state_flag_and_masks_passwords(tmp_path: Path
     assert flags  # parsed
 
 
+def _stop_after_first_trial(path: Path, study_dir: Path, name: str, sig: int, *, ray_address: str,
+                            tracking: str, cwd: Path) -> tuple[int, str]:
+    """Start `kernelsight sweep`, send it `sig` once its first trial is in the journal, and return its
+    exit code and stderr."""
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
+                               ray_address, "--tracking-uri", tracking, "--study-dir", str(study_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            study = journal_study(study_dir, name)
+            if study and any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
+                break
+            assert driver.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        driver.send_signal(sig)
+        _, stderr = driver.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            driver.kill()
+    return driver.returncode, stderr
+
+
 def test_sigint_prints_a_hint_that_resumes_into_the_same_stores(ray_address: str, tracking_uri: str,
                                                                  tmp_path: Path) -> None:
     path = sweep_file(tmp_path, name="hint", sampler="random", n_trials=8, space=SPACE,
                       base_set='"workload.num_prompts" = 120, "workload.request_rate" = 16.0')
     study_dir = tmp_path / "elsewhere" / "study"
     tracking = tracking_uri
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
-                               ray_address, "--tracking-uri", tracking, "--study-dir", str(study_dir)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            study = journal_study(study_dir, "hint")
-            if study and any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
-                break
-            assert driver.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        driver.send_signal(signal.SIGINT)
-        _, stderr = driver.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            driver.kill()
-    assert driver.returncode == 130, stderr[-3000:]
+    code, stderr = _stop_after_first_trial(path, study_dir, "hint", signal.SIGINT, ray_address=ray_address,
+                                           tracking=tracking, cwd=tmp_path)
+    assert code == 130, stderr[-3000:]
     hint = next(line for line in stderr.splitlines() if "continue with: " in line).split("continue with: ", 1)[1]
     argv = shlex.split(hint)
     assert argv[:2] == ["kernelsight", "sweep"] and "--resume" in argv
@@ -184,23 +193,9 @@ def test_sigterm_stops_a_search_as_ctrl_c_does(ray_address: str, tracking_uri: s
     path = sweep_file(tmp_path, name="term", sampler="random", n_trials=200, space=SPACE,
                       base_set='"workload.num_prompts" = 120, "workload.request_rate" = 16.0')
     study_dir = tmp_path / "study"
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--ray-address",
-                               ray_address, "--tracking-uri", tracking_uri, "--study-dir", str(study_dir)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            study = journal_study(study_dir, "term")
-            if study and any(t.state.is_finished() for t in study.get_trials(deepcopy=False)):
-                break
-            assert driver.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        driver.send_signal(signal.SIGTERM)
-        _, stderr = driver.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            driver.kill()
-    assert driver.returncode == 143, stderr[-3000:]
+    code, stderr = _stop_after_first_trial(path, study_dir, "term", signal.SIGTERM, ray_address=ray_address,
+                                           tracking=tracking_uri, cwd=tmp_path)
+    assert code == 143, stderr[-3000:]
     assert "terminated; continue with: kernelsight sweep" in stderr and "--resume" in stderr
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name("term")
