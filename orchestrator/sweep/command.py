@@ -140,6 +140,35 @@ def check_tracking_uri(given: str | None, uri: str | None) -> None:
     if scheme and scheme.split("+")[0] not in TRACKING_SCHEMES:
         raise ConfigError(source="sweep", key=key, value=uri,
                           rule=f"must be a directory or a URI of scheme {', '.join(sorted(TRACKING_SCHEMES))}")
+    if scheme in ("", "file") and mlflow_refuses_file_stores():
+        raise ConfigError(source="sweep", key=key, value=uri,
+                          rule=f"is a file store, which the installed MLflow refuses (maintenance mode) unless "
+                          f"{ALLOW_FILE_STORE_ENV}=true is set; use a database such as sqlite:///mlflow.db, "
+                          f"or set {ALLOW_FILE_STORE_ENV}=true")
+
+
+ALLOW_FILE_STORE_ENV: Final = "MLFLOW_ALLOW_FILE_STORE"
+"""MLflow's opt-in to its file store (recent releases raise when a `FileStore` is created without it)."""
+
+
+def mlflow_refuses_file_stores() -> bool:
+    """Whether the installed MLflow would refuse a file store: it has `MLFLOW_ALLOW_FILE_STORE` and the
+    variable is not true (`_BooleanEnvironmentVariable`: `true` / `1`, any case). Read from MLflow's
+    source rather than by importing it: the check runs before Ray starts, and `import mlflow` costs
+    about a second."""
+    if os.environ.get(ALLOW_FILE_STORE_ENV, "").strip().lower() in ("true", "1"):
+        return False
+    try:
+        spec = importlib.util.find_spec("mlflow")
+    except ValueError:  # already imported as None
+        return False
+    if spec is None or spec.origin is None:
+        return False
+    variables = Path(spec.origin).with_name("environment_variables.py")
+    try:
+        return ALLOW_FILE_STORE_ENV in variables.read_text(encoding="utf-8")
+    except OSError:
+        return False
 
 
 def _run_search(spec: SweepSpec, args: Namespace, study_dir: Path, *, emit: Callable[[str], None]) -> int:

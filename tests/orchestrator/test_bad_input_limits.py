@@ -132,11 +132,41 @@ def test_an_unknown_tracking_uri_scheme_is_refused_before_ray_starts(tmp_path: P
     assert not (tmp_path / "st").exists()  # nothing started
 
 
-def test_tracking_uris_of_mlflows_stores_pass_the_check() -> None:
+def test_tracking_uris_of_mlflows_stores_pass_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.sweep.command import check_tracking_uri
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     for uri in (None, "runs/mlruns", "file:///tmp/x", "sqlite:///m.db", "postgresql+psycopg2://u@h/db",
                 "http://127.0.0.1:5000"):
         check_tracking_uri(uri, uri)
+
+
+def test_a_file_store_the_installed_mlflow_refuses_is_refused_before_ray_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow 3.17 raises on a file store unless MLFLOW_ALLOW_FILE_STORE=true: the sweep exited 1 with
+    MLflow's message after Ray had started (before 2026-12-04); now exit 2 before anything starts."""
+    pytest.importorskip("mlflow")
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    from orchestrator.sweep.command import check_tracking_uri, mlflow_refuses_file_stores
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert mlflow_refuses_file_stores() == (not MLFLOW_ALLOW_FILE_STORE.get())
+    if not mlflow_refuses_file_stores():
+        pytest.skip("the installed MLflow accepts file stores")
+    for uri in ("runs/mlruns", "file:///tmp/x"):
+        with pytest.raises(ConfigError) as exc:
+            check_tracking_uri(uri, uri)
+        assert exc.value.key == "--tracking-uri" and "MLFLOW_ALLOW_FILE_STORE=true" in exc.value.rule
+    check_tracking_uri("sqlite:///m.db", "sqlite:///m.db")
+    path = sweep(tmp_path, "ttft_p90_s = 1.0")
+    assert main(["sweep", path, "--tracking-uri", str(tmp_path / "mlruns"), "--study-dir", str(tmp_path / "st"),
+                 "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "file store" in err and "Traceback" not in err
+    assert not (tmp_path / "st").exists()  # nothing started
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "TRUE")
+    assert MLFLOW_ALLOW_FILE_STORE.get() and not mlflow_refuses_file_stores()
+    check_tracking_uri("file:///tmp/x", "file:///tmp/x")
 
 
 def test_an_empty_tracking_uri_is_refused_and_the_environments_is_read(
