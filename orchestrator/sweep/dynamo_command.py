@@ -13,11 +13,12 @@ nixl` for SGLang).
 
 from __future__ import annotations
 
-import shlex
+import dataclasses
 from typing import Final
 
-from orchestrator.sweep.sglang_command import sglang_launch_command
-from orchestrator.sweep.vllm_command import KV_TRANSFER_CONFIG, pool_comment, vllm_serve_command
+from orchestrator.sweep.multinode import render
+from orchestrator.sweep.sglang_command import sglang_node_lines, sglang_nodes_header
+from orchestrator.sweep.vllm_command import KV_TRANSFER_CONFIG, pool_comment, vllm_node_lines, vllm_nodes_header
 from sim.specs.scenario import Scenario
 
 DYNAMO_FRONTEND: Final = "python -m dynamo.frontend"
@@ -25,17 +26,22 @@ DYNAMO_FRONTEND: Final = "python -m dynamo.frontend"
 
 
 def _dynamo_vllm(scenario: Scenario, pool: str) -> str:
-    args = shlex.split(vllm_serve_command(scenario, role=pool))
-    assert args[:2] == ["vllm", "serve"]
-    return shlex.join(["python", "-m", "dynamo.vllm", "--model", args[2], *args[3:],
-                       "--disaggregation-mode", pool, "--kv-transfer-config", KV_TRANSFER_CONFIG])
+    nodes = []
+    for n in vllm_node_lines(scenario, role=pool):
+        assert n.args[:2] == ("vllm", "serve")
+        nodes.append(dataclasses.replace(n, args=("python", "-m", "dynamo.vllm", "--model", n.args[2], *n.args[3:],
+                                                  "--disaggregation-mode", pool,
+                                                  "--kv-transfer-config", KV_TRANSFER_CONFIG)))
+    return render(vllm_nodes_header(scenario), nodes)
 
 
 def _dynamo_sglang(scenario: Scenario, pool: str) -> str:
-    args = shlex.split(sglang_launch_command(scenario))
-    assert args[:3] == ["python", "-m", "sglang.launch_server"]
-    return shlex.join(["python", "-m", "dynamo.sglang", *args[3:], "--disaggregation-mode", pool,
-                       "--disaggregation-transfer-backend", "nixl"])
+    nodes = []
+    for n in sglang_node_lines(scenario, extra=("--disaggregation-mode", pool,
+                                                "--disaggregation-transfer-backend", "nixl")):
+        assert n.args[:3] == ("python", "-m", "sglang.launch_server")
+        nodes.append(dataclasses.replace(n, args=("python", "-m", "dynamo.sglang", *n.args[3:])))
+    return render(sglang_nodes_header(scenario, len(nodes)), nodes)
 
 
 def dynamo_pool_commands(scenario: Scenario) -> dict[str, dict[str, str]]:

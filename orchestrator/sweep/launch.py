@@ -6,7 +6,8 @@ disaggregated trial: both pools' lines, each under a `# prefill pool: ...` comme
 disaggregated trial also `vllm_serve_prefill`, `vllm_serve_decode`, `sglang_launch_prefill`,
 `sglang_launch_decode` (one line each), and Dynamo's: `dynamo_vllm` and `dynamo_sglang` (the
 frontend and both pools' worker lines), `dynamo_vllm_prefill`, `dynamo_vllm_decode`,
-`dynamo_sglang_prefill`, `dynamo_sglang_decode` (one worker line each); `checkpoint_note` when the
+`dynamo_sglang_prefill`, `dynamo_sglang_decode` (one worker line each); an engine over more GPUs
+than a node holds has one line per node under comments in each key (`multinode`); `checkpoint_note` when the
 lines need another checkpoint than `[model] name` (an NVFP4 / MXFP4 engine on a checkpoint not in that
 format: `vllm_command.checkpoint_note`).
 """

@@ -16,6 +16,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, Final
 
+from orchestrator.sweep.multinode import HEAD_NODE_IP, NodeLine, nodes_header, nodes_per_group, render
+from sim.api import load_host_params
 from sim.graph.moe import uses_expert_all_to_all
 from sim.specs.catalog import serve_model_id
 from sim.specs.engine import EngineParams
@@ -54,9 +56,71 @@ simulator prices DeepEP there (`sim.graph.moe.uses_expert_all_to_all`), vLLM's d
 
 
 def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = None,
-                       role: str = "aggregated") -> str:
+                       role: str = "aggregated", extra: tuple[str, ...] = ()) -> str:
     """`vllm serve MODEL ...` for one replica group of `scenario` (`--data-parallel-size` if > 1);
-    `role`: `aggregated`, or the disaggregated pool it serves (`prefill`, `decode`)."""
+    `role`: `aggregated`, or the disaggregated pool it serves (`prefill`, `decode`); `extra`: words
+    every line ends with before the node's own (`--kv-transfer-config ...`). An engine over
+    more GPUs than a node holds gets one line per node under `# node k: ...` comments
+    (`vllm_node_lines`)."""
+    nodes = vllm_node_lines(scenario, data_parallel_size=data_parallel_size, role=role, extra=extra)
+    return render(vllm_nodes_header(scenario, data_parallel_size), nodes)
+
+
+DP_RPC_PORT: Final = 13345
+"""`--data-parallel-rpc-port` of a multi-node data-parallel engine (vLLM's docs' example; every node
+passes the same one)."""
+
+
+def vllm_node_lines(scenario: Scenario, *, data_parallel_size: int | None = None,
+                    role: str = "aggregated", extra: tuple[str, ...] = ()) -> list[NodeLine]:
+    """The `vllm serve` line of each node the engine spans: one when its TP x PP x DP GPUs fit a node
+    (`hardware.num_gpus_per_node`). Data-parallel ranks that each fit a node spread over nodes as vLLM's
+    data-parallel deployment guide starts them: node 0 serves the API with `--data-parallel-size-local
+    L --data-parallel-address $HEAD_NODE_IP --data-parallel-rpc-port P`, the others add `--headless
+    --data-parallel-start-rank R`. A replica (TP x PP) wider than a node uses vLLM's multi-node
+    multiprocessing executor (vLLM >= 0.11, `--nnodes N --node-rank R --master-addr $HEAD_NODE_IP`,
+    `--headless` but on node 0), which also places the data-parallel ranks by node rank."""
+    env, words = _vllm_args(scenario, data_parallel_size=data_parallel_size, role=role)
+    args = (*words, *extra)
+    engine = scenario.engine
+    per_node = scenario.hardware.num_gpus_per_node
+    world = engine.world_size()
+    dp = engine.data_parallel_size if data_parallel_size is None else data_parallel_size
+    if world * dp <= per_node:
+        return [NodeLine(args=args, role="", env=env)]
+    out = []
+    if world <= per_node:
+        local = per_node // world
+        for k in range(-(-dp // local)):
+            first, n = k * local, min(local, dp - k * local)
+            ranks = f"DP rank {first}" if n == 1 else f"DP ranks {first}-{first + n - 1}"
+            own = (["--headless"] if k else []) + ["--data-parallel-size-local", str(n)]
+            own += ["--data-parallel-start-rank", str(first)] if k else []
+            own += ["--data-parallel-address", HEAD_NODE_IP, "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+            out.append(NodeLine(args=(*args, *own), env=env,
+                                role=f"API server and {ranks}" if k == 0 else f"headless, {ranks}"))
+        return out
+    group = nodes_per_group(world, per_node)
+    for r in range(dp * group):
+        own = ["--nnodes", str(dp * group), "--node-rank", str(r), "--master-addr", HEAD_NODE_IP]
+        share = f"GPUs {world // group * (r % group)}-{world // group * (r % group + 1) - 1} of DP rank {r // group}"
+        out.append(NodeLine(args=(*args, *own, *(["--headless"] if r else [])), env=env,
+                            role=f"API server, {share}" if r == 0 else f"headless, {share}"))
+    return out
+
+
+def vllm_nodes_header(scenario: Scenario, data_parallel_size: int | None = None) -> str:
+    """The comment above the node lines of an engine wider than a node (`multinode.nodes_header`)."""
+    engine = scenario.engine
+    world = engine.world_size()
+    dp = engine.data_parallel_size if data_parallel_size is None else data_parallel_size
+    return nodes_header(scenario, world * dp, nodes_per_group(world, scenario.hardware.num_gpus_per_node) * dp
+                        if world > scenario.hardware.num_gpus_per_node
+                        else -(-dp // (scenario.hardware.num_gpus_per_node // world)))
+
+
+def _vllm_args(scenario: Scenario, *, data_parallel_size: int | None, role: str) -> tuple[str, list[str]]:
+    """The environment prefix ("" or `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 `) and words of one `vllm serve` line."""
     asked: Mapping[str, Any] = scenario.sections().get("engine", {})
     default = EngineParams()
     engine = scenario.engine
@@ -87,13 +151,20 @@ def vllm_serve_command(scenario: Scenario, *, data_parallel_size: int | None = N
         args += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if scenario.model.moe is not None and uses_expert_all_to_all(engine) and dp > 1:
         args += ["--all2all-backend", ALL2ALL_BACKEND[role]]
+    capture = asked.get("max_cudagraph_capture_size")
+    if capture is not None:
+        # In scheduled tokens, vLLM's unit; a profile that counts requests (SGLang's, TensorRT-LLM's)
+        # captured that many verifying decodes of 1 + k tokens each.
+        in_tokens = load_host_params(engine.backend).graph_capture_unit == "tokens"
+        tokens = capture if in_tokens else capture * (1 + engine.num_speculative_tokens())
+        args += ["--max-cudagraph-capture-size", str(tokens)]
     redundant = asked.get("num_redundant_experts", 0)
     if redundant:
         args += ["--eplb-config", json.dumps({"num_redundant_experts": redundant})]
     if scenario.sections()["model"].get("max_position_embeddings") is not None:
         # `[model] max_position_embeddings`: vLLM serves past the config's positions only when told to.
-        return "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " + shlex.join(args)
-    return shlex.join(args)
+        return "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 ", args
+    return "", args
 
 
 PREQUANTIZED_ONLY: Final = ("nvfp4", "mxfp4")
@@ -136,9 +207,8 @@ def vllm_pool_commands(scenario: Scenario) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     for pool in scenario.disaggregation.pools():
-        cmd = (vllm_serve_command(pool.scenario, role=pool.name)
-               + " --kv-transfer-config " + shlex.quote(KV_TRANSFER_CONFIG))
-        out[pool.name] = cmd
+        out[pool.name] = vllm_serve_command(pool.scenario, role=pool.name,
+                                            extra=("--kv-transfer-config", KV_TRANSFER_CONFIG))
     return out
 
 
