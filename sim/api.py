@@ -43,7 +43,7 @@ from sim.serving.kv_cache import kv_cache_for
 from sim.serving.kv_transfer import transfer_path
 from sim.serving.request import RequestState
 from sim.serving.speculative import AcceptanceSampler
-from sim.serving.vllm_v1 import VllmV1Scheduler
+from sim.serving.vllm_v1 import SGLANG_DP_ATTENTION_CONSERVATIVENESS, VllmV1Scheduler
 from sim.specs.engine import EngineParams
 from sim.specs.prices import find_price_per_gpu_hour_usd, load_prices
 from sim.specs.scenario import Pool, Scenario, load_scenario_file, ranks_in_lockstep
@@ -311,7 +311,8 @@ def _simulate(scenario: Scenario, *, efficiency: EfficiencyModel | None, host: H
                           batching_wait_iters=engine.attention_dp_batching_wait_iters)
                if engine.attention_dp_enable_balance else None)
     replicas: list[VllmV1Scheduler | DataParallelGroup] = (
-        [DataParallelGroup(ranks, balance)] if lockstep else list(ranks))
+        [DataParallelGroup(ranks, balance, round_robin=sglang_round_robin_ranks(scenario))] if lockstep
+        else list(ranks))
     pricer = _pool_pricer(scenario, profile, efficiency, host, prices, wrapper, models, limits)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim: Simulation
@@ -442,9 +443,19 @@ def _rank_schedulers(scenario: Scenario, mem: MemoryBreakdown, profile: EnginePr
             num_speculative_tokens=engine.num_speculative_tokens(), speculation=speculation,
             context_chunk_unit=unit, num_lookahead_tokens=vllm_lookahead_tokens(scenario),
             max_model_len=engine.max_model_len, drop_last_hit_block=vllm_drops_last_hit_block(scenario),
+            schedule_conservativeness=sglang_schedule_conservativeness(scenario),
         )
         for _ in range(num_ranks)
     ]
+
+
+def sglang_schedule_conservativeness(scenario: Scenario) -> float:
+    """SGLang's effective `--schedule-conservativeness` (its default 1.0): times 0.3 under attention DP
+    (an MoE model with `data_parallel_size` > 1, launched `--enable-dp-attention`), as
+    `ServerArgs._handle_data_parallelism` sets it; it scales the new-token ratio of SGLang's admission."""
+    if scenario.engine.backend == "sglang" and ranks_in_lockstep(scenario.model, scenario.engine):
+        return SGLANG_DP_ATTENTION_CONSERVATIVENESS
+    return 1.0
 
 
 def vllm_lookahead_tokens(scenario: Scenario) -> int:
@@ -467,14 +478,23 @@ def vllm_drops_last_hit_block(scenario: Scenario) -> bool:
     return config is not None and scenario.engine.backend == "vllm" and config.method in ("eagle", "eagle3", "mtp")
 
 
-def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler],
-                   num_workers: int) -> list[VllmV1Scheduler | DataParallelGroup]:
+def _pool_replicas(scenario: Scenario, ranks: list[VllmV1Scheduler], num_workers: int, *,
+                   prefill_pool: bool = False) -> list[VllmV1Scheduler | DataParallelGroup]:
     """A pool's replicas: for an MoE model with attention DP, one lockstep group per worker (its DP
     ranks meet at every MoE layer, as in an aggregated engine); else one per rank."""
     dp = scenario.engine.data_parallel_size
     if not ranks_in_lockstep(scenario.model, scenario.engine):
         return list(ranks)
-    return [DataParallelGroup(ranks[w * dp:(w + 1) * dp]) for w in range(num_workers)]
+    rr = sglang_round_robin_ranks(scenario, prefill_pool=prefill_pool)
+    return [DataParallelGroup(ranks[w * dp:(w + 1) * dp], round_robin=rr) for w in range(num_workers)]
+
+
+def sglang_round_robin_ranks(scenario: Scenario, *, prefill_pool: bool = False) -> bool:
+    """Whether an engine's attention-DP ranks take requests in turn: SGLang's `DataParallelController`
+    with `--load-balance-method auto` (round robin, except a disaggregated prefill server's
+    `follow_bootstrap_room`, which the simulator leaves to the load balancer); vLLM and TensorRT-LLM
+    send each to the least loaded rank."""
+    return scenario.engine.backend == "sglang" and not prefill_pool
 
 
 def _pool_pricer(scenario: Scenario, profile: EngineProfile, efficiency: EfficiencyModel | None,
@@ -547,7 +567,7 @@ def _simulate_disaggregated(scenario: Scenario, *, efficiency: EfficiencyModel |
     path = transfer_path(disagg)
     step_log = StepLog(max_step_events) if max_step_events > 0 else None
     sim = DisaggregatedSimulation(
-        prefill=_pool_replicas(p_sc, prefill, disagg.prefill.num_workers),
+        prefill=_pool_replicas(p_sc, prefill, disagg.prefill.num_workers, prefill_pool=True),
         decode=_pool_replicas(d_sc, decode, disagg.decode.num_workers), prefill_pricer=p_pricer, decode_pricer=d_pricer,
         prefill_router=p_sc.engine.router, decode_router=d_sc.engine.router, path=path, decode_states=full,
         max_concurrency=scenario.workload.max_concurrency, limits=limits, progress=progress, step_log=step_log,

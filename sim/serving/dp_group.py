@@ -15,7 +15,9 @@ step" means the previous group step for the engine's inter-token latencies.
 Requests go to ranks as vLLM's DP load balancer sends them (`DPLBAsyncMPClient`): the rank with the
 lowest `4 x waiting + running`, ties to the lowest rank index. vLLM reads these counts from the DP
 coordinator's statistics, published every 100 ms, and adds its own assignments to the waiting
-count in between; the simulation uses the exact counts at the moment of the send.
+count in between; the simulation uses the exact counts at the moment of the send. SGLang's
+`DataParallelController` sends them round robin instead (`--load-balance-method auto`: round robin
+without disaggregation and in a decode pool; `round_robin=True`).
 
 Dense models keep `data_parallel_size` independent replicas behind the router: vLLM runs dense DP
 ranks as independent engines with no collective between them.
@@ -36,9 +38,13 @@ WAITING_WEIGHT = 4
 
 
 class DataParallelGroup:
-    def __init__(self, ranks: Sequence[VllmV1Scheduler], balance: AdpBalance | None = None) -> None:
+    def __init__(self, ranks: Sequence[VllmV1Scheduler], balance: AdpBalance | None = None, *,
+                 round_robin: bool = False) -> None:
         assert ranks, "a data-parallel group has at least one rank"
         self.ranks = list(ranks)
+        self._round_robin = round_robin
+        """Requests go to the ranks in turn (SGLang's `round_robin_scheduler`), not by load."""
+        self._next_rank = 0
         self._num_kv_blocks = sum(rank.kv.num_blocks for rank in self.ranks)
         self._step_id = 0
         self._balance = balance
@@ -54,7 +60,10 @@ class DataParallelGroup:
         return sum(r.num_preemptions for r in self.ranks)
 
     def rank_for(self, request: RequestState) -> int:
-        """The rank vLLM's DP load balancer picks: least `4 x waiting + running`, lowest index first."""
+        """The rank vLLM's DP load balancer picks: least `4 x waiting + running`, lowest index first;
+        with `round_robin`, the next rank in turn (the turn advances when a request is added)."""
+        if self._round_robin:
+            return self._next_rank
         best, best_score = 0, -1
         for i, rank in enumerate(self.ranks):
             running = rank.num_running()
@@ -76,16 +85,23 @@ class DataParallelGroup:
 
     def add(self, request: RequestState, rank: int | None = None) -> None:
         """Queue a request on `rank`, or on the rank the load balancer picks (`rank_for`)."""
-        i = self.rank_for(request) if rank is None else rank
+        i = self._pick(request) if rank is None else rank
         request.replica = i
         self.ranks[i].add(request)
 
     def add_transferred(self, request: RequestState) -> None:
         """A request whose prompt KV arrived from a prefill worker (disaggregated decode pool): it
         goes to the rank the load balancer picks, as a new request would."""
-        i = self.rank_for(request)
+        i = self._pick(request)
         request.replica = i
         self.ranks[i].add_transferred(request)
+
+    def _pick(self, request: RequestState) -> int:
+        """`rank_for`, advancing the round-robin turn."""
+        i = self.rank_for(request)
+        if self._round_robin:
+            self._next_rank = (i + 1) % len(self.ranks)
+        return i
 
     def num_outstanding(self) -> int:
         return sum(r.num_outstanding() for r in self.ranks)

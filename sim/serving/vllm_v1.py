@@ -125,6 +125,9 @@ SGLANG_CLIP_MAX_NEW_TOKENS = 4096
 """`CLIP_MAX_NEW_TOKENS`: a request's remaining output counts at most this many tokens."""
 SGLANG_RETRACT_DECODE_STEPS = 20
 """`RETRACT_DECODE_STEPS`: after a retraction the ratio is (decoded + this x requests) / their outputs."""
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3
+"""`--schedule-conservativeness` under attention DP: `ServerArgs._handle_data_parallelism` multiplies
+it (1.0 by default) by 0.3, so each DP rank's ratio starts at 0.21 and decays to 0.0294."""
 
 
 class VllmV1Scheduler:
@@ -136,7 +139,7 @@ class VllmV1Scheduler:
                  batch_wait_max_tokens_ratio: float = 0.0, num_speculative_tokens: int = 0,
                  speculation: AcceptanceSampler | None = None, context_chunk_unit: int = 1,
                  micro_batches: int = 1, num_lookahead_tokens: int = 0, max_model_len: int | None = None,
-                 drop_last_hit_block: bool = False) -> None:
+                 drop_last_hit_block: bool = False, schedule_conservativeness: float = 1.0) -> None:
         """`context_chunk_unit` > 1: a prompt chunk that the token budget cuts short is cut down to a
         multiple of it, and one cut to nothing waits for the next step (TensorRT-LLM's chunk unit,
         `SchedulingPolicy.context_chunks_in_blocks`). `micro_batches` > 1: a step plans that many
@@ -152,7 +155,8 @@ class VllmV1Scheduler:
         `drop_last_hit_block`: a waiting request's prefix-cache hit gives back its last block, which
         is computed again (vLLM v1 with a drafter that reads the target's hidden states, `use_eagle()`:
         `FullAttentionManager.find_longest_cache_hit` pops the last hit block so that the step
-        computes those hidden states)."""
+        computes those hidden states). `schedule_conservativeness`: SGLang's, which scales the
+        new-token ratio's start (and with it its floor and decay) under `reserve_new_token_ratio`."""
         self._kv = kv
         self._max_len = max_model_len if max_model_len is not None else 1 << 62
         self._lookahead = num_lookahead_tokens if speculation is not None else 0
@@ -171,7 +175,9 @@ class VllmV1Scheduler:
         one (`NO_TOKEN`) marks the batch full until a running request leaves it. KV exhaustion
         retracts the running request with the fewest outputs (the longest prompt among equals) to
         the back of the queue and resets the ratio from the decoded share (`retract_decode`)."""
-        self._ratio_base = SGLANG_INIT_NEW_TOKEN_RATIO
+        self._init_ratio = min(SGLANG_INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        """SGLang's `init_new_token_ratio`: the default ratio times `--schedule-conservativeness`."""
+        self._ratio_base = self._init_ratio
         self._ratio_clock = 0
         """The ratio is `_ratio_base` at clock tick `_ratio_clock` and decays by one decay step per tick."""
         self._batch_full = False
@@ -345,7 +351,7 @@ class VllmV1Scheduler:
         if not self._running and not self._waiting:
             self._active = []  # what planning an empty replica leaves (`_schedule_each`)
             if self._sglang_admission:  # SGLang's idle loop re-initialises the ratio
-                self._ratio_base, self._ratio_clock = SGLANG_INIT_NEW_TOKEN_RATIO, self._clock
+                self._ratio_base, self._ratio_clock = self._init_ratio, self._clock
             return None
         resynced: tuple[RequestState, ...] = ()
         micro = self._micro_batches > 1
@@ -860,8 +866,8 @@ class VllmV1Scheduler:
         return hits, budget
 
     def _new_token_ratio(self) -> float:
-        floor = SGLANG_INIT_NEW_TOKEN_RATIO * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-        decay = (SGLANG_INIT_NEW_TOKEN_RATIO - floor) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+        floor = min(self._init_ratio * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        decay = (self._init_ratio - floor) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
         return max(floor, self._ratio_base - decay * (self._clock - self._ratio_clock))
 
     def _outputs_now(self, req: RequestState) -> int:

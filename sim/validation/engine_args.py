@@ -99,7 +99,9 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
     With `hbm_capacity_bytes` (the GPU's memory) an SGLang engine takes the CUDA-graph batch cap and
     chunk size its release picks for that GPU and `tp_size` (`sglang_memory_defaults`) instead of the
     profile's fixed ones, and from 0.5.3 the `mem_fraction_static` it derives from them, `tp_size`,
-    `pp_size` and the attention-DP `dp_size` (`sglang_mem_fraction_static`).
+    `pp_size` and the attention-DP `dp_size` (`sglang_mem_fraction_static`). An SGLang engine with
+    attention DP (`dp_size` > 1) gets each rank's token budget: the chunk size // `dp_size`, as SGLang
+    divides it (`ServerArgs._handle_data_parallelism`).
     """
     d = profile.defaults
     batched = d.max_num_batched_tokens
@@ -112,6 +114,10 @@ def profile_engine(profile: EngineProfile, *, quantization: str | None, max_num_
             fraction = sglang_mem_fraction_static(
                 version, tp_size=tp_size, dp_size=dp_size, pp_size=pp_size, hbm_capacity_bytes=hbm_capacity_bytes,
                 chunked_prefill_size=batched, cuda_graph_max_bs=capture) or fraction
+    if profile.backend == "sglang" and dp_size > 1:
+        # SGLang's `chunked_prefill_size` is the engine's: under attention DP `_handle_data_parallelism`
+        # gives each DP rank chunked_prefill_size // dp_size (after the memory settings above read it).
+        batched = max(batched // dp_size, 1)
     engine: dict[str, Any] = {
         "backend": profile.backend,
         "max_num_seqs": max_num_seqs,

@@ -2,7 +2,8 @@
 
 `trtllm_perf_overview_throughput.csv`: `trtllm-bench throughput`, every request queued at t=0,
 fixed ISL/OSL, measured total output tokens/s. The engine's max batch size and token budget are
-what `trtllm-bench` derives from the dataset (`engine_args.trtllm_bench_settings`); the KV cache
+what `trtllm-bench` derives from the dataset (`engine_args.trtllm_bench_settings`; in the PyTorch flow of
+the 0.19+ tables the budget is at least the prompt + that batch, `_pytorch_flow`); the KV cache
 takes the profile's fraction of the memory left after weights. Every request of the dataset is
 simulated.
 
@@ -105,12 +106,31 @@ def _throughput_row(r: dict[str, str], key: str, profile: EngineProfile, cache: 
     max_bs, max_tokens = trtllm_bench_settings(
         total_memory_bytes_per_gpu=mem.total_bytes, weight_bytes_total=mem.weight_bytes * tp * pp,
         kv_bytes_per_token_total=mem.kv_bytes_per_token * tp * pp, num_gpus=tp * pp, pp=pp, isl=isl, osl=osl)
+    if _pytorch_flow(r["doc_version"]):
+        # trtllm-bench's PyTorch path (`bench/benchmark/utils/general.py:get_settings`, since
+        # NVIDIA/TensorRT-LLM#5625) raises the heuristic's token budget to the longest prompt plus a full
+        # batch of decodes unless `enable_chunked_prefill` is set, a key it reads from the
+        # extra_llm_api_options YAML only (the documents' llm_options.yml does not set it). Chunked
+        # prefill stays the profile's: with such a budget a whole prompt fits beside every decode.
+        max_tokens = max(max_tokens, isl + max_bs)
+        base["notes"] += ("trtllm-bench PyTorch flow: max_num_tokens raised to ISL + max_batch_size",)
     max_bs = min(max_bs, max_tokens)
     engine.update(max_num_seqs=max_bs, max_num_batched_tokens=max_tokens)
     # max_batch_size bounds each of the pp micro-batches in flight (sim.engine.micro_batches).
     steady = max(1, min(max_bs * pp, _kv_requests(mem, isl, osl)))
     replay = Replay(kind="offline", num_requests=n, concurrency=steady)
     return ValidationRow(**base, sections=sections, replay=replay)
+
+
+PYTORCH_FLOW_SINCE = (0, 19)
+"""TensorRT-LLM release from which NVIDIA's perf-overview tables were measured with trtllm-bench's PyTorch
+backend ("Starting with v0.19, testing was performed using the PyTorch backend"); before it, a TensorRT
+engine built by `trtllm-bench build`."""
+
+
+def _pytorch_flow(version: str) -> bool:
+    release = release_tuple(version)
+    return release is not None and release >= PYTORCH_FLOW_SINCE
 
 
 def _benchmark_host(hw: str, cache: SpecCache, notes: tuple[str, ...]) -> tuple[dict[str, Any], tuple[str, ...]]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from conftest import scenario_dict
 
-from sim.api import load_host_params, scenario_efficiency, simulate
+from sim.api import load_host_params, scenario_efficiency, sglang_round_robin_ranks, simulate
 from sim.engine.pricer import GroupKey, StepKey, StepPricer
 from sim.engine.simulation import request_states
 from sim.perf.step import StepCostModel
@@ -117,3 +117,30 @@ def test_identical_rank_loads_step_and_price_as_independent_replicas() -> None:
                                                  if p for r in s.finish_step(p)]
         finished += [r.request_id for r in done]
     assert sorted(finished) == [0, 1]
+
+
+
+def test_sglang_sends_requests_to_its_dp_ranks_round_robin() -> None:
+    """SGLang's `DataParallelController` (`--load-balance-method auto`: round robin, but in a disaggregated
+    prefill server) sends requests to the attention-DP ranks in turn, whatever their loads; vLLM's
+    balancer sends each to the least `4 x waiting + running`."""
+    sc = _scenario()
+    by_load, in_turn = DataParallelGroup(_ranks(sc, 2)), DataParallelGroup(_ranks(sc, 2), round_robin=True)
+    for group in (by_load, in_turn):
+        reqs = _requests(4)
+        group.ranks[0].add(reqs[0])  # rank 0 already holds a request
+        for req in reqs[1:]:
+            group.add(req)
+    assert [r.num_outstanding() for r in by_load.ranks] == [2, 2]  # the load balancer fills rank 1 first
+    assert [r.num_outstanding() for r in in_turn.ranks] == [3, 1]  # in turn: 0, 1, 0
+    # A KV-aware router's pick of a rank takes no turn.
+    in_turn.add(_requests(6)[5], rank=1)
+    in_turn.add(_requests(7)[6])
+    assert [r.num_outstanding() for r in in_turn.ranks] == [3, 3]
+
+
+@pytest.mark.parametrize(("backend", "round_robin"), [("sglang", True), ("vllm", False), ("trtllm", False)])
+def test_only_sglang_groups_take_requests_in_turn(backend: str, round_robin: bool) -> None:
+    sc = _scenario(backend=backend)
+    assert sglang_round_robin_ranks(sc) is round_robin
+    assert sglang_round_robin_ranks(sc, prefill_pool=True) is False  # follow_bootstrap_room: not modelled

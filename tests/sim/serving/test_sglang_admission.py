@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from conftest import scenario_dict
 
-from sim.api import check_feasible, simulate
+from sim.api import check_feasible, sglang_schedule_conservativeness, simulate
 from sim.engine.simulation import SimLimits
 from sim.serving.kv_cache import KVCacheManager
 from sim.serving.request import RequestState
 from sim.serving.vllm_v1 import (
+    SGLANG_DP_ATTENTION_CONSERVATIVENESS,
     SGLANG_INIT_NEW_TOKEN_RATIO,
     SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
     SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
@@ -22,10 +23,11 @@ from sim.specs.scenario import scenario_from_dict
 from sim.workload.requests import UNIQUE_CONTENT_BASE, Segment
 
 
-def _scheduler(num_blocks: int, *, sglang: bool) -> VllmV1Scheduler:
+def _scheduler(num_blocks: int, *, sglang: bool, conservativeness: float = 1.0) -> VllmV1Scheduler:
     kv = KVCacheManager(num_blocks=num_blocks, block_size=16, enable_prefix_caching=False)
     return VllmV1Scheduler(kv=kv, max_num_seqs=64, max_num_batched_tokens=4096, enable_chunked_prefill=True,
-                           long_prefill_token_threshold=0, prefill_priority=sglang, reserve_new_token_ratio=sglang)
+                           long_prefill_token_threshold=0, prefill_priority=sglang, reserve_new_token_ratio=sglang,
+                           schedule_conservativeness=conservativeness)
 
 
 def _request(i: int, prompt: int, output: int) -> RequestState:
@@ -57,6 +59,41 @@ def test_a_prompt_waits_for_room_for_the_running_outputs(sglang: bool) -> None:
         for _ in range(5):
             _step(sched)
         assert sched.num_waiting() == 1
+
+
+def test_attention_dp_ranks_reserve_less_for_the_running_outputs() -> None:
+    """Under attention DP SGLang multiplies `--schedule-conservativeness` by 0.3
+    (`ServerArgs._handle_data_parallelism`): each rank's ratio starts at 0.21, so the 512 + 512-token
+    request that waits beside 1,000 outputs to go at 0.7 (1,600 - 32 - 700 tokens free) is admitted
+    (1,600 - 32 - 210)."""
+    assert SGLANG_DP_ATTENTION_CONSERVATIVENESS == 0.3
+    sched = _scheduler(100, sglang=True, conservativeness=SGLANG_DP_ATTENTION_CONSERVATIVENESS)
+    sched.add(_request(0, 16, 1001))
+    _step(sched)
+    sched.add(_request(1, 512, 512))
+    plan = sched.schedule()
+    assert plan is not None and any(c.request.request_id == 1 for c in plan.chunks)
+    assert sched._new_token_ratio() == pytest.approx(0.21, abs=1e-3)
+    for _ in range(SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS + 50):
+        sched.finish_step(plan)
+        plan = sched.schedule()
+        assert plan is not None
+    assert sched._new_token_ratio() == pytest.approx(0.21 * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR)
+
+
+@pytest.mark.parametrize(("backend", "model", "dp", "expected"), [
+    ("sglang", "deepseek-ai/DeepSeek-R1", 8, 0.3),  # `--enable-dp-attention --dp-size 8`
+    ("sglang", "deepseek-ai/DeepSeek-R1", 1, 1.0),
+    ("sglang", "meta-llama/Llama-3.1-8B-Instruct", 2, 1.0),  # dense DP: independent replicas
+    ("vllm", "deepseek-ai/DeepSeek-R1", 8, 1.0),
+])
+def test_schedule_conservativeness_is_sglangs_under_attention_dp(backend: str, model: str, dp: int,
+                                                                  expected: float) -> None:
+    sc = scenario_from_dict(scenario_dict(
+        hardware={"name": "h200_sxm"}, model={"name": model},
+        engine={"backend": backend, "data_parallel_size": dp, "enable_expert_parallel": dp > 1 and "Deep" in model},
+        perf={"tier": "roofline"}), source="t")
+    assert sglang_schedule_conservativeness(sc) == expected
 
 
 def test_the_ratio_decays_over_decode_steps_to_its_floor() -> None:

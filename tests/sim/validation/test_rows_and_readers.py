@@ -190,6 +190,22 @@ def test_sglang_attention_dp_rows_count_all_ranks_as_sglangs_tp(tmp_path: Path) 
     assert row.sections["engine"]["max_cudagraph_capture_size"] == 512  # `--tp 8 --dp 8 --enable-dp-attention`
 
 
+def test_sglang_attention_dp_ranks_each_take_the_chunk_over_dp(tmp_path: Path) -> None:
+    """SGLang's `_handle_data_parallelism` gives each attention-DP rank chunked_prefill_size // dp_size
+    (H200, 0.5.9: 8,192 // 8 = 1,024 tokens a rank); `mem_fraction_static` reads the undivided chunk."""
+    change = {"backend": "sglang", "backend_version": "0.5.9", "system": "h200_sxm", "tp_size": "1",
+              "attention_dp_size": "8", "model_path": "deepseek-ai/DeepSeek-R1", "moe_tp_size": "1",
+              "moe_ep_size": "8", "gemm_quant_mode": "fp8_block", "moe_quant_mode": "fp8_block",
+              "batch_size": "8", "src_concurrency": "64", "src_file": "2026-03-25.csv"}
+    (row,) = read_aiconfigurator(_aic_csv(tmp_path / "a.csv", [{**AGG, **change}]), PROFILES, SpecCache())
+    assert row.sections is not None, row.skip_reason
+    assert row.sections["engine"]["max_num_batched_tokens"] == 1024
+    assert row.sections["engine"]["gpu_memory_utilization"] == pytest.approx(0.77)  # as with 8,192-token chunks
+    (tp8,) = read_aiconfigurator(_aic_csv(tmp_path / "b.csv", [{**AGG, **change, "tp_size": "8",
+                                                                "attention_dp_size": "1"}]), PROFILES, SpecCache())
+    assert tp8.sections is not None and tp8.sections["engine"]["max_num_batched_tokens"] == 8192
+
+
 @pytest.mark.parametrize(("change", "reason"), [
     ({"model_path": "acme/unknown"}, "no model config ships"),
     ({"conc_over_bs_x_dp": "4.0"}, "not batch_size x attention_dp"),
@@ -325,6 +341,26 @@ def test_engine_flow_throughput_rows_attend_the_whole_context(tmp_path: Path) ->
     # A decode step at a 20,000-token context reads 4.9x the KV of the windowed one: it is dearer.
     decode = BatchShape(decode_context_tokens=(20_000,) * 32)
     assert predict_step(full, decode).device_s() > 1.5 * predict_step(windowed, decode).device_s()
+
+
+def test_pytorch_flow_throughput_rows_raise_the_token_budget_to_a_whole_prompt(tmp_path: Path) -> None:
+    """trtllm-bench's PyTorch path (the 0.19+ tables) raises the heuristic's max_num_tokens to the longest
+    prompt + max_batch_size (`get_settings`: chunked prefill reads as off); the 0.17 engine flow keeps
+    the heuristic's."""
+    path = tmp_path / "t.csv"
+    head = ("engine,doc_version,model,model_hf,gpu,gpu_label,precision,num_gpus,tp,pp,isl,osl,num_requests,"
+            "output_tok_per_s,metric,benchmark,source_repo,source_commit,source_path\n")
+    path.write_text(head + "".join(
+        f"TensorRT-LLM,{doc},Llama 3.1 8B,,H100_SXM_80GB,H100,FP8,1,1,1,20000,2000,1000.0,1351.0,m,b,r,c,p\n"
+        for doc in ("0.17", "0.20", "1.0")))
+    engine_flow, *pytorch_flow = read_trtllm_throughput(path, PROFILES, SpecCache())
+    assert engine_flow.sections is not None
+    assert engine_flow.sections["engine"]["max_num_batched_tokens"] == 2048  # the heuristic's minimum
+    for row in pytorch_flow:
+        assert row.sections is not None
+        engine = row.sections["engine"]
+        assert engine["max_num_batched_tokens"] == 20_000 + engine["max_num_seqs"]
+        assert "ISL + max_batch_size" in row.notes[-1]
 
 
 def test_inferencex_disaggregated_row_takes_its_db_dump_twins_pool_columns(tmp_path: Path) -> None:
