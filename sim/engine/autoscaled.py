@@ -14,7 +14,12 @@ and carries it out, and a replica's start-up end (-2 - r).
   the fewest outstanding requests (ties: the highest index) are drained: the router stops sending
   them requests, they finish what they hold and are released when empty.
 - The router sees only the active replicas (`Simulation._route_in` over their indices).
-- Ticks stop once no arrival is left and no replica is busy.
+- With `look_back_period_s`, a third kind (-2 - n, n the slots) samples each active replica's
+  metrics at k x `metrics_record_interval_s` (0.5 s by default, as Ray Serve's replicas record
+  theirs), and every evaluation samples at its own instant before it decides; the policy sees
+  each replica's mean over its samples of the window (`sim.engine.autoscaler.windowed_observation`).
+  A replica's samples start afresh when it starts or drains.
+- Ticks (and samples) stop once no arrival is left and no replica is busy.
 
 Cost: a replica is paid from its start (t = 0 for the initial ones) to its release or the end
 of the run (the last request's finish): `replica_s`; `startup_s` is the part spent loading.
@@ -24,10 +29,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
-from sim.engine.autoscaler import FleetObservation, PolicyState, decide
+from sim.engine.autoscaler import FleetObservation, PolicyState, ReplicaSample, decide, windowed_observation
 from sim.engine.pricer import StepPricer
 from sim.engine.records import RequestRecord
 from sim.engine.simulation import SimLimits, Simulation
@@ -65,6 +71,11 @@ class AutoscaledSimulation(Simulation):
         """Indices of the active replicas, ascending (what the router sees)."""
         self._policy = PolicyState()
         self._tick = 0
+        self._samples: list[deque[ReplicaSample]] = [deque() for _ in range(n)]
+        """Each replica's look-back samples (with `look_back_period_s`), oldest first."""
+        self._record_idx = -2 - n
+        """Heap index of the look-back sampling events (past the start-up ends' -2 - r)."""
+        self._num_records = 0
         self.replica_s = 0.0
         self.startup_s = 0.0
         self.num_started = 0
@@ -76,6 +87,8 @@ class AutoscaledSimulation(Simulation):
 
     def _run(self, requests: Sequence[RequestState]) -> list[RequestRecord]:
         self._push(self._spec.interval_s, _TICK)
+        if self._spec.look_back_period_s is not None:
+            self._push(self._spec.record_interval_s, self._record_idx)
         records = super()._run(requests)
         # The engine's last finish: the records' times add the client's latency outside the engine.
         self.end_s = max((r.finish_s for r in records), default=self._client_latency_s) - self._client_latency_s
@@ -93,6 +106,8 @@ class AutoscaledSimulation(Simulation):
     def _on_step_done(self, idx: int) -> None:
         if idx == _TICK:
             self._on_tick()
+        elif idx == self._record_idx:
+            self._on_record()
         elif idx < 0:
             self._on_ready(-idx - 2)
         else:
@@ -113,8 +128,40 @@ class AutoscaledSimulation(Simulation):
         # events the heap holds first (their order depends on when each was queued).
         for r in [r for r, s in enumerate(self._status) if s == "starting" and self._ready_s[r] <= self.now_s]:
             self._on_ready(r)
-        target, self._policy = decide(self._spec, self.observe(), self._policy)
+        look_back_s = self._spec.look_back_period_s
+        if look_back_s is None:
+            obs = self.observe()
+        else:
+            self._sample()
+            obs = windowed_observation(now_s=self.now_s, samples=[self._samples[j] for j in self._active],
+                                       num_starting=self._count("starting"), look_back_s=look_back_s,
+                                       max_num_seqs=self._max_num_seqs)
+        target, self._policy = decide(self._spec, obs, self._policy)
         self._scale_to(target)
+
+    def _on_record(self) -> None:
+        if self._finished():
+            return  # no further samples
+        self._num_records += 1
+        self._push((self._num_records + 1) * self._spec.record_interval_s, self._record_idx)
+        self._sample()
+
+    def _sample(self) -> None:
+        """Each active replica's metrics now join its look-back window (replacing a sample taken
+        at this same instant); samples out of the window are dropped."""
+        assert self._spec.look_back_period_s is not None
+        now = self.now_s
+        start_s = now - self._spec.look_back_period_s
+        for j in self._active:
+            s = self._replicas[j].scheduler
+            assert isinstance(s, VllmV1Scheduler)
+            window = self._samples[j]
+            if window and window[-1].time_s == now:
+                window.pop()
+            window.append(ReplicaSample(now, s.num_outstanding(), s.num_waiting(), self.replica_kv_usage_frac(j),
+                                        s.num_running()))
+            while window[0].time_s <= start_s:
+                window.popleft()
 
     def observe(self) -> FleetObservation:
         scheds = [self._replicas[j].scheduler for j in self._active]
@@ -163,6 +210,7 @@ class AutoscaledSimulation(Simulation):
     def _start(self, r: int) -> None:
         # A replica loads afresh: nothing of what it cached before it was released is still there.
         self._replicas[r].scheduler.kv.reset_prefix_cache()
+        self._samples[r].clear()
         self._status[r] = "starting"
         self._since_s[r] = self.now_s
         self._ready_s[r] = self.now_s + self._spec.startup_delay_s
@@ -192,6 +240,7 @@ class AutoscaledSimulation(Simulation):
     def _drain(self, r: int) -> None:
         self._status[r] = "draining"
         self._active.remove(r)
+        self._samples[r].clear()
         self.num_drained += 1
         self._release_if_empty(r)
 

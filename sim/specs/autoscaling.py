@@ -8,11 +8,15 @@ target_ongoing_requests = 24   # per replica: running + waiting (Ray Serve, Knat
 upscale_delay_s = 30
 downscale_delay_s = 600
 startup_delay_s = 60           # model load: a new replica takes traffic after this, and is paid during it
+look_back_period_s = 30        # optional: average each replica's metrics over this window (Ray Serve's default 30)
+upscaling_factor = 1.0         # optional: the share of each decision's change applied (Ray Serve)
+downscaling_factor = 1.0
 ```
 
 The names follow Ray Serve's `autoscaling_config` (`min_replicas`, `max_replicas`,
-`initial_replicas`, `target_ongoing_requests`, `upscale_delay_s`, `downscale_delay_s`) and the
-Kubernetes HPA's replica formula and tolerance; the policy is `sim.engine.autoscaler`.
+`initial_replicas`, `target_ongoing_requests`, `upscale_delay_s`, `downscale_delay_s`,
+`look_back_period_s`, `upscaling_factor`, `downscaling_factor`) and the Kubernetes HPA's replica
+formula and tolerance; the policy is `sim.engine.autoscaler`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from sim.serde import require
+
+DEFAULT_RECORD_INTERVAL_S: Final = 0.5
+"""Ray Serve's replica metric record interval (`RAY_SERVE_REPLICA_AUTOSCALING_METRIC_RECORD_INTERVAL_S`):
+a replica's window average is over its samples this far apart."""
 
 MIN_INTERVAL_S: Final = 0.1
 """Shortest evaluation interval: a day at 0.1 s is already 864,000 evaluations (real autoscalers
@@ -64,6 +72,21 @@ class AutoscalingSpec:
     `downscale_delay_s`, default 600): the cool-down."""
     startup_delay_s: float = 60.0
     """Seconds from a scale-up decision until the new replica takes traffic (model load); paid."""
+    look_back_period_s: float | None = None
+    """Each active replica's metrics are averaged over its samples of the last this many seconds
+    (Ray Serve `look_back_period_s`, default 30 there), then summed over the active replicas; None:
+    the metrics as of the evaluation (the HPA's instantaneous reading; the simulator's behaviour
+    before the key existed)."""
+    metrics_record_interval_s: float | None = None
+    """With `look_back_period_s`: seconds between a replica's samples (default 0.5, Ray Serve's
+    `RAY_SERVE_REPLICA_AUTOSCALING_METRIC_RECORD_INTERVAL_S`); every evaluation samples too."""
+    upscaling_factor: float | None = None
+    """A scale-up moves from the active replicas `a` towards a metric's ask `x` (total / target,
+    unrounded) by this share: ceil(a + factor x (x - a)) (Ray Serve `upscaling_factor`, formerly
+    `upscale_smoothing_factor`; None: 1, the whole change)."""
+    downscaling_factor: float | None = None
+    """The same for a scale-down (Ray Serve `downscaling_factor`); a change that rounds back to `a`
+    removes one replica, as Ray Serve does."""
 
     def __post_init__(self) -> None:
         require(self.min_replicas >= 1, "min_replicas", self.min_replicas,
@@ -89,6 +112,24 @@ class AutoscalingSpec:
         for key in ("upscale_delay_s", "downscale_delay_s", "startup_delay_s"):
             value = getattr(self, key)
             require(math.isfinite(value) and value >= 0, key, value, "must be a finite number >= 0 (seconds)")
+        look = self.look_back_period_s
+        require(look is None or (math.isfinite(look) and look > 0), "look_back_period_s", look,
+                "must be a finite number > 0 (seconds)")
+        rec = self.metrics_record_interval_s
+        require(rec is None or look is not None, "metrics_record_interval_s", rec,
+                "samples the look-back window: set look_back_period_s too (without it the evaluation reads the "
+                "metrics as of its instant)")
+        require(rec is None or (math.isfinite(rec) and rec >= MIN_INTERVAL_S), "metrics_record_interval_s", rec,
+                f"must be a finite number >= {MIN_INTERVAL_S} (seconds; every sample is an event of the run)")
+        for key in ("upscaling_factor", "downscaling_factor"):
+            value = getattr(self, key)
+            require(value is None or (math.isfinite(value) and value > 0), key, value, "must be a finite number > 0")
+
+    @property
+    def record_interval_s(self) -> float:
+        """Seconds between a replica's metric samples for the look-back window."""
+        return self.metrics_record_interval_s if self.metrics_record_interval_s is not None \
+            else DEFAULT_RECORD_INTERVAL_S
 
     def resolved(self, slots: int) -> AutoscalingSpec:
         """`max_replicas` and `initial_replicas` filled in for a fleet of `slots` replica slots."""

@@ -208,6 +208,7 @@ LATER_KEYS: Final[dict[str, tuple[str, ...]]] = {
     "model": ("linear_attention", "linear_layers", "attn_output_gate", "shared_expert_gate", "mlp_gated",
               "mlp_bias", "parallel_attention", "layer_norms_per_layer", "int4_group_size", "qk_norm_across_heads"),
     "workload": ("spec_acceptance_rates", "spec_mean_acceptance_length", *FLEET_DAY_KEYS),
+    "autoscaling": ("look_back_period_s", "metrics_record_interval_s", "upscaling_factor", "downscaling_factor"),
 }
 """Keys added after scenario hashes were first kept (sweep caches, study identities, MLflow runs):
 a scenario's hash leaves each out while it holds its default, so scenarios written before it existed
